@@ -1,0 +1,1 @@
+"""Agent tools, episodes, trajectories and hardened grading."""

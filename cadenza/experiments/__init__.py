@@ -1,0 +1,1 @@
+"""Reproducible studies built on the library (e.g. tool hints)."""

@@ -1,0 +1,1 @@
+"""Reward-hacking detectors over trajectories."""

@@ -1,0 +1,1 @@
+"""Newton-Schulz, granular Muon and its sharded runtime."""

@@ -1,0 +1,1 @@
+"""ParallelDims, dual meshes, FSDP2, expert and context parallelism."""

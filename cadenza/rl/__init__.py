@@ -1,0 +1,1 @@
+"""Token trajectories, rollouts, policy backends, GRPO and self-distillation losses, trainer, curriculum."""

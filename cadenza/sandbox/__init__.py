@@ -1,0 +1,1 @@
+"""Bubblewrap execution with rlimits, wall-clock timeouts and output capping."""

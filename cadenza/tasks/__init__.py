@@ -1,0 +1,1 @@
+"""Feature-deletion task factory: source -> env -> features -> delete -> validate -> scrub -> Task."""

@@ -1,0 +1,9 @@
+"""Shared fixtures. Tests run on CPU; distributed tests spawn real gloo process groups."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
