@@ -1,0 +1,39 @@
+"""The environment protocol shared by the real agent episode and toy environments (toolworld).
+
+A policy acts through tool calls; the environment answers each with an observation. Rollout code
+in ``cadenza.rl`` drives any object that satisfies :class:`Env`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(kw_only=True)
+class ToolCall:
+    name: str
+    arguments: dict[str, Any] | str  # a str when the model produced arguments that are not a JSON object
+    id: str = ""
+
+
+@dataclass(kw_only=True)
+class StepResult:
+    observation: str
+    done: bool
+    error_kind: str | None = None  # see cadenza.agent.trajectory.ERROR_KINDS
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Env(Protocol):
+    def reset(self) -> list[dict[str, Any]]:
+        """Start an episode; return the initial OpenAI-format messages (system with tools, user with the task)."""
+
+    def tools(self) -> list[dict[str, Any]]:
+        """OpenAI function-calling schemas of the tools available in this episode."""
+
+    def step(self, call: ToolCall) -> StepResult:
+        """Execute one tool call."""
+
+    def finish(self) -> dict[str, Any]:
+        """End the episode (grade if needed); return the outcome with at least ``reward`` (float) and ``resolved`` (bool)."""
