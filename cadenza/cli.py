@@ -28,7 +28,7 @@ def _root() -> None:
 
 
 # Command modules, in the order their commands appear in --help.
-_COMMAND_MODULES = ("demo", "tasks", "agent", "train", "pretrain", "experiment")
+_COMMAND_MODULES = ("demo", "tasks", "replay", "eval", "train", "pretrain", "experiment")
 
 
 def _register_all() -> None:
