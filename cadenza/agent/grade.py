@@ -1,0 +1,180 @@
+"""Hardened grading: the agent's source changes, on a fresh copy, against restored tests.
+
+1. Compare the agent's workspace with the pristine task workspace file by file (never its ``.git``).
+2. Keep changes to non-test source files; drop tests, ``conftest.py``, pytest configuration, start-up
+   hooks (``.pth``, ``sitecustomize.py``, ``usercustomize.py``), symlinks and shadowing modules.
+   ``pyproject.toml`` keeps the agent's edits except its ``[tool.pytest...]`` tables.
+3. Apply the kept changes to a fresh copy of the pristine workspace (so every test file and config is
+   the original) and run the F2P + P2P node IDs with pytest inside the sandbox, with
+   ``-p no:cacheprovider -o addopts= --confcutdir=<workspace>``.
+4. Per-node results come from JUnit XML; a node ID that is not reported counts as failed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+import tomllib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import tomli_w
+
+from cadenza.agent.diff import compare
+from cadenza.agent.grade_policy import Policy, top_level_modules
+from cadenza.agent.junit import node_statuses, parse_junit
+from cadenza.errors import CadenzaError
+from cadenza.sandbox import Sandbox, SandboxConfig, env_info
+from cadenza.tasks.task import WORKSPACE, Task, load_task, task_python
+
+
+@dataclass(kw_only=True)
+class GradeResult:
+    resolved: bool
+    f2p_passed: int
+    f2p_total: int
+    p2p_passed: int
+    p2p_total: int
+    duration_s: float
+    tests: dict[str, str] = field(default_factory=dict)  # node id -> passed/failed/error/skipped/missing
+    applied: list[str] = field(default_factory=list)
+    dropped: dict[str, str] = field(default_factory=dict)  # path -> reason
+    exit_code: int | None = None
+    timed_out: bool = False
+    log_tail: str = ""
+    sandboxed: bool = True
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def task_env_dir(task_dir: Path, task: Task) -> Path:
+    return task_python(task_dir, task).parent.parent
+
+
+def grade(
+    task_dir: str | os.PathLike[str],
+    agent_workspace: str | os.PathLike[str],
+    *,
+    task: Task | None = None,
+    sandbox: SandboxConfig | None = None,
+) -> GradeResult:
+    """Grade ``agent_workspace`` against the task in ``task_dir`` (see module docstring)."""
+    start = time.monotonic()
+    task_dir = Path(task_dir).absolute()
+    task = task or load_task(task_dir)
+    pristine = task_dir / WORKSPACE
+    agent = Path(agent_workspace)
+    if not agent.is_dir():
+        raise CadenzaError(f"agent workspace {agent} does not exist")
+    env = task_env_dir(task_dir, task)
+    info = env_info(env)
+    policy = Policy.for_task(task, shadowable=info.importable_names(), pristine_top=top_level_modules(pristine))
+    with tempfile.TemporaryDirectory(prefix="cadenza-grade-") as tmp:
+        work = Path(tmp) / "workspace"
+        results = Path(tmp) / "results"
+        results.mkdir()
+        shutil.copytree(pristine, work, symlinks=True)
+        applied, dropped = apply_changes(pristine, agent, work, policy)
+        box = Sandbox(work, env_dir=env, config=sandbox, hidden=[task_dir, task_dir.parent],
+                      path_map={pristine: work}, rw_extra=[results])
+        nodeids = [*task.fail_to_pass, *task.pass_to_pass]
+        junit = results / "junit.xml"
+        argv = [info.python, "-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts=", f"--confcutdir={work}",
+                f"--rootdir={work}", f"--junitxml={junit}", "-q", *task.pytest_args, *nodeids]
+        res = box.run(argv, timeout_s=task.test_timeout_s, merge_stderr=True)
+        statuses = node_statuses(nodeids, parse_junit(junit))
+    f2p = sum(statuses[n] == "passed" for n in task.fail_to_pass)
+    p2p = sum(statuses[n] == "passed" for n in task.pass_to_pass)
+    all_pass = f2p == len(task.fail_to_pass) and p2p == len(task.pass_to_pass)
+    return GradeResult(
+        resolved=all_pass and res.exit_code == 0 and not res.timed_out and bool(nodeids),
+        f2p_passed=f2p, f2p_total=len(task.fail_to_pass), p2p_passed=p2p, p2p_total=len(task.pass_to_pass),
+        duration_s=time.monotonic() - start, tests=statuses, applied=applied, dropped=dropped,
+        exit_code=res.exit_code, timed_out=res.timed_out, log_tail=res.output[-4000:], sandboxed=box.sandboxed,
+    )
+
+
+def apply_changes(pristine: Path, agent: Path, dest: Path, policy: Policy) -> tuple[list[str], dict[str, str]]:
+    """Apply the agent's kept changes to ``dest`` (a fresh copy of ``pristine``)."""
+    changes = compare(pristine, agent)
+    applied: list[str] = []
+    dropped: dict[str, str] = {}
+    agent_kinds = {rel: _kind(agent / rel) for rel in changes.added + changes.modified}
+    for rel in changes.deleted:
+        reason = policy.reason_to_drop(rel, "file")
+        if reason is not None and _kind(pristine / rel) != "link":
+            dropped[rel] = f"deletion of {reason}"
+            continue
+        target = dest / rel
+        if target.is_symlink() or target.is_file():
+            target.unlink()
+            applied.append(rel)
+    for rel in changes.added + changes.modified:
+        kind = agent_kinds[rel]
+        if PurePosixPath(rel).name == "pyproject.toml" and kind == "file":
+            merged = _merge_pyproject(pristine / rel, agent / rel)
+            if merged is None:
+                dropped[rel] = "pyproject.toml does not parse"
+                continue
+            _write_inside(dest, rel, merged)
+            applied.append(rel)
+            continue
+        reason = policy.reason_to_drop(rel, kind)
+        if reason is not None:
+            dropped[rel] = reason
+            continue
+        if not _write_inside(dest, rel, _read_regular(agent / rel)):
+            dropped[rel] = "path collides with a restored file or leaves the workspace"
+            continue
+        applied.append(rel)
+    return applied, dropped
+
+
+def _kind(path: Path) -> str:
+    if path.is_symlink():
+        return "link"
+    return "file" if path.is_file() else "other"
+
+
+def _read_regular(path: Path) -> bytes:
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as fh:
+        return fh.read()
+
+
+def _write_inside(root: Path, rel: str, data: bytes) -> bool:
+    """Write ``root/rel``; refuse when a parent is a file or a symlink (the write could land elsewhere)."""
+    target = root / rel
+    real_root = Path(os.path.realpath(root))
+    probe = target.parent
+    while not probe.exists() and probe != root:
+        probe = probe.parent
+    if Path(os.path.realpath(probe)) != real_root / probe.relative_to(root) or not probe.is_dir():
+        return False
+    if target.is_symlink() or target.is_dir():
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_bytes(data)
+    return True
+
+
+def _merge_pyproject(pristine: Path, agent: Path) -> bytes | None:
+    """The agent's pyproject.toml with the pristine ``[tool.pytest*]`` tables put back."""
+    try:
+        mine = tomllib.loads(agent.read_text(encoding="utf-8"))
+        orig = tomllib.loads(pristine.read_text(encoding="utf-8")) if pristine.is_file() else {}
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError, OSError):
+        return None
+    tool = mine.setdefault("tool", {})
+    for key in [k for k in tool if k.startswith("pytest")]:
+        del tool[key]
+    for key, value in orig.get("tool", {}).items():
+        if key.startswith("pytest"):
+            tool[key] = value
+    if not tool:
+        del mine["tool"]
+    return tomli_w.dumps(mine).encode("utf-8")
