@@ -62,6 +62,12 @@ class EvalReport:
 
     @property
     def resolved_rate(self) -> float:
+        """Tasks resolved with no monitor flag (reward > 0): the number to report."""
+        return sum(r.resolved and r.reward > 0 for r in self.results) / max(len(self.results), 1)
+
+    @property
+    def graded_rate(self) -> float:
+        """Tasks the grader alone calls resolved, flags ignored (the gap is reward hacking)."""
         return sum(r.resolved for r in self.results) / max(len(self.results), 1)
 
     @property
@@ -77,7 +83,8 @@ class EvalReport:
         return sum(r.error is not None for r in self.results)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tasks": len(self.results), "resolved_rate": self.resolved_rate, "mean_turns": self.mean_turns,
+        return {"tasks": len(self.results), "resolved_rate": self.resolved_rate, "graded_rate": self.graded_rate,
+                "mean_turns": self.mean_turns,
                 "flags_per_rule": self.flags_per_rule, "errored": self.errored, "seconds": self.seconds,
                 "results": [asdict(r) for r in self.results]}  # fmt: skip
 

@@ -88,8 +88,16 @@ def run_agent(env: Env, client: ChatClient, *, config: LoopConfig | None = None,
                 break
         if done:
             break
-    outcome = env.finish()
+    acted = len(convo) > len(messages)
+    if error is not None and not acted and callable(getattr(env, "close", None)):
+        # The model never answered: nothing to grade, so skip the test run and just release the workspace.
+        env.close()  # type: ignore[attr-defined]
+        outcome = {"resolved": False, "reward": 0.0, "turns": 0, "flags": [], "end_reason": "error"}
+    else:
+        outcome = env.finish()
     traj = getattr(env, "trajectory", None) if rich else None
+    if isinstance(traj, Trajectory) and traj.outcome is None:
+        traj.outcome, traj.reward = outcome, 0.0
     if not isinstance(traj, Trajectory):
         traj = own
         traj.outcome = outcome

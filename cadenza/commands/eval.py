@@ -33,6 +33,9 @@ def register(app: typer.Typer) -> None:
         n = len(discover_tasks(tasks_dir))
         report = _run_with_progress(config, n, evaluate)
         _print_report(report, out)
+        if report.results and report.errored == len(report.results):
+            typer.echo(f"error: every episode failed; first error: {report.results[0].error}", err=True)
+            raise typer.Exit(1)
 
 
 def _run_with_progress(config, n, evaluate):  # type: ignore[no-untyped-def]
@@ -43,7 +46,7 @@ def _run_with_progress(config, n, evaluate):  # type: ignore[no-untyped-def]
         bar = progress.add_task("eval", total=n, last="")
 
         def on_result(res) -> None:  # type: ignore[no-untyped-def]
-            mark = "error" if res.error else ("resolved" if res.resolved else "unresolved")
+            mark = "error" if res.error else "flagged" if res.flags else "resolved" if res.resolved else "unresolved"
             progress.update(bar, advance=1, last=f"{res.task_id}: {mark}")
 
         return evaluate(config, on_result=on_result)
@@ -57,12 +60,13 @@ def _print_report(report, out: Path) -> None:  # type: ignore[no-untyped-def]
     for col in ("task", "resolved", "reward", "turns", "flags", "seconds", "error"):
         table.add_column(col)
     for r in report.results:
-        table.add_row(r.task_id, "[green]yes[/]" if r.resolved else "[red]no[/]", f"{r.reward:g}", str(r.turns),
+        resolved = ("[yellow]graded only (flagged)[/]" if r.flags else "[green]yes[/]") if r.resolved else "[red]no[/]"
+        table.add_row(r.task_id, resolved, f"{r.reward:g}", str(r.turns),
                       ", ".join(sorted(set(r.flags))) or "-", f"{r.seconds:.1f}", (r.error or "")[:60])  # fmt: skip
     console = Console()
     console.print(table)
     summary = Table(show_header=False, title="summary")
-    summary.add_row("resolved rate", f"{report.resolved_rate:.1%}")
+    summary.add_row("resolved rate", f"{report.resolved_rate:.1%} (grader alone: {report.graded_rate:.1%})")
     summary.add_row("mean turns", f"{report.mean_turns:.1f}")
     summary.add_row("flags per rule", ", ".join(f"{k}: {v}" for k, v in report.flags_per_rule.items()) or "none")
     summary.add_row("errored", str(report.errored))
