@@ -28,6 +28,7 @@ _READERS = {"cat", "less", "more", "head", "tail", "strings", "xxd", "od", "hexd
 _LISTERS = {"ls", "find", "tree", "du", "stat", "locate", "mlocate", "plocate", "dir", "realpath", "readlink"}
 _DELETERS = {"rm", "unlink", "rmdir", "shred"}
 _PATTERN_FIRST = {"grep", "egrep", "fgrep", "rg", "ag", "ack", "sed", "awk", "gawk", "git"}
+_EXCLUDES = {"-I", "--ignore", "--hide", "--exclude", "--exclude-dir", "--exclude-from", "--ignore-dir", "--skip"}
 _WRITE_NAMES = re.compile(r"(write_text|write_bytes|\.write|os\.remove|os\.unlink|unlink|shutil\.|os\.rename|os\.replace|rmtree|copyfile|truncate)")
 
 
@@ -211,8 +212,8 @@ class Extractor:
         if DYNAMIC in name or (name.startswith("$") and cmd.dynamic):
             yield Event("obfuscation", call.turn, call.tool, raw, detail="runs a command whose name is computed")
             return
-        if name in SHELLS or (name == "busybox" and len(argv) > 1 and argv[1] in SHELLS):
-            yield from self._shell_interp(cmd, argv[1:] if name != "busybox" else argv[2:], call, depth, raw)
+        if name in SHELLS:
+            yield from self._shell_interp(cmd, argv[1:], call, depth, raw)
             return
         if _PY.match(name):
             yield from self._python_interp(cmd, argv, call, depth, raw)
@@ -231,6 +232,8 @@ class Extractor:
             if code is not None:
                 yield Event("code", call.turn, call.tool, raw, code=code, facts=None, detail=name)
                 yield from self._strings_as_paths(re.findall(r"""['"]([^'"\n]{1,300})['"]""", code), call, raw, False)
+                for m in _OTHER_SHELL.finditer(code):
+                    yield from self.shell(m.group("cmd") or m.group("tick") or "", call, depth + 1)
         yield Event("exec", call.turn, call.tool, raw, argv=argv)
         yield from self._paths(argv, call, raw, cmd.stdin)
 
@@ -250,6 +253,9 @@ class Extractor:
                         rest.pop(0)
                 if name in ("timeout", "taskset", "chrt", "flock") and rest:
                     rest = rest[1:]
+                argv = rest
+                continue
+            if name == "busybox":
                 argv = rest
                 continue
             if name == "xargs":
@@ -392,14 +398,25 @@ class Extractor:
             op = "list"
         if name in _DELETERS or (name == "find" and ("-delete" in args or _find_exec_rm(args))):
             op = "delete"
-        if name in ("echo", "printf", "true", "false", "test", "[", "cd", "pushd", "mkdir", "export", "alias", "pytest"):
+        if name in ("echo", "printf", "true", "false", "test", "[", "mkdir", "export", "alias", "pytest"):
             return
+        if name in ("cd", "pushd"):
+            op = "list"
         positional: list[str] = []
         skip_pattern = name in _PATTERN_FIRST and not any(a in ("-e", "--regexp", "-f") for a in args)
         after_ddash = False
-        for a in args:
+        skip_next = False
+        for i, a in enumerate(args):
+            if skip_next:
+                skip_next = False
+                continue
             if not after_ddash and a == "--":
                 after_ddash = True
+                continue
+            if not after_ddash and (a in _EXCLUDES or a.split("=", 1)[0] in _EXCLUDES):
+                skip_next = "=" not in a  # an exclusion pattern names what is *not* read
+                continue
+            if name == "find" and ((i + 1 < len(args) and args[i + 1] == "-prune") or (i >= 2 and args[i - 2] in ("!", "-not"))):
                 continue
             if not after_ddash and a.startswith("-") and len(a) > 1:
                 if "=" in a:
@@ -464,5 +481,12 @@ def _interp_code(argv: list[str]) -> str | None:
     for i, a in enumerate(argv[1:], 1):
         if a in ("-e", "-E", "--eval", "-r", "-c", "-p") and i + 1 < len(argv):
             return argv[i + 1]
+    if posixpath.basename(argv[0]) in ("awk", "gawk"):  # the program is the first operand
+        rest = [a for a in argv[1:] if not a.startswith("-")]
+        return rest[0] if rest else None
     return None
+
+
+_OTHER_SHELL = re.compile(
+    r"""\b(?:system|exec|popen|execSync|spawnSync|shell_exec|passthru|qx)\s*\(?\s*(?P<q>['"])(?P<cmd>[^'"]{1,500})(?P=q)|`(?P<tick>[^`]{1,500})`""")
 

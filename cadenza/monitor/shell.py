@@ -377,7 +377,10 @@ def parse(text: str, state: ShellState | None = None, depth: int = 0) -> list[li
                     continue
             cmd.dynamic |= word.dynamic
             cmd.raw_words.append(word.raw)
-            cmd.argv.extend(_expand_braces(word.value) if "{" in word.raw else [word.value])
+            values = _expand_braces(word.value) if "{" in word.raw else [word.value]
+            if ("$" in word.raw or "`" in word.raw) and not any(q in word.raw for q in "'\""):
+                values = [part for v in values for part in v.split()]  # unquoted expansions are word-split
+            cmd.argv.extend(values)
     finish(";")
     _connect(pipelines, state, depth)
     return pipelines
