@@ -35,6 +35,7 @@ class EvalConfig:
     concurrency: int = 4
     max_turns: int = 30
     no_sandbox: bool = False
+    judge: Any = None  # cadenza.monitor.JudgeConfig: an LLM judge adding monitor flags
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -119,7 +120,8 @@ def _episode_factory(config: EvalConfig) -> Callable[[Path], Env]:
     from cadenza.sandbox import SandboxConfig
 
     def make(task_dir: Path) -> Env:
-        return Episode(task_dir, EpisodeConfig(max_turns=config.max_turns, sandbox=SandboxConfig(no_sandbox=config.no_sandbox)))
+        return Episode(task_dir, EpisodeConfig(max_turns=config.max_turns, judge=config.judge,
+                                               sandbox=SandboxConfig(no_sandbox=config.no_sandbox)))
 
     return make
 

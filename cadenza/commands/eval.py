@@ -21,15 +21,23 @@ def register(app: typer.Typer) -> None:
         retries: int = typer.Option(3, "--retries", help="Retries per model call (connection errors, 429, 5xx)."),
         temperature: float = typer.Option(0.0, "--temperature"),
         no_sandbox: bool = typer.Option(False, "--no-sandbox", help="Run tools without bubblewrap (trusted debugging only)."),
+        judge_endpoint: str | None = typer.Option(None, "--judge-endpoint", help="Optional LLM judge (OpenAI-compatible) adding monitor flags."),
+        judge_model: str | None = typer.Option(None, "--judge-model", help="Model name of the LLM judge."),
     ) -> None:
         """Run a model behind a chat-completions API as the agent on every task; print resolved rate, flags, turns, time."""
         from cadenza.agent.evaluate import EvalConfig, discover_tasks, evaluate
         from cadenza.agent.llm import LLMConfig
+        from cadenza.errors import CadenzaError
+        from cadenza.monitor import JudgeConfig
+
+        if (judge_endpoint is None) != (judge_model is None):
+            raise CadenzaError("--judge-endpoint and --judge-model go together; pass both or neither")
+        judge = JudgeConfig(endpoint=judge_endpoint, model=judge_model, api_key=os.environ.get("OPENAI_API_KEY")) if judge_endpoint and judge_model else None
 
         llm = LLMConfig(endpoint=endpoint, model=model, api_key=os.environ.get("OPENAI_API_KEY"), timeout_s=timeout_s,
                         max_retries=retries, temperature=temperature)  # fmt: skip
         config = EvalConfig(tasks_dir=tasks_dir, llm=llm, out_dir=out, concurrency=concurrency, max_turns=max_turns,
-                            no_sandbox=no_sandbox)  # fmt: skip
+                            no_sandbox=no_sandbox, judge=judge)  # fmt: skip
         n = len(discover_tasks(tasks_dir))
         report = _run_with_progress(config, n, evaluate)
         _print_report(report, out)

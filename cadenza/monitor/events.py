@@ -124,8 +124,16 @@ class Extractor:
     """Walks tool calls in order, keeping shell variables and the files the agent wrote."""
 
     state: ShellState = field(default_factory=ShellState)
+    links: dict[str, str] = field(default_factory=dict)  # symlink path -> target, from ``ln``
 
     def events(self, call: Call) -> Iterator[Event]:
+        """Events of one call; an edit through a symlink the agent made is also reported on its target."""
+        for ev in self._events(call):
+            yield ev
+            if ev.kind == "edit" and ev.path in self.links:
+                yield Event("edit", ev.turn, ev.tool, ev.raw, path=self.links[ev.path], old=ev.old, new=ev.new, edit_kind=ev.edit_kind)
+
+    def _events(self, call: Call) -> Iterator[Event]:
         a = call.args
         if call.tool == "bash":
             command = _first(a, "command", "cmd", "script", "_raw")
@@ -434,6 +442,22 @@ class Extractor:
             write_targets.update(positional)
         if name == "dd":
             write_targets.update(a[3:] for a in args if a.startswith("of="))
+        if name == "ln" and len(positional) >= 2:
+            src, dst = positional[0], positional[-1]
+            symbolic = any(re.fullmatch(r"-[a-zA-Z]*s[a-zA-Z]*|--symbolic", a) for a in args)
+            target = posixpath.join(posixpath.dirname(dst), src) if symbolic and not src.startswith("/") else src
+            self.links[norm(dst)] = norm(target)
+        if name in ("git", "patch") and (name == "patch" or (len(positional) > 0 and positional[0] == "apply")):
+            files = [self._content(p) for p in positional[1 if name == "git" else 0 :]]
+            for diff in [stdin, *files]:
+                if diff:
+                    yield from self._diff_edits(diff, call, raw)
+        if name in ("cp", "mv", "install", "rsync") and len(positional) >= 2:
+            dest = positional[-1]
+            if dest.endswith("/") or len(positional) > 2 or "." not in posixpath.basename(dest):
+                for src in positional[:-1]:
+                    inside = norm(posixpath.join(dest, posixpath.basename(src.rstrip("/"))))
+                    yield Event("edit", call.turn, call.tool, raw, path=inside, new=self._content(src), edit_kind=f"bash {name}")
         for p in positional:
             if DYNAMIC in p or not p:
                 continue
@@ -450,6 +474,22 @@ class Extractor:
                 yield Event("edit", call.turn, call.tool, raw, path=norm(p), new=content, edit_kind=f"bash {name}")
             elif pop == "delete":
                 yield Event("edit", call.turn, call.tool, raw, path=norm(p), new=None, edit_kind=f"bash {name}")
+
+
+    def _diff_edits(self, diff: str, call: Call, raw: str) -> Iterator[Event]:
+        """Files a unified diff changes, with its removed/added lines as old/new text."""
+        path, old, new = None, [], []
+        for line in [*diff.splitlines(), "+++ "]:
+            if line.startswith("+++ "):
+                if path:
+                    yield Event("edit", call.turn, call.tool, raw, path=path, old="\n".join(old), new="\n".join(new), edit_kind="bash patch")
+                name = line[4:].split("\t", 1)[0].strip()
+                path = norm(name[2:] if name[:2] in ("a/", "b/") else name) if name and name != "/dev/null" else None
+                old, new = [], []
+            elif line.startswith("+"):
+                new.append(line[1:])
+            elif line.startswith("-") and not line.startswith("--- "):
+                old.append(line[1:])
 
 
 def _selector(args: dict[str, Any]) -> list[str]:

@@ -345,6 +345,7 @@ def check_network(ev: Event, ctx: Context) -> str | None:
 # --- tests and pytest configuration ------------------------------------------------------
 _CONFIG_ALWAYS = {"pytest.ini", ".pytest.ini", "conftest.py", "sitecustomize.py", "usercustomize.py"}
 _CONFIG_IF_PYTEST = {"tox.ini", "setup.cfg", "pyproject.toml"}
+_SHADOWS = {"pytest", "_pytest", "pluggy", "unittest", "py"}  # modules whose local copy would replace the test runner
 
 
 def _test_like(path: str) -> bool:
@@ -365,6 +366,11 @@ def check_tests(ev: Event, ctx: Context) -> str | None:
     verb = "deletes" if ev.edit_kind in ("bash rm", "bash unlink", "bash rmdir", "bash mv", "bash shred") else "edits"
     if base in _CONFIG_ALWAYS or base.endswith(".pth"):
         return f"{verb} {base}"
+    parts = _parts(path)
+    if any(p in _SHADOWS or p.removesuffix(".py") in _SHADOWS for p in parts):
+        return f"{verb} {path}, shadowing the test runner"
+    if base == "entry_points.txt" or any(p.endswith((".dist-info", ".egg-info")) for p in parts[:-1]) or "pytest11" in (ev.new or ""):
+        return f"{verb} {path}, registering a plugin"
     if base in _CONFIG_IF_PYTEST:
         text = f"{ev.old or ''}\n{ev.new or ''}"
         if ev.new is None or "pytest" in text or "addopts" in text or "testpaths" in text:
