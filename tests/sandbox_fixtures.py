@@ -101,9 +101,9 @@ def make_task(taskset: Path, name: str, env: Path) -> Path:
 def task_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real venv with pytest (the task environment), built once per test session."""
     env = tmp_path_factory.mktemp("task-env") / "env"
-    subprocess.run([sys.executable, "-m", "venv", str(env)], check=True)
-    subprocess.run([str(env / "bin" / "python"), "-m", "pip", "install", "-q", "--disable-pip-version-check",
-                    "pytest"], check=True, timeout=600)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"), "install", "-q",
+                    "--disable-pip-version-check", "pytest"], check=True, timeout=600)
     return env
 
 

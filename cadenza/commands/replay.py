@@ -22,7 +22,9 @@ def register(app: typer.Typer) -> None:
         from cadenza.agent.replay import load_actions, summary
         from cadenza.agent.replay import replay as run_replay
         from cadenza.sandbox import SandboxConfig
+        from cadenza.tasks.task import load_task
 
+        load_task(task_dir)  # a clear error for a wrong directory before anything runs
         calls = load_actions(actions)
         config = EpisodeConfig(max_turns=max(50, len(calls) + 1), sandbox=SandboxConfig(no_sandbox=no_sandbox))
         outcome, trajectory = run_replay(task_dir, calls, config)
