@@ -156,6 +156,8 @@ class Episode:
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     def close(self) -> None:
+        if self._toolbox is not None:
+            self._toolbox.sandbox.close()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None

@@ -85,7 +85,10 @@ def grade(
         junit = results / "junit.xml"
         argv = [info.python, "-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts=", f"--confcutdir={work}",
                 f"--rootdir={work}", f"--junitxml={junit}", "-q", *task.pytest_args, *nodeids]
-        res = box.run(argv, timeout_s=task.test_timeout_s, merge_stderr=True)
+        try:
+            res = box.run(argv, timeout_s=task.test_timeout_s, merge_stderr=True)
+        finally:
+            box.close()
         statuses = node_statuses(nodeids, parse_junit(junit))
     f2p = sum(statuses[n] == "passed" for n in task.fail_to_pass)
     p2p = sum(statuses[n] == "passed" for n in task.pass_to_pass)

@@ -116,6 +116,14 @@ class PidsCgroup:
         except OSError:
             return []
 
+    def kill_all(self, spare: int | None = None) -> None:
+        """SIGKILL whatever is left (e.g. daemons of an unsandboxed command) but ``spare``; does not wait."""
+        for pid in self.pids():
+            if pid == spare:
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
     def kill_all_and_remove(self, timeout_s: float = 5.0) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
