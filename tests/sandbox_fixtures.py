@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from cadenza.agent.toytask import F2P, GOLD_PATCH, P2P, make_task
+from cadenza.agent.toytask import F2P, FILES, GOLD_PATCH, OPS_REMOVED, OPS_SOLVED, P2P, make_task
 
-__all__ = ["F2P", "GOLD_PATCH", "P2P", "make_task", "task_dir", "task_env", "taskset"]
+__all__ = ["F2P", "FILES", "GOLD_PATCH", "OPS_REMOVED", "OPS_SOLVED", "P2P", "make_task", "task_dir", "task_env",
+           "taskset"]
 
 
 @pytest.fixture(scope="session")
