@@ -27,7 +27,7 @@ from cadenza.agent.diff import compare
 from cadenza.agent.grade_policy import Policy, top_level_modules
 from cadenza.agent.junit import node_statuses, parse_junit
 from cadenza.errors import CadenzaError
-from cadenza.sandbox import Sandbox, SandboxConfig, env_info
+from cadenza.sandbox import Sandbox, SandboxConfig, env_info, hidden_roots
 from cadenza.tasks.task import WORKSPACE, Task, load_task, task_python
 
 
@@ -79,7 +79,7 @@ def grade(
         results.mkdir()
         shutil.copytree(pristine, work, symlinks=True)
         applied, dropped = apply_changes(pristine, agent, work, policy)
-        box = Sandbox(work, env_dir=env, config=sandbox, hidden=[task_dir, task_dir.parent],
+        box = Sandbox(work, env_dir=env, config=sandbox, hidden=hidden_roots(task_dir),
                       path_map={pristine: work}, rw_extra=[results])
         nodeids = [*task.fail_to_pass, *task.pass_to_pass]
         junit = results / "junit.xml"
