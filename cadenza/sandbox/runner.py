@@ -165,6 +165,9 @@ class Sandbox:
 
     def _launcher(self, argv: list[str], env: dict[str, str], cwd: str) -> Callable[[list[int]], _Handle]:
         """How to start one command: through the cgroup's spawner when there is a cgroup, else directly."""
+        if self._spawner is not None and self._spawner.proc.poll() is not None:  # it died (OOM killer, ...)
+            self._finalizer()
+            self._spawner = None
         if self._cgroup_root is not None and self._spawner is None:
             try:
                 self._cgroup = PidsCgroup(self._cgroup_root, self.config.max_procs)
