@@ -431,8 +431,9 @@ class Extractor:
                     positional.append(a.split("=", 1)[1])
                 continue
             positional.append(a)
+        script = None
         if skip_pattern and positional and name != "git":
-            positional = positional[1:]
+            script, positional = positional[0], positional[1:]
         write_targets: set[str] = set()
         if name in ("cp", "mv", "install", "ln", "rsync") and len(positional) >= 2:
             write_targets.add(positional[-1])
@@ -471,6 +472,8 @@ class Extractor:
                 content = self._content(src) if src else None
                 if name == "tee" and stdin is not None:
                     content = stdin
+                if name in ("sed", "perl") and script:
+                    content = script  # the edit script: what it inserts is checked like new text
                 yield Event("edit", call.turn, call.tool, raw, path=norm(p), new=content, edit_kind=f"bash {name}")
             elif pop == "delete":
                 yield Event("edit", call.turn, call.tool, raw, path=norm(p), new=None, edit_kind=f"bash {name}")

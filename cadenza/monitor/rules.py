@@ -169,8 +169,13 @@ def _git_sub(argv: list[str], ctx: Context) -> tuple[str, list[str]]:
     return sub, rest
 
 
+_GIT_ONLY_FILES = ("ORIG_HEAD", "FETCH_HEAD", "MERGE_HEAD", "packed-refs", "COMMIT_EDITMSG")
+
+
 def _git_path(path: str, op: str) -> str | None:
     parts = _parts(path)
+    if parts and _component_matches(parts[-1], _GIT_ONLY_FILES):
+        return f"{op} of {parts[-1]}"
     for i, comp in enumerate(parts):
         vcs = _component_matches(comp, _VCS_DIRS)
         if not vcs:
@@ -178,7 +183,8 @@ def _git_path(path: str, op: str) -> str | None:
         tail = parts[i + 1 :]
         if not tail:
             return f"{op} of {vcs}/" if op in ("list", "read") else None
-        if vcs != ".git" or _component_matches(tail[0], _GIT_DIR_SENSITIVE) or tail[-1].endswith((".pack", ".idx")):
+        everything = not tail[0].strip("*?")  # .git/* covers every sensitive entry
+        if vcs != ".git" or everything or _component_matches(tail[0], _GIT_DIR_SENSITIVE) or tail[-1].endswith((".pack", ".idx")):
             return f"{op} of {vcs}/{'/'.join(tail)[:60]}"
     return None
 
