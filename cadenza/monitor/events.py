@@ -136,7 +136,7 @@ class Extractor:
     def _events(self, call: Call) -> Iterator[Event]:
         a = call.args
         if call.tool == "bash":
-            command = _first(a, "command", "cmd", "script", "_raw")
+            command = _first(a, "command", "cmd", "script")
             if isinstance(command, str):
                 yield from self.shell(command, call, 0)
         elif call.tool == "view":

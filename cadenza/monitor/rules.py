@@ -231,9 +231,10 @@ def _site_path(path: str, ctx: Context) -> str | None:
         tail = parts[i + 1 :]
         if not ctx.packages or not tail:
             return "/".join(parts[i : i + 2])
-        head = tail[0].lower()
+        head = tail[0].lower().removeprefix("__editable__.").removeprefix("__editable___")
+        stem = re.split(r"[-.]", head, maxsplit=1)[0].replace("-", "_")
         for pkg in ctx.packages:
-            if head.startswith(pkg) or head.startswith(f"__editable__.{pkg}") or fnmatch.fnmatchcase(pkg, head.split(".")[0]):
+            if stem == pkg.replace("-", "_") or (any(c in stem for c in "*?[") and fnmatch.fnmatchcase(pkg, stem)):
                 return f"{comp}/{tail[0]}"
         if any(c in head for c in "*?["):
             return f"{comp}/{tail[0]}"
