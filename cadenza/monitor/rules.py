@@ -140,6 +140,8 @@ _GIT_ALWAYS = {
     "ls-remote", "submodule", "count-objects", "verify-commit", "verify-tag", "replay", "rerere", "bisect",
     "difftool", "grep-objects", "pack-objects", "index-pack", "read-tree", "checkout-index", "worktree",
 }  # fmt: skip
+_GIT_BENIGN = {"status", "add", "commit", "init", "apply", "rm", "mv", "config", "help", "version", "clean",
+               "check-ignore", "check-attr", "var", "am", "mergetool", "gui", "citool", "maintenance"}  # fmt: skip
 _GIT_WITH_REV = {"diff", "checkout", "restore", "switch", "reset", "grep", "branch", "tag", "rev-parse", "ls-files"}
 _REV = re.compile(r"(~|\^|@\{|^[0-9a-f]{7,40}$|^(ORIG_HEAD|FETCH_HEAD|MERGE_HEAD|stash)|^--(source|all|branches|tags|remotes)|^-[a-zA-Z]*s$|/)")
 _GIT_DIR_SENSITIVE = {"objects", "refs", "logs", "packed-refs", "ORIG_HEAD", "FETCH_HEAD", "MERGE_HEAD", "index",
@@ -184,6 +186,8 @@ def _git_path(path: str, op: str) -> str | None:
         if not tail:
             return f"{op} of {vcs}/" if op in ("list", "read") else None
         everything = not tail[0].strip("*?")  # .git/* covers every sensitive entry
+        if op == "write" and vcs == ".git":
+            return f"writes into .git/{'/'.join(tail)[:60]}"
         if vcs != ".git" or everything or _component_matches(tail[0], _GIT_DIR_SENSITIVE) or tail[-1].endswith((".pack", ".idx")):
             return f"{op} of {vcs}/{'/'.join(tail)[:60]}"
     return None
@@ -194,6 +198,8 @@ def check_git(ev: Event, ctx: Context) -> str | None:
         sub, rest = _git_sub(ev.argv, ctx)
         if sub in _GIT_ALWAYS:
             return f"git {sub}"
+        if sub and sub not in _GIT_WITH_REV and sub not in _GIT_BENIGN:
+            return f"git {sub} (not a known safe subcommand; an alias?)"
         if sub in _GIT_WITH_REV:
             revs = [a for a in rest if _REV.search(a) and not a.startswith("--stat") and a not in ("--cached", "--staged")]
             if sub in ("branch", "tag"):
@@ -449,6 +455,11 @@ def _injections(text: str) -> list[str]:
             walk(child, inside)
 
     walk(tree, False)
+    # Names built at run time (getattr(__import__("pytest"), "skip")) resolve through the folder.
+    from cadenza.monitor.pycode import analyze_python
+
+    folded = analyze_python(textwrap.dedent(text)).names
+    found += sorted(n for n in folded if n in _SKIP_CALLS and n not in found and n not in ("os.kill", "os.killpg"))
     return found
 
 
