@@ -29,7 +29,6 @@ _LISTERS = {"ls", "find", "tree", "du", "stat", "locate", "mlocate", "plocate", 
 _DELETERS = {"rm", "unlink", "rmdir", "shred"}
 _PATTERN_FIRST = {"grep", "egrep", "fgrep", "rg", "ag", "ack", "sed", "awk", "gawk", "git"}
 _EXCLUDES = {"-I", "--ignore", "--hide", "--exclude", "--exclude-dir", "--exclude-from", "--ignore-dir", "--skip"}
-_WRITE_NAMES = re.compile(r"(write_text|write_bytes|\.write|os\.remove|os\.unlink|unlink|shutil\.|os\.rename|os\.replace|rmtree|copyfile|truncate)")
 
 
 @dataclass
@@ -125,6 +124,7 @@ class Extractor:
 
     state: ShellState = field(default_factory=ShellState)
     links: dict[str, str] = field(default_factory=dict)  # symlink path -> target, from ``ln``
+    ran: set[tuple[str, str]] = field(default_factory=set)  # agent-written test files already analysed
 
     def events(self, call: Call) -> Iterator[Event]:
         """Events of one call; an edit through a symlink the agent made is also reported on its target."""
@@ -186,11 +186,13 @@ class Extractor:
         return None
 
     def _tests_run(self, call: Call) -> Iterator[Event]:
-        """Test files and conftests the agent wrote run when pytest runs: analyse them as code run."""
+        """Test files and conftests the agent wrote run when pytest runs: analyse them (once per version) as code run."""
         for path, content in list(self.state.files.items()):
             base = posixpath.basename(path)
             if base == "conftest.py" or (base.startswith("test_") and base.endswith(".py")) or base.endswith("_test.py"):
-                yield from self.python(content, call, 1, origin=path)
+                if (path, content) not in self.ran:
+                    self.ran.add((path, content))
+                    yield from self.python(content, call, 1, origin=path)
 
     # --- shell -----------------------------------------------------------------------
     def shell(self, text: str, call: Call, depth: int) -> Iterator[Event]:
@@ -239,11 +241,13 @@ class Extractor:
             code = _interp_code(argv)
             if code is not None:
                 yield Event("code", call.turn, call.tool, raw, code=code, facts=None, detail=name)
-                yield from self._strings_as_paths(re.findall(r"""['"]([^'"\n]{1,300})['"]""", code), call, raw, False)
+                yield from self._strings_as_paths(re.findall(r"""['"]([^'"\n]{1,300})['"]""", code), call, raw)
                 for m in _OTHER_SHELL.finditer(code):
                     yield from self.shell(m.group("cmd") or m.group("tick") or "", call, depth + 1)
         yield Event("exec", call.turn, call.tool, raw, argv=argv)
         yield from self._paths(argv, call, raw, cmd.stdin)
+        if name in ("pytest", "py.test", "tox", "nox"):
+            yield from self._tests_run(call)
 
     def _unwrap(self, cmd: Command, argv: list[str]) -> list[str]:
         """Strip wrappers that run their arguments as a command."""
@@ -328,6 +332,8 @@ class Extractor:
                 margv = [mod, *args[i + 2 :]]
                 yield Event("exec", call.turn, call.tool, raw, argv=margv, detail="python -m")
                 yield from self._paths(margv, call, raw)
+                if mod == "pytest":
+                    yield from self._tests_run(call)
                 path = mod.replace(".", "/") + ".py"
                 content = self._content(path)
                 if content is not None:
@@ -362,18 +368,19 @@ class Extractor:
             yield from self.shell(cmdline, call, depth + 1)
         for inner in facts.code:
             yield from self.python(inner, call, depth + 1, origin="exec")
-        writes = bool(_WRITE_NAMES.search(" ".join(sorted(facts.names)))) or bool(re.search(r"""open\([^)]*['"][wax]""", code))
-        yield from self._strings_as_paths(facts.strings, call, code, writes)
+        yield from self._strings_as_paths(facts.strings, call, code)
+        for target in facts.writes:
+            if target.strip():
+                yield Event("path", call.turn, call.tool, code, path=norm(target.strip()), op="write")
+                yield Event("edit", call.turn, call.tool, code, path=norm(target.strip()), edit_kind="python write")
 
-    def _strings_as_paths(self, strings: list[str], call: Call, raw: str, writes: bool) -> Iterator[Event]:
+    def _strings_as_paths(self, strings: list[str], call: Call, raw: str) -> Iterator[Event]:
         for s in strings:
             s = s.strip()
             if not s or len(s) > 400 or "\n" in s:
                 continue
             if "/" in s or s.startswith(".") or s.endswith((".pyc", ".py", ".class", ".cfg", ".ini", ".toml")):
-                yield Event("path", call.turn, call.tool, raw, path=norm(s), op="write" if writes else "read")
-                if writes:
-                    yield Event("edit", call.turn, call.tool, raw, path=norm(s), edit_kind="python write")
+                yield Event("path", call.turn, call.tool, raw, path=norm(s), op="read")
 
     # --- paths in commands ---------------------------------------------------------
     def _redirects(self, cmd: Command, call: Call, raw: str) -> Iterator[Event]:
