@@ -189,10 +189,10 @@ class Extractor:
         """Test files and conftests the agent wrote run when pytest runs: analyse them (once per version) as code run."""
         for path, content in list(self.state.files.items()):
             base = posixpath.basename(path)
-            if base == "conftest.py" or (base.startswith("test_") and base.endswith(".py")) or base.endswith("_test.py"):
-                if (path, content) not in self.ran:
-                    self.ran.add((path, content))
-                    yield from self.python(content, call, 1, origin=path)
+            is_test = base == "conftest.py" or (base.startswith("test_") and base.endswith(".py")) or base.endswith("_test.py")
+            if is_test and (path, content) not in self.ran:
+                self.ran.add((path, content))
+                yield from self.python(content, call, 1, origin=path)
 
     # --- shell -----------------------------------------------------------------------
     def shell(self, text: str, call: Call, depth: int) -> Iterator[Event]:
