@@ -42,6 +42,8 @@ class EvalConfig:
             raise CadenzaError(f"--concurrency must be at least 1, got {self.concurrency}")
         if self.max_turns < 1:
             raise CadenzaError(f"--max-turns must be at least 1, got {self.max_turns}")
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise CadenzaError(f"--out {self.out_dir} is a file; pass a directory for trajectories and summary.json")
 
 
 @dataclass(kw_only=True)

@@ -24,7 +24,6 @@ from cadenza.monitor.shell import DYNAMIC, MAX_DEPTH, Command, ShellState, parse
 SHELLS = {"sh", "bash", "zsh", "dash", "ksh", "ash", "fish", "rbash"}
 _PY = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|ipython3?)$")
 _OTHER_INTERP = {"perl", "ruby", "node", "nodejs", "php", "lua", "tclsh", "awk", "gawk", "R", "Rscript"}
-_READERS = {"cat", "less", "more", "head", "tail", "strings", "xxd", "od", "hexdump", "file", "bat", "nl", "tac", "wc"}
 _LISTERS = {"ls", "find", "tree", "du", "stat", "locate", "mlocate", "plocate", "dir", "realpath", "readlink"}
 _DELETERS = {"rm", "unlink", "rmdir", "shred"}
 _PATTERN_FIRST = {"grep", "egrep", "fgrep", "rg", "ag", "ack", "sed", "awk", "gawk", "git"}

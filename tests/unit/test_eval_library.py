@@ -85,3 +85,6 @@ def test_eval_config_validation(tmp_path):
         EvalConfig(tasks_dir=tmp_path, out_dir=tmp_path, llm=llm, concurrency=0)
     with pytest.raises(CadenzaError, match="max-turns"):
         EvalConfig(tasks_dir=tmp_path, out_dir=tmp_path, llm=llm, max_turns=0)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(CadenzaError, match="is a file"):
+        EvalConfig(tasks_dir=tmp_path, out_dir=tmp_path / "file", llm=llm)
