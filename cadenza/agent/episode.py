@@ -24,7 +24,7 @@ from cadenza.agent.prompt import initial_messages
 from cadenza.agent.tools import TOOL_NAMES, Toolbox, ToolsConfig
 from cadenza.agent.trajectory import Flag, Trajectory, TurnMeta
 from cadenza.errors import CadenzaError
-from cadenza.sandbox import Sandbox, SandboxConfig
+from cadenza.sandbox import Sandbox, SandboxConfig, hidden_roots
 from cadenza.tasks.task import WORKSPACE, load_task
 
 NO_TOOL_CALL = f"Error: no tool call found. Call one of the tools ({', '.join(TOOL_NAMES)}); call submit when done."
@@ -75,7 +75,7 @@ class Episode:
         self.workspace = Path(self._tmp) / WORKSPACE
         shutil.copytree(pristine, self.workspace, symlinks=True)
         sandbox = Sandbox(self.workspace, env_dir=task_env_dir(self.task_dir, self.task), config=self.config.sandbox,
-                          hidden=[self.task_dir, self.task_dir.parent], path_map={pristine: self.workspace})
+                          hidden=hidden_roots(self.task_dir), path_map={pristine: self.workspace})
         self._toolbox = Toolbox(self.workspace, sandbox, config=self.config.tools, pytest_args=self.task.pytest_args)
         messages = initial_messages(workspace=str(self.workspace), statement=self.task.statement, tools=self.tools())
         self.trajectory = Trajectory(task_id=self.task.id, messages=[dict(m) for m in messages],
@@ -156,6 +156,8 @@ class Episode:
 
     # -- lifecycle -----------------------------------------------------------------------------------------
     def close(self) -> None:
+        if self._toolbox is not None:
+            self._toolbox.sandbox.close()
         if self._tmp is not None:
             shutil.rmtree(self._tmp, ignore_errors=True)
             self._tmp = None

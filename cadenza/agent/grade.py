@@ -27,7 +27,7 @@ from cadenza.agent.diff import compare
 from cadenza.agent.grade_policy import Policy, top_level_modules
 from cadenza.agent.junit import node_statuses, parse_junit
 from cadenza.errors import CadenzaError
-from cadenza.sandbox import Sandbox, SandboxConfig, env_info
+from cadenza.sandbox import Sandbox, SandboxConfig, env_info, hidden_roots
 from cadenza.tasks.task import WORKSPACE, Task, load_task, task_python
 
 
@@ -79,13 +79,16 @@ def grade(
         results.mkdir()
         shutil.copytree(pristine, work, symlinks=True)
         applied, dropped = apply_changes(pristine, agent, work, policy)
-        box = Sandbox(work, env_dir=env, config=sandbox, hidden=[task_dir, task_dir.parent],
+        box = Sandbox(work, env_dir=env, config=sandbox, hidden=hidden_roots(task_dir),
                       path_map={pristine: work}, rw_extra=[results])
         nodeids = [*task.fail_to_pass, *task.pass_to_pass]
         junit = results / "junit.xml"
         argv = [info.python, "-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts=", f"--confcutdir={work}",
                 f"--rootdir={work}", f"--junitxml={junit}", "-q", *task.pytest_args, *nodeids]
-        res = box.run(argv, timeout_s=task.test_timeout_s, merge_stderr=True)
+        try:
+            res = box.run(argv, timeout_s=task.test_timeout_s, merge_stderr=True)
+        finally:
+            box.close()
         statuses = node_statuses(nodeids, parse_junit(junit))
     f2p = sum(statuses[n] == "passed" for n in task.fail_to_pass)
     p2p = sum(statuses[n] == "passed" for n in task.pass_to_pass)

@@ -8,6 +8,7 @@ hidden root (the task set, the host home), so ``gold.patch`` and other tasks sta
 from __future__ import annotations
 
 import os
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -23,6 +24,22 @@ class BindPlan:
     ro: list[str] = field(default_factory=list)
     rw: list[str] = field(default_factory=list)
     pythonpath: list[str] = field(default_factory=list)  # env sys.path entries mapped into the workspace
+
+
+def hidden_roots(task_dir: os.PathLike[str] | str) -> list[Path]:
+    """What a sandbox for a task must never show: the task directory and the task set holding it.
+
+    The parent is left out when it is ``/``, the home directory or the temp directory (or above it):
+    that is not a task set, and workspace copies live under the temp directory.
+    """
+    task_dir = Path(os.path.realpath(task_dir))
+    roots = [task_dir]
+    parent = task_dir.parent
+    tmp = Path(os.path.realpath(tempfile.gettempdir()))
+    home = Path(os.path.realpath(os.path.expanduser("~")))
+    if parent != Path(parent.anchor) and parent != home and not tmp.is_relative_to(parent):
+        roots.append(parent)
+    return roots
 
 
 def _inside(path: str, root: str) -> bool:

@@ -79,6 +79,7 @@ def pids_cgroup_root() -> Path | None:
                 if "pids" in (base / "cgroup.subtree_control").read_text().split():
                     candidates.append(base)
     for base in candidates:
+        _remove_stale(base)
         probe = base / f"cadenza-probe-{os.getpid()}"
         try:
             probe.mkdir()
@@ -91,6 +92,16 @@ def pids_cgroup_root() -> Path | None:
             with contextlib.suppress(OSError):
                 probe.rmdir()
     return None
+
+
+def _remove_stale(base: Path) -> None:
+    """Remove empty cgroups left by cadenza processes that were killed before cleaning up."""
+    with contextlib.suppress(OSError):
+        for entry in base.iterdir():
+            parts = entry.name.split("-")
+            if parts[0] == "cadenza" and len(parts) >= 2 and parts[1].isdigit() and not Path(f"/proc/{parts[1]}").exists():
+                with contextlib.suppress(OSError):
+                    entry.rmdir()
 
 
 class PidsCgroup:
@@ -115,6 +126,14 @@ class PidsCgroup:
             return [int(p) for p in Path(self._procs).read_text().split()]
         except OSError:
             return []
+
+    def kill_all(self, spare: int | None = None) -> None:
+        """SIGKILL whatever is left (e.g. daemons of an unsandboxed command) but ``spare``; does not wait."""
+        for pid in self.pids():
+            if pid == spare:
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
     def kill_all_and_remove(self, timeout_s: float = 5.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -15,7 +15,10 @@ import selectors
 import shutil
 import signal
 import subprocess
+import threading
 import time
+import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from cadenza.sandbox.config import SandboxConfig
 from cadenza.sandbox.envinfo import EnvInfo, env_info
 from cadenza.sandbox.limits import PidsCgroup, make_preexec, pids_cgroup_root
 from cadenza.sandbox.output import CappedBuffer
+from cadenza.sandbox.spawner import Spawner
 
 INSTALL_HINT = "install it with 'apt-get install bubblewrap' (or pass --no-sandbox for trusted debugging only)"
 
@@ -81,6 +85,10 @@ class Sandbox:
             rw_extra=rw_extra, ro_extra=self.config.extra_ro_binds,
         )
         self._cgroup_root = pids_cgroup_root()
+        self._cgroup: PidsCgroup | None = None
+        self._spawner: Spawner | None = None
+        self._lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _cleanup, [])
         if not self.config.no_sandbox:
             self._prefix = self._bwrap_prefix()
             _check_bwrap(self._prefix[0])
@@ -150,16 +158,57 @@ class Sandbox:
             argv, popen_env, popen_cwd = command, self.environment(env), str(cwd or self.workspace)
         else:
             argv, popen_env, popen_cwd = self.argv(command, cwd=cwd, env=env), {"PATH": "/usr/bin:/bin"}, "/"
-        cgroup = None
-        if self._cgroup_root is not None:
-            with contextlib.suppress(OSError):
-                cgroup = PidsCgroup(self._cgroup_root, self.config.max_procs)
-        try:
-            return _execute(argv, env=popen_env, cwd=popen_cwd, timeout_s=timeout, cap=self.config.max_output_bytes,
-                            preexec=make_preexec(self.config, cgroup), merge_stderr=merge_stderr, cgroup=cgroup)
-        finally:
-            if cgroup is not None:
-                cgroup.kill_all_and_remove()
+        with self._lock:
+            launch = self._launcher(argv, popen_env, popen_cwd)
+            return _execute(launch, timeout_s=timeout, cap=self.config.max_output_bytes, merge_stderr=merge_stderr,
+                            cgroup=self._cgroup, spare=self._spawner.pid if self._spawner else None)
+
+    def _launcher(self, argv: list[str], env: dict[str, str], cwd: str) -> Callable[[list[int]], _Handle]:
+        """How to start one command: through the cgroup's spawner when there is a cgroup, else directly."""
+        if self._cgroup_root is not None and self._spawner is None:
+            try:
+                self._cgroup = PidsCgroup(self._cgroup_root, self.config.max_procs)
+                self._spawner = Spawner(make_preexec(self.config, self._cgroup))
+                self._finalizer.detach()
+                self._finalizer = weakref.finalize(self, _cleanup, [self._spawner, self._cgroup])
+            except OSError:
+                self._cgroup_root = None
+        if self._spawner is not None:
+            spawner = self._spawner
+            exe = argv[0] if os.path.isabs(argv[0]) else shutil.which(argv[0], path=env.get("PATH")) or argv[0]
+            return lambda fds: _Handle(spawner.spawn([exe, *argv[1:]], env, cwd, fds), spawner.wait)
+
+        def direct(fds: list[int]) -> _Handle:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fds[0], stderr=fds[-1], cwd=cwd, env=env,
+                                    start_new_session=True, preexec_fn=make_preexec(self.config, None), close_fds=True)
+            return _Handle(proc.pid, lambda deadline: _wait_popen(proc, deadline))
+
+        return direct
+
+    def close(self) -> None:
+        """Stop this sandbox's spawner and remove its cgroup (also done when garbage-collected)."""
+        self._finalizer()
+
+
+def _cleanup(resources: list) -> None:
+    for r in resources:
+        if isinstance(r, Spawner):
+            r.close()
+        elif isinstance(r, PidsCgroup):
+            r.kill_all_and_remove()
+
+
+@dataclass
+class _Handle:
+    pid: int
+    wait: Callable[[float | None], int | None]
+
+
+def _wait_popen(proc: subprocess.Popen, deadline: float | None) -> int | None:
+    try:
+        return proc.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -181,40 +230,46 @@ def _check_bwrap(bwrap: str) -> None:
         )
 
 
-def _execute(argv, *, env, cwd, timeout_s, cap, preexec, merge_stderr, cgroup) -> ExecResult:
+def _execute(launch, *, timeout_s: float, cap: int, merge_stderr: bool, cgroup: PidsCgroup | None,
+             spare: int | None) -> ExecResult:
     start = time.monotonic()
+    r_out, w_out = os.pipe()
+    readers, writers = [r_out], [w_out]
+    if not merge_stderr:
+        r_err, w_err = os.pipe()
+        readers.append(r_err)
+        writers.append(w_err)
     try:
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT if merge_stderr else subprocess.PIPE,
-            cwd=cwd, env=env, start_new_session=True, preexec_fn=preexec, close_fds=True,
-        )
+        handle = launch(writers)
     except OSError as exc:
-        return ExecResult(exit_code=127, stdout="", stderr=f"cannot start {argv[0]}: {exc}", timed_out=False,
+        for fd in readers:
+            os.close(fd)
+        return ExecResult(exit_code=127, stdout="", stderr=f"cannot start the command: {exc}", timed_out=False,
                           duration_s=time.monotonic() - start)
-    streams = [proc.stdout] + ([] if merge_stderr else [proc.stderr])
-    buffers = {s.fileno(): CappedBuffer(cap) for s in streams}  # insertion order: stdout, stderr
+    finally:
+        for fd in writers:
+            os.close(fd)
+    buffers = {fd: CappedBuffer(cap) for fd in readers}  # insertion order: stdout, stderr
     deadline = start + timeout_s
-    timed_out = False
+    code: int | None = None
+    timed_out = True
     with selectors.DefaultSelector() as sel:
-        for s in streams:
-            sel.register(s.fileno(), selectors.EVENT_READ)
+        for fd in readers:
+            sel.register(fd, selectors.EVENT_READ)
         try:
-            timed_out = not _pump(sel, buffers, deadline)
-            if not timed_out:
-                try:
-                    proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    timed_out = True
+            if _pump(sel, buffers, deadline):
+                code = handle.wait(deadline)
+                timed_out = code is None
         finally:
-            _kill_tree(proc, cgroup)
-            proc.wait()
+            _kill_tree(handle.pid, cgroup, spare)
+            if code is None:
+                code = handle.wait(None)
             _pump(sel, buffers, time.monotonic() + 0.5)  # whatever was written before the kill
-            for s in streams:
-                s.close()
+            for fd in readers:
+                os.close(fd)
     out, err = [*buffers.values(), None][:2]
     return ExecResult(
-        exit_code=proc.returncode if proc.returncode is not None else -signal.SIGKILL,
+        exit_code=code if code is not None else -signal.SIGKILL,
         stdout=out.text(), stderr=err.text() if err else "", timed_out=timed_out,
         duration_s=time.monotonic() - start, stdout_dropped=out.dropped, stderr_dropped=err.dropped if err else 0,
     )
@@ -238,10 +293,8 @@ def _pump(sel: selectors.BaseSelector, buffers: dict[int, CappedBuffer], deadlin
     return True
 
 
-def _kill_tree(proc: subprocess.Popen, cgroup: PidsCgroup | None) -> None:
+def _kill_tree(pid: int, cgroup: PidsCgroup | None, spare: int | None) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(pid, signal.SIGKILL)
     if cgroup is not None:
-        for pid in cgroup.pids():
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+        cgroup.kill_all(spare=spare)

@@ -129,9 +129,13 @@ def test_fork_bomb_is_contained_and_cleaned_up(episode: Episode):
     if not sandbox.process_limit_enforced:
         pytest.skip("no pids cgroup writable and running as root: RLIMIT_NPROC cannot bind; refusing to fork-bomb the host")
     marker = f"bomb{uuid.uuid4().hex[:8]}"
+    episode.config.tools.bash_timeout_s = 8
     res = bash(episode, f"{marker}(){{ {marker} | {marker} & }}; {marker}; sleep 2; echo survived")
-    assert res.done is False and "survived" in res.observation
+    # either the shell outlived the bomb, or it could not fork any more (the cap) and gave up or timed out
+    assert res.done is False
+    assert "survived" in res.observation or "Resource temporarily unavailable" in res.observation, res.observation
     assert not _processes_with(marker)
+    episode.config.tools.bash_timeout_s = 30
     script = (
         "import os, time\n"
         "n = 0\n"
@@ -164,7 +168,7 @@ def test_cpu_and_memory_rlimits(episode: Episode):
     res = bash(episode, "python -c 'x = bytearray(3 * 1024**3)' 2>&1 | tail -1")
     assert "MemoryError" in res.observation
     res = bash(episode, f"head -c {20 * MiB} /dev/zero > big.bin; echo rc=$?; stat -c %s big.bin")
-    assert "File size limit exceeded" in res.observation or "rc=153" in res.observation
+    assert "File size limit exceeded" in res.observation or "File too large" in res.observation
     assert (episode.workspace / "big.bin").stat().st_size <= 8 * MiB
 
 
@@ -174,6 +178,11 @@ def test_background_processes_do_not_outlive_the_call(episode: Episode):
     assert "started" in res.observation and res.error_kind is None
     assert episode.trajectory.turns[-1].duration_s < 20  # not the 600 s of the sleeps
     assert not _processes_with(marker)
+
+
+def test_sigpipe_behaves_as_in_a_shell(episode: Episode):
+    res = bash(episode, "yes | head -n 2; echo ${PIPESTATUS[0]}")
+    assert res.observation.startswith("y\ny\n141")  # yes died of SIGPIPE, as it would outside
 
 
 def test_huge_and_binary_output_is_capped_and_decoded(episode: Episode):

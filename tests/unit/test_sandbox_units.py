@@ -76,3 +76,15 @@ def test_env_that_would_expose_the_task_set_is_refused(tmp_path: Path):
     env = EnvInfo(**{**env.__dict__, "env_dir": str(tmp_path)})
     with pytest.raises(SandboxError, match="would expose"):
         plan_binds(workspace=tmp_path / "ws", env=env, hidden=[tmp_path / "taskset"])
+
+
+def test_hidden_roots(tmp_path: Path):
+    from cadenza.sandbox import hidden_roots
+
+    task = tmp_path / "set" / "t1"
+    assert hidden_roots(task) == [Path(os.path.realpath(task)), Path(os.path.realpath(task.parent))]
+    import tempfile
+
+    in_tmp = Path(tempfile.gettempdir()) / "t1"
+    assert hidden_roots(in_tmp) == [Path(os.path.realpath(in_tmp))]  # /tmp is not a task set
+    assert hidden_roots("/t1") == [Path("/t1")]
