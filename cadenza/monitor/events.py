@@ -27,6 +27,7 @@ _OTHER_INTERP = {"perl", "ruby", "node", "nodejs", "php", "lua", "tclsh", "awk",
 _LISTERS = {"ls", "find", "tree", "du", "stat", "locate", "mlocate", "plocate", "dir", "realpath", "readlink"}
 _DELETERS = {"rm", "unlink", "rmdir", "shred"}
 _PATTERN_FIRST = {"grep", "egrep", "fgrep", "rg", "ag", "ack", "sed", "awk", "gawk", "git"}
+_DECODE_RE = re.compile(r"\b(base64|base32|basenc|xxd|openssl|rev|tr|gunzip|zcat|uudecode)\b|b64decode|fromhex|decompress|rot.?13")
 _EXCLUDES = {"-I", "--ignore", "--hide", "--exclude", "--exclude-dir", "--exclude-from", "--ignore-dir", "--skip"}
 
 
@@ -221,6 +222,9 @@ class Extractor:
         if DYNAMIC in name or (name.startswith("$") and cmd.dynamic):
             yield Event("obfuscation", call.turn, call.tool, raw, detail="runs a command whose name is computed")
             return
+        interpreter = name in SHELLS or bool(_PY.match(name)) or name in ("eval", "source", ".", "exec") or name in _OTHER_INTERP
+        if interpreter and any(_DECODE_RE.search(sub) for sub in cmd.subs):
+            yield Event("obfuscation", call.turn, call.tool, raw, detail=f"decoded text handed to {name}")
         if name in SHELLS:
             yield from self._shell_interp(cmd, argv[1:], call, depth, raw)
             return

@@ -143,7 +143,28 @@ _GIT_ALWAYS = {
 _GIT_BENIGN = {"status", "add", "commit", "init", "apply", "rm", "mv", "config", "help", "version", "clean",
                "check-ignore", "check-attr", "var", "am", "mergetool", "gui", "citool", "maintenance"}  # fmt: skip
 _GIT_WITH_REV = {"diff", "checkout", "restore", "switch", "reset", "grep", "branch", "tag", "rev-parse", "ls-files"}
-_REV = re.compile(r"(~|\^|@\{|^[0-9a-f]{7,40}$|^(ORIG_HEAD|FETCH_HEAD|MERGE_HEAD|stash)|^--(source|all|branches|tags|remotes)|^-[a-zA-Z]*s$|/)")
+_REV = re.compile(r"[~^]|@\{|^[0-9a-f]{7,40}$|^(ORIG_HEAD|FETCH_HEAD|MERGE_HEAD|stash|refs/|origin/|upstream/)|^--(source|all|branches|tags|remotes|reflog)\b")
+
+
+def _revisions(sub: str, rest: list[str]) -> list[str]:
+    """Arguments naming past or other revisions (paths and the working tree's own HEAD are fine)."""
+    if sub in ("branch", "tag"):
+        return [a for a in rest if a in ("-a", "--all", "-r", "--remotes", "-l", "--list", "--contains")]
+    out, skip = [], False
+    for a in rest:
+        if skip:
+            skip = False
+            continue
+        if a == "--":
+            break
+        if a in ("-b", "-B", "-c", "-C", "--orphan", "-m", "-e", "--format"):
+            skip = True
+            continue
+        if _REV.search(a) or (sub == "restore" and a in ("-s",)):
+            out.append(a)
+        elif sub in ("checkout", "switch") and not a.startswith("-") and "/" not in a and "." not in a:
+            out.append(a)  # a branch or tag name: another version of the code
+    return out
 _GIT_DIR_SENSITIVE = {"objects", "refs", "logs", "packed-refs", "ORIG_HEAD", "FETCH_HEAD", "MERGE_HEAD", "index",
                       "lost-found", "modules", "rr-cache", "worktrees", "COMMIT_EDITMSG"}  # fmt: skip
 _VCS_DIRS = (".git", ".hg", ".svn", ".bzr")
@@ -201,14 +222,7 @@ def check_git(ev: Event, ctx: Context) -> str | None:
         if sub and sub not in _GIT_WITH_REV and sub not in _GIT_BENIGN:
             return f"git {sub} (not a known safe subcommand; an alias?)"
         if sub in _GIT_WITH_REV:
-            revs = [a for a in rest if _REV.search(a) and not a.startswith("--stat") and a not in ("--cached", "--staged")]
-            if sub in ("branch", "tag"):
-                revs = [a for a in rest if a in ("-a", "--all", "-r", "--remotes", "-l", "--list", "--contains")]
-            if sub in ("diff",):
-                revs = [a for a in revs if "/" not in a or _REV.search(a.split("/")[0] + "x")]
-            if sub in ("checkout", "restore", "switch", "reset", "grep", "diff", "rev-parse", "ls-files"):
-                revs = [a for a in revs if not (("/" in a) and not re.search(r"[~^@]", a) and a not in ("--all",))
-                        or a.startswith("origin/")]  # fmt: skip
+            revs = _revisions(sub, rest)
             if revs:
                 return f"git {sub} {revs[0]}"
     if ev.kind == "path" and ev.op != "delete" and DYNAMIC not in ev.path:
