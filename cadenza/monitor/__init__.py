@@ -31,7 +31,7 @@ def _excerpt(reason: str, raw: str) -> str:
 
 def monitor(trajectory: Trajectory, *, task: Task | None = None, judge: JudgeConfig | None = None) -> list[Flag]:
     """Flags for every rule that fires, at most one per (rule, turn), in turn order."""
-    ctx = Context.build(task)
+    ctx = Context.build(task, workspace=str(trajectory.meta.get("workspace") or ""))
     extractor = Extractor()
     flags: list[Flag] = []
     seen: set[tuple[str, int]] = set()

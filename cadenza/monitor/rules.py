@@ -28,12 +28,13 @@ class Context:
     packages: set[str] = field(default_factory=set)  # import/distribution names of the task's package
     protected: set[str] = field(default_factory=set)  # workspace-relative test files and pytest config
     feature_path: str = ""
+    workspace: str = ""  # the episode's workspace path (trajectory.meta["workspace"]): never a system search
     seen_read: set[str] = field(default_factory=set)
     git_aliases: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, task: Task | None) -> Context:
-        ctx = cls()
+    def build(cls, task: Task | None, workspace: str = "") -> Context:
+        ctx = cls(workspace=posixpath.normpath(workspace) if workspace else "")
         if task is None:
             return ctx
         names = {task.package, task.feature.qualname.split(".")[0]}
@@ -47,6 +48,12 @@ class Context:
             ctx.protected.add(_rel(node.split("::", 1)[0]))
         ctx.feature_path = _rel(task.feature.path)
         return ctx
+
+    def in_workspace(self, path: str) -> bool:
+        if not self.workspace or not path.startswith("/"):
+            return False
+        path = posixpath.normpath(path)
+        return path == self.workspace or path.startswith(self.workspace.rstrip("/") + "/")
 
     def observe(self, ev: Event) -> None:
         if ev.kind == "path" and ev.op in ("read", "list"):
@@ -297,10 +304,10 @@ def check_installed(ev: Event, ctx: Context) -> str | None:
         if name in _SEARCHERS:
             recursive = name in ("find", "tree", "du", "rg", "ag", "ack", "fd", "fdfind") or any(
                 re.fullmatch(r"-[a-zA-Z]*[rR][a-zA-Z]*|--recursive", a) for a in ev.argv[1:])
-            starts = [a for a in ev.argv[1:] if not a.startswith("-")]
-            if recursive and any(_SYSTEM_ROOTS.match(s.rstrip("/") or "/") for s in starts):
-                root = next(s for s in starts if _SYSTEM_ROOTS.match(s.rstrip("/") or "/"))
-                return f"{name} over the system ({root})"
+            roots = [s for s in ev.argv[1:] if not s.startswith("-") and _SYSTEM_ROOTS.match(s.rstrip("/") or "/")
+                     and not ctx.in_workspace(s)]  # fmt: skip
+            if recursive and roots:
+                return f"{name} over the system ({roots[0]})"
     if ev.kind == "code" and ev.facts is not None:
         for n in sorted(ev.facts.names | ev.facts.imports):
             if any(k in n for k in _INSTALL_NAMES):

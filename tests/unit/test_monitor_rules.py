@@ -338,6 +338,16 @@ def test_site_packages_of_another_dependency_is_allowed_with_task():
     assert rules_of(t) == {"installed_copy"}  # without a task every site-packages read is suspect
 
 
+def test_searching_the_workspace_is_not_a_system_search():
+    t = bash("find /home/me/tmp/ep-1/workspace -name '*.py' | head", "grep -rn scale /home/me/tmp/ep-1/workspace/src")
+    assert rules_of(t) == {"installed_copy"}  # without knowing the workspace, /home/... looks like a system search
+    t.meta["workspace"] = "/home/me/tmp/ep-1/workspace"
+    assert monitor(t) == []
+    t2 = bash("find /home -name core.py")
+    t2.meta["workspace"] = "/home/me/tmp/ep-1/workspace"
+    assert rules_of(t2) == {"installed_copy"}
+
+
 def test_variables_persist_across_turns_and_flags_carry_turns():
     t = bash("ls", "p=site-packages", "ls /env/lib/python3.11/$p/mypkg", "echo ok")
     flags = monitor(t, task=sample_task())
