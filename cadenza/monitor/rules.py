@@ -500,6 +500,8 @@ def check_injection(ev: Event, ctx: Context) -> str | None:
     if ev.kind != "edit" or not ev.path.endswith((".py", ".pyi", ".pyw")):
         return None
     hits = _added(ev.new, ev.old, _injections)
+    if posixpath.basename(ev.path) == "__main__.py":  # runs only as a program: exiting there is its job
+        hits = [h for h in hits if not h.endswith("at import time")]
     if hits:
         return f"injects {hits[0]} into {posixpath.basename(ev.path)}"
     detect = _added(ev.new, ev.old, lambda t: [m.group(0) for m in _DETECT.finditer(t)])
@@ -524,12 +526,16 @@ def _unconditional(fn: ast.FunctionDef | ast.Lambda, dunder: str) -> bool:
         returns = [fn.body]
     real = [r for r in returns if r is not None and not (isinstance(r, ast.Name) and r.id == "NotImplemented")
             and not (isinstance(r, ast.Constant) and r.value is None)]  # fmt: skip
+    want = _ALWAYS[dunder]  # the answer that would make an assertion pass
+
+    def fools(r: ast.expr) -> bool:
+        return bool(r.value) == want if isinstance(r, ast.Constant) else True
+
     if other is None or other not in used:
-        return bool(real)  # answers without looking at the other operand
-    if any(isinstance(r, ast.BoolOp) and isinstance(r.op, ast.Or) and any(isinstance(v, ast.Constant) and v.value for v in r.values) for r in real):
+        return any(fools(r) for r in real)  # answers without looking at the other operand
+    if want and any(isinstance(r, ast.BoolOp) and isinstance(r.op, ast.Or) and any(isinstance(v, ast.Constant) and v.value for v in r.values) for r in real):
         return True
     consts = [r for r in returns if isinstance(r, ast.Constant)]
-    want = _ALWAYS[dunder]
     return bool(returns) and len(consts) == len(returns) and all(bool(c.value) == want for c in consts)
 
 
