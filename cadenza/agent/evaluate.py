@@ -42,6 +42,8 @@ class EvalConfig:
             raise CadenzaError(f"--concurrency must be at least 1, got {self.concurrency}")
         if self.max_turns < 1:
             raise CadenzaError(f"--max-turns must be at least 1, got {self.max_turns}")
+        if self.out_dir.exists() and not self.out_dir.is_dir():
+            raise CadenzaError(f"--out {self.out_dir} is a file; pass a directory for trajectories and summary.json")
 
 
 @dataclass(kw_only=True)
@@ -167,14 +169,25 @@ def evaluate(config: EvalConfig, *, make_env: Callable[[Path], Env] | None = Non
     client = ChatClient(config.llm)
     start = time.monotonic()
     results: list[TaskResult] = []
-    with ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="cadenza-eval") as pool:
+    pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="cadenza-eval")
+    try:
         futures = [pool.submit(run_task, t, client, make_env, config) for t in tasks]
         for fut in as_completed(futures):
             res = fut.result()
             results.append(res)
             if on_result is not None:
                 on_result(res)
+    except KeyboardInterrupt:
+        # Stop queued tasks, let running episodes clean up, keep what finished.
+        pool.shutdown(wait=True, cancel_futures=True)
+        _write_summary(config, results, start, interrupted=True)
+        raise
+    pool.shutdown(wait=True)
+    return _write_summary(config, results, start)
+
+
+def _write_summary(config: EvalConfig, results: list[TaskResult], start: float, *, interrupted: bool = False) -> EvalReport:
     results.sort(key=lambda r: r.task_id)
     report = EvalReport(results=results, seconds=time.monotonic() - start)
-    atomic_write_json(config.out_dir / "summary.json", report.to_dict())
+    atomic_write_json(config.out_dir / "summary.json", {**report.to_dict(), "interrupted": interrupted})
     return report

@@ -64,7 +64,8 @@ def run_agent(env: Env, client: ChatClient, *, config: LoopConfig | None = None,
         calls = msg.get("tool_calls") or []
         convo.append(msg)
         if not calls:
-            result = env.respond(msg.get("content") or "") if rich else StepResult(observation=NO_TOOL_CALL, done=False)  # type: ignore[attr-defined]
+            completion = int(reply.usage.get("completion_tokens") or 0)
+            result = env.respond(msg.get("content") or "", tokens=completion) if rich else StepResult(observation=NO_TOOL_CALL, done=False)  # type: ignore[attr-defined]
             convo.append({"role": "user", "content": result.observation})
             if not rich:
                 own.messages.extend([msg, {"role": "user", "content": result.observation}])
@@ -74,7 +75,12 @@ def run_agent(env: Env, client: ChatClient, *, config: LoopConfig | None = None,
             fn = tc["function"]
             call = ToolCall(name=fn["name"], arguments=_arguments(fn.get("arguments", "{}")), id=tc.get("id") or f"call_{i}")
             t0 = time.monotonic()
-            result = env.step(call, content=msg.get("content") if i == 0 else None) if rich else env.step(call)  # type: ignore[call-arg]
+            if rich:  # the message's content and token count go with its first call
+                first = i == 0
+                result = env.step(call, content=msg.get("content") if first else None,  # type: ignore[call-arg]
+                                  tokens=int(reply.usage.get("completion_tokens") or 0) if first else 0)
+            else:
+                result = env.step(call)
             convo.append({"role": "tool", "tool_call_id": call.id, "content": result.observation})
             if not rich:
                 own.messages.append({"role": "assistant", "content": msg.get("content") if i == 0 else None, "tool_calls": [tc]})

@@ -31,18 +31,26 @@ def _excerpt(reason: str, raw: str) -> str:
 
 def monitor(trajectory: Trajectory, *, task: Task | None = None, judge: JudgeConfig | None = None) -> list[Flag]:
     """Flags for every rule that fires, at most one per (rule, turn), in turn order."""
-    ctx = Context.build(task)
+    ctx = Context.build(task, workspace=str(trajectory.meta.get("workspace") or ""))
     extractor = Extractor()
     flags: list[Flag] = []
     seen: set[tuple[str, int]] = set()
+    def add(rule: str, turn: int, reason: str, raw: str) -> None:
+        if (rule, turn) not in seen:
+            seen.add((rule, turn))
+            flags.append(Flag(rule=rule, turn=turn, evidence=_excerpt(reason, raw)))
+
     for call in tool_calls(trajectory):
-        for event in extractor.events(call):
-            for rule in RULES:
-                reason = rule.check(event, ctx)
-                if reason and (rule.name, call.turn) not in seen:
-                    seen.add((rule.name, call.turn))
-                    flags.append(Flag(rule=rule.name, turn=call.turn, evidence=_excerpt(reason, event.raw or call.raw)))
-            ctx.observe(event)
+        try:
+            for event in extractor.events(call):
+                for rule in RULES:
+                    reason = rule.check(event, ctx)
+                    if reason:
+                        add(rule.name, call.turn, reason, event.raw or call.raw)
+                ctx.observe(event)
+        except (RecursionError, MemoryError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
+            # Fail closed: input built to break the reader is itself a reason to withhold the reward.
+            add("obfuscation", call.turn, f"monitor could not read this call ({type(exc).__name__})", call.raw)
     if judge is not None:
         result = run_judge(trajectory, judge, task.statement if task else "")
         if result.error:

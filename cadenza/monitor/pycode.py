@@ -41,6 +41,7 @@ class PyFacts:
     code: list[str] = field(default_factory=list)  # folded code given to exec/eval
     dynamic_exec: list[str] = field(default_factory=list)  # exec/eval/import of values we could not fold
     decoders: set[str] = field(default_factory=set)
+    writes: list[str] = field(default_factory=list)  # folded paths the code writes, moves or deletes
 
 
 class _Folder(ast.NodeVisitor):
@@ -48,6 +49,7 @@ class _Folder(ast.NodeVisitor):
         self.facts = PyFacts()
         self.env: dict[str, Any] = {}
         self.aliases: dict[str, str] = {}  # local name -> dotted module/function path
+        self.paths: dict[str, str] = {}  # local name -> folded path of a pathlib.Path it holds
 
     # --- names ----------------------------------------------------------------
     def dotted(self, node: ast.AST) -> str | None:
@@ -178,6 +180,11 @@ class _Folder(ast.NodeVisitor):
         self.generic_visit(node)
         value = self.fold(node.value)
         dotted = self.dotted(node.value)
+        if isinstance(node.value, ast.Call) and (self.dotted(node.value.func) or "").endswith("Path") and node.value.args:
+            path = self.fold(node.value.args[0])
+            for target in node.targets:
+                if isinstance(target, ast.Name) and isinstance(path, str):
+                    self.paths[target.id] = path
         for target in node.targets:
             if isinstance(target, ast.Name):
                 if value is not None:
@@ -209,6 +216,7 @@ class _Folder(ast.NodeVisitor):
                 self.facts.strings.append(v.decode("latin-1") if isinstance(v, bytes) else v)
             elif isinstance(v, list):
                 self.facts.strings.extend(x for x in v if isinstance(x, str))
+        self._note_writes(node, name)
         if not name:
             return
         self.facts.names.add(name)
@@ -239,6 +247,38 @@ class _Folder(ast.NodeVisitor):
                 self.facts.dynamic_exec.append(f"{name}(<computed>)")
 
 
+    def _note_writes(self, node: ast.Call, name: str | None) -> None:
+        """Record the paths a call writes: open(.., 'w'), Path(..).write_text(), os.remove, shutil.copy dst, ..."""
+        args = node.args
+        targets: list[ast.AST] = []
+        if name in ("open", "io.open", "codecs.open", "builtins.open") and args:
+            mode = self.fold(args[1]) if len(args) > 1 else next((self.fold(k.value) for k in node.keywords if k.arg == "mode"), "r")
+            if isinstance(mode, str) and any(c in mode for c in "wax+"):
+                targets.append(args[0])
+        elif name in _DELETE_FIRST and args:
+            targets.append(args[0])
+        elif name in _WRITE_SECOND and len(args) > 1:
+            targets.extend(args[:2] if name in ("os.rename", "os.replace", "shutil.move") else args[1:2])
+        elif isinstance(node.func, ast.Attribute) and node.func.attr in _PATH_WRITERS:
+            base = node.func.value
+            if isinstance(base, ast.Call) and (self.dotted(base.func) or "").endswith("Path") and base.args:
+                targets.append(base.args[0])
+            elif isinstance(base, ast.Name) and isinstance(self.env.get(base.id), str):
+                targets.append(base)
+            elif isinstance(base, ast.Name) and base.id in self.paths:
+                self.facts.writes.append(self.paths[base.id])
+        for t in targets:
+            v = self.fold(t)
+            if isinstance(v, str):
+                self.facts.writes.append(v)
+
+
+
+_DELETE_FIRST = {"os.remove", "os.unlink", "os.rmdir", "shutil.rmtree", "os.truncate", "os.removedirs"}
+_WRITE_SECOND = {"os.rename", "os.replace", "shutil.move", "shutil.copy", "shutil.copy2", "shutil.copyfile", "shutil.copytree", "os.link", "os.symlink"}
+_PATH_WRITERS = {"write_text", "write_bytes", "unlink", "touch", "rename", "replace", "rmdir", "symlink_to", "hardlink_to"}
+
+
 def _quote(s: str) -> str:
     import shlex
 
@@ -260,6 +300,8 @@ def analyze_python(code: str) -> PyFacts:
                     facts.imports.add(mod.strip().split(" ")[0])
         facts.strings = re.findall(r"""['"]([^'"\n]{1,300})['"]""", code)
         facts.names = set(re.findall(r"\b[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)+", code))
+        if re.search(r"""open\([^)]*['"][wax+]|write_text|write_bytes|os\.remove|unlink|shutil\.|rename\(|replace\(""", code):
+            facts.writes = [s for s in facts.strings if "/" in s or s.endswith(".py")]  # cannot tell which: assume all
         return facts
     folder = _Folder()
     folder.visit(tree)

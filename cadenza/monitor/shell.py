@@ -55,7 +55,7 @@ class Command:
 class ShellState:
     """What persists across commands of one trajectory: variables and aliases."""
 
-    env: dict[str, str] = field(default_factory=dict)
+    env: dict[str, str] = field(default_factory=lambda: {"IFS": " "})
     aliases: dict[str, str] = field(default_factory=dict)
     files: dict[str, str] = field(default_factory=dict)  # path -> content the agent wrote
 
@@ -392,7 +392,9 @@ def _finalize(cmd: Command, state: ShellState, depth: int) -> None:
         cmd.heredoc = slot.get("heredoc") or ""
     while cmd.argv and cmd.argv[0] in _KEYWORDS:
         cmd.argv.pop(0)
-    if cmd.argv and cmd.argv[0] in ("for", "case", "select", "function"):
+    if cmd.argv and cmd.argv[0] in ("for", "select") and "in" in cmd.argv:
+        cmd.argv = ["ls", *cmd.argv[cmd.argv.index("in") + 1 :]]  # the loop reads what it iterates over
+    elif cmd.argv and cmd.argv[0] in ("for", "case", "select", "function"):
         cmd.argv = []
     if cmd.argv and cmd.argv[0] in ("export", "declare", "local", "readonly", "typeset"):
         for arg in cmd.argv[1:]:
