@@ -121,7 +121,10 @@ class Sandbox:
                 "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
         if os.geteuid() == 0:
             argv += ["--cap-drop", "ALL"]
-        argv += ["--proc", "/proc", "--dev", "/dev",
+        # /proc/sys read-only: uid 0 without capabilities still owns (and could write) global sysctls
+        argv += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
+                 "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger", "--dev", "/dev",
+                 "--size", str(cfg.tmpfs_bytes), "--tmpfs", "/dev/shm",
                  "--size", str(cfg.tmpfs_bytes), "--tmpfs", "/tmp",
                  "--size", str(cfg.tmpfs_bytes), "--tmpfs", cfg.home]
         for target, link in self.plan.symlinks:
