@@ -176,7 +176,7 @@ def test_cpu_and_memory_rlimits(episode: Episode):
     assert (episode.workspace / "big.bin").stat().st_size <= 8 * MiB
     # RAM-backed scratch space is capped too (many files, each under the file-size limit)
     res = bash(episode, "for i in 1 2 3 4; do head -c 6000000 /dev/zero > /dev/shm/f$i; head -c 6000000 /dev/zero > "
-                        "/tmp/f$i; done 2>&1 | sort -u; du -sb /dev/shm /tmp")
+                        "/tmp/f$i; done 2>&1 | sort -u; du -sbx /dev/shm /tmp")
     assert "No space left on device" in res.observation
     assert all(int(line.split()[0]) <= 16 * MiB + 4096 for line in res.observation.splitlines() if line.endswith(("/dev/shm", "/tmp")))
 
