@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cadenza.errors import SandboxError
-from cadenza.sandbox.binds import BindPlan, plan_binds
+from cadenza.sandbox.binds import SYSTEM_PATHS, BindPlan, plan_binds
 from cadenza.sandbox.config import SandboxConfig
 from cadenza.sandbox.envinfo import EnvInfo, env_info
 from cadenza.sandbox.limits import PidsCgroup, make_preexec, pids_cgroup_root
@@ -91,7 +91,7 @@ class Sandbox:
         self._finalizer = weakref.finalize(self, _cleanup, [])
         if not self.config.no_sandbox:
             self._prefix = self._bwrap_prefix()
-            _check_bwrap(self._prefix[0])
+            _check_bwrap(self._prefix[0], tuple(self._system_args()))
 
     @property
     def sandboxed(self) -> bool:
@@ -127,13 +127,22 @@ class Sandbox:
                  "--size", str(cfg.tmpfs_bytes), "--tmpfs", "/dev/shm",
                  "--size", str(cfg.tmpfs_bytes), "--tmpfs", "/tmp",
                  "--size", str(cfg.tmpfs_bytes), "--tmpfs", cfg.home]
-        for target, link in self.plan.symlinks:
-            argv += ["--symlink", target, link]
+        argv += self._system_args()
         for p in self.plan.ro:
-            argv += ["--ro-bind", p, p]
+            if p not in SYSTEM_PATHS:
+                argv += ["--ro-bind", p, p]
         for p in self.plan.rw:
             argv += ["--bind", p, p]
         argv += ["--remount-ro", "/"]
+        return argv
+
+    def _system_args(self) -> list[str]:
+        argv: list[str] = []
+        for target, link in self.plan.symlinks:
+            argv += ["--symlink", target, link]
+        for p in self.plan.ro:
+            if p in SYSTEM_PATHS:
+                argv += ["--ro-bind", p, p]
         return argv
 
     def argv(self, command: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None) -> list[str]:
@@ -222,9 +231,9 @@ def _inside(path: Path, root: Path) -> bool:
 
 
 @functools.lru_cache(maxsize=4)
-def _check_bwrap(bwrap: str) -> None:
+def _check_bwrap(bwrap: str, system_args: tuple[str, ...]) -> None:
     """One probe per process: bwrap may be installed but unable to create namespaces."""
-    probe = [bwrap, "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/", "--", "/bin/true"]
+    probe = [bwrap, "--unshare-pid", "--unshare-net", *system_args, "--", "true"]
     try:
         out = subprocess.run(probe, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -266,10 +275,13 @@ def _execute(launch, *, timeout_s: float, cap: int, merge_stderr: bool, cgroup: 
             if _pump(sel, buffers, deadline):
                 code = handle.wait(deadline)
                 timed_out = code is None
+        except OSError:  # the spawner died under us: report the command as killed
+            timed_out = False
         finally:
             _kill_tree(handle.pid, cgroup, spare)
             if code is None:
-                code = handle.wait(None)
+                with contextlib.suppress(OSError):
+                    code = handle.wait(None)
             _pump(sel, buffers, time.monotonic() + 0.5)  # whatever was written before the kill
             for fd in readers:
                 os.close(fd)
