@@ -109,7 +109,9 @@ def apply_changes(pristine: Path, agent: Path, dest: Path, policy: Policy) -> tu
     agent_kinds = {rel: _kind(agent / rel) for rel in changes.added + changes.modified}
     for rel in changes.deleted:
         reason = policy.reason_to_drop(rel, "file")
-        if reason is not None and _kind(pristine / rel) != "link":
+        if reason is None and PurePosixPath(rel).name == "pyproject.toml":
+            reason = "pyproject.toml (it may hold pytest configuration)"
+        if reason is not None:
             dropped[rel] = f"deletion of {reason}"
             continue
         target = dest / rel
@@ -118,19 +120,17 @@ def apply_changes(pristine: Path, agent: Path, dest: Path, policy: Policy) -> tu
             applied.append(rel)
     for rel in changes.added + changes.modified:
         kind = agent_kinds[rel]
-        if PurePosixPath(rel).name == "pyproject.toml" and kind == "file":
-            merged = _merge_pyproject(pristine / rel, agent / rel)
-            if merged is None:
-                dropped[rel] = "pyproject.toml does not parse"
-                continue
-            _copy_inside(dest, rel, merged)
-            applied.append(rel)
-            continue
         reason = policy.reason_to_drop(rel, kind)
         if reason is not None:
             dropped[rel] = reason
             continue
-        if not _copy_inside(dest, rel, agent / rel):
+        source: Path | bytes | None = agent / rel
+        if PurePosixPath(rel).name == "pyproject.toml":
+            source = _merge_pyproject(pristine / rel, agent / rel)
+            if source is None:
+                dropped[rel] = "pyproject.toml does not parse"
+                continue
+        if not _copy_inside(dest, rel, source):
             dropped[rel] = "path collides with a restored file or leaves the workspace"
             continue
         applied.append(rel)
