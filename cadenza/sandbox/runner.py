@@ -186,8 +186,10 @@ class Sandbox:
                 self._spawner = Spawner(make_preexec(self.config, self._cgroup))
                 self._finalizer.detach()
                 self._finalizer = weakref.finalize(self, _cleanup, [self._spawner, self._cgroup])
-            except OSError:
-                self._cgroup_root = None
+            except (OSError, subprocess.SubprocessError):  # e.g. a cgroup v2 parent that refuses members
+                if self._cgroup is not None:
+                    self._cgroup.kill_all_and_remove()
+                self._cgroup_root = self._cgroup = None
         if self._spawner is not None:
             spawner = self._spawner
             exe = argv[0] if os.path.isabs(argv[0]) else shutil.which(argv[0], path=env.get("PATH")) or argv[0]
