@@ -55,3 +55,14 @@ def test_missing_bubblewrap_says_how_to_install(tmp_path: Path, monkeypatch: pyt
         Sandbox(tmp_path, config=SandboxConfig(no_sandbox=True))  # trusted debugging still works
     finally:
         bwrap_path.cache_clear()
+
+
+def test_command_line_is_an_allowlist(box: Sandbox):
+    argv = box.argv(["true"])
+    binds = [argv[i + 1] for i, a in enumerate(argv) if a in ("--ro-bind", "--bind", "--ro-bind-try")]
+    assert "/" not in binds and os.path.realpath(Path.home()) not in binds
+    writable = [argv[i + 1] for i, a in enumerate(argv) if a == "--bind"]
+    assert writable == [os.path.realpath(box.workspace)]
+    for flag in ("--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
+                 "--new-session", "--clearenv"):
+        assert flag in argv
