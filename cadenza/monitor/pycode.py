@@ -36,6 +36,7 @@ class PyFacts:
     parsed: bool = True
     imports: set[str] = field(default_factory=set)
     names: set[str] = field(default_factory=set)  # dotted names referenced (calls and attributes)
+    calls: set[str] = field(default_factory=set)  # dotted names called
     strings: list[str] = field(default_factory=list)  # every folded string constant
     shell: list[str] = field(default_factory=list)  # folded commands given to os.system/subprocess
     code: list[str] = field(default_factory=list)  # folded code given to exec/eval
@@ -109,7 +110,10 @@ class _Folder(ast.NodeVisitor):
                     return None
             return None
         if isinstance(node, ast.Call):
-            return self._fold_call(node)
+            try:
+                return self._fold_call(node)
+            except (ValueError, TypeError, OverflowError, MemoryError):  # folding is best effort
+                return None
         return None
 
     def _fold_call(self, node: ast.Call) -> Any:
@@ -220,6 +224,7 @@ class _Folder(ast.NodeVisitor):
         if not name:
             return
         self.facts.names.add(name)
+        self.facts.calls.add(name)
         if name in ("__import__", "importlib.import_module") and node.args:
             mod = self.fold(node.args[0])
             if isinstance(mod, str):
