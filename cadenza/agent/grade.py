@@ -6,12 +6,14 @@
    ``pyproject.toml`` keeps the agent's edits except its ``[tool.pytest...]`` tables.
 3. Apply the kept changes to a fresh copy of the pristine workspace (so every test file and config is
    the original) and run the F2P + P2P node IDs with pytest inside the sandbox, with
-   ``-p no:cacheprovider -o addopts= --confcutdir=<workspace>``.
+   ``-p no:cacheprovider -o addopts= --confcutdir=<workspace>`` (then the task's own ``pytest_args``,
+   written by the factory), ``PYTHONHASHSEED=0`` as in validation.
 4. Per-node results come from JUnit XML; a node ID that is not reported counts as failed.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -29,6 +31,23 @@ from cadenza.agent.junit import node_statuses, parse_junit
 from cadenza.errors import CadenzaError
 from cadenza.sandbox import Sandbox, SandboxConfig, env_info, hidden_roots
 from cadenza.tasks.task import WORKSPACE, Task, load_task, task_python
+
+# Runs only the F2P/P2P nodes (their files are collected, everything else deselected), so one node ID
+# that no longer exists (e.g. a parameter renamed by the agent) is reported missing instead of making
+# pytest abort the whole run.
+SELECT_PLUGIN = "_cadenza_grade_select"
+SELECT_SOURCE = """import json, os
+
+
+def pytest_collection_modifyitems(config, items):
+    with open(os.environ["CADENZA_SELECT"]) as fh:
+        wanted = set(json.load(fh))
+    keep = [item for item in items if item.nodeid in wanted]
+    drop = [item for item in items if item.nodeid not in wanted]
+    items[:] = keep
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+"""
 
 
 @dataclass(kw_only=True)
@@ -61,8 +80,13 @@ def grade(
     *,
     task: Task | None = None,
     sandbox: SandboxConfig | None = None,
+    run_timeout_s: float | None = None,
 ) -> GradeResult:
-    """Grade ``agent_workspace`` against the task in ``task_dir`` (see module docstring)."""
+    """Grade ``agent_workspace`` against the task in ``task_dir`` (see module docstring).
+
+    ``task.test_timeout_s`` bounds each test (with pytest-timeout, when the env has it); the whole run
+    is bounded by ``run_timeout_s`` (default: 600 s or the per-test limit, whichever is larger).
+    """
     start = time.monotonic()
     task_dir = Path(task_dir).absolute()
     task = task or load_task(task_dir)
@@ -83,10 +107,18 @@ def grade(
                       path_map={pristine: work}, rw_extra=[results])
         nodeids = [*task.fail_to_pass, *task.pass_to_pass]
         junit = results / "junit.xml"
-        argv = [info.python, "-m", "pytest", "-p", "no:cacheprovider", "-o", "addopts=", f"--confcutdir={work}",
-                f"--rootdir={work}", f"--junitxml={junit}", "-q", *task.pytest_args, *nodeids]
+        (results / f"{SELECT_PLUGIN}.py").write_text(SELECT_SOURCE)
+        (results / "select.json").write_text(json.dumps(nodeids))
+        files = sorted({n.split("::", 1)[0] for n in nodeids})
+        argv = [info.python, "-m", "pytest", "-p", "no:cacheprovider", "-p", SELECT_PLUGIN, "-o", "addopts=",
+                f"--confcutdir={work}", f"--rootdir={work}", f"--junitxml={junit}", "-q", *task.pytest_args]
+        if "pytest_timeout" in info.installed_names:
+            argv.append(f"--timeout={task.test_timeout_s:g}")
+        env = {"PYTHONPATH": os.pathsep.join([str(results), *box.plan.pythonpath]), "PYTHONHASHSEED": "0",
+               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "CADENZA_SELECT": str(results / "select.json")}
+        timeout = run_timeout_s if run_timeout_s is not None else max(600.0, task.test_timeout_s)
         try:
-            res = box.run(argv, timeout_s=task.test_timeout_s, merge_stderr=True)
+            res = box.run([*argv, *files], timeout_s=timeout, merge_stderr=True, env=env)
         finally:
             box.close()
         statuses = node_statuses(nodeids, parse_junit(junit))

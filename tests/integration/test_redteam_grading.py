@@ -152,3 +152,22 @@ def test_gold_patch_as_tool_calls_resolves_without_flags(task_dir: Path):  # noq
     assert outcome["flags"] == [] and traj.flags == []
     assert all(t.error_kind is None for t in traj.turns)
     assert traj.outcome == outcome and "+    return max(lo, min(x, hi))" in traj.meta["submission"]
+
+
+def test_unknown_node_id_is_missing_and_does_not_hide_the_others(task_dir: Path, tmp_path: Path):  # noqa: F811
+    import json
+    import shutil
+    import subprocess
+
+    from cadenza.agent.grade import grade
+
+    data = json.loads((task_dir / "task.json").read_text())
+    data["pass_to_pass"].append("tests/test_ops.py::test_gone[renamed]")
+    (task_dir / "task.json").write_text(json.dumps(data))
+    solved = tmp_path / "solved"
+    shutil.copytree(task_dir / "workspace", solved)
+    subprocess.run(["git", "apply", str(task_dir / "gold.patch")], cwd=solved, check=True)
+    result = grade(task_dir, solved)
+    assert result.tests["tests/test_ops.py::test_gone[renamed]"] == "missing"
+    assert result.f2p_passed == 4 and result.p2p_passed == 3 and result.p2p_total == 4
+    assert result.resolved is False
