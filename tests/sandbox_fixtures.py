@@ -45,3 +45,24 @@ def taskset(tmp_path: Path, task_env: Path) -> Path:
 @pytest.fixture
 def task_dir(taskset: Path) -> Path:
     return taskset / "calc-clamp"
+
+
+@pytest.fixture
+def chained_task_dir(taskset: Path, task_env: Path) -> Path:
+    """A task laid out like the task factory's: ``env/`` inside the task directory, a venv without the
+    package whose ``.pth`` puts the task's ``workspace/`` on ``sys.path`` (relative path) and chains a
+    shared deps-only base env (here ``task_env``) with ``site.addsitedir``."""
+    import json
+    import os
+
+    task_dir = make_task(taskset, "calc-chained", task_env)
+    data = json.loads((task_dir / "task.json").read_text())
+    data["env"] = "env"
+    (task_dir / "task.json").write_text(json.dumps(data))
+    env = task_dir / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    site = next(env.glob("lib/python*/site-packages"))
+    base_site = next(task_env.glob("lib/python*/site-packages")).resolve()
+    rel = os.path.relpath((task_dir / "workspace").resolve(), site.resolve())
+    (site / "cadenza_task.pth").write_text(f"{rel}\nimport site; site.addsitedir({str(base_site)!r})\n")
+    return task_dir

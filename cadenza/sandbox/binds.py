@@ -42,6 +42,28 @@ def hidden_roots(task_dir: os.PathLike[str] | str) -> list[Path]:
     return roots
 
 
+TASK_MARKERS = ("task.json", "gold.patch")
+
+
+def _inside_a_task(path: str, hidden: list[str]) -> bool:
+    """Whether ``path`` lies in a hidden root within a task directory (one holding task.json or gold.patch).
+
+    A shared environment kept inside the task set (``taskset/.envs/...``) may be bound; anything in
+    this task's or another task's directory may not.
+    """
+    for root in hidden:
+        if not _inside(path, root):
+            continue
+        probe = Path(path)
+        while True:
+            if any((probe / marker).exists() for marker in TASK_MARKERS):
+                return True
+            if str(probe) == root or probe == probe.parent:
+                break
+            probe = probe.parent
+    return False
+
+
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
@@ -99,7 +121,7 @@ def plan_binds(
             if target is not None:
                 plan.pythonpath.append(target)
                 continue
-            if any(_inside(rp, c) for c in covered) or exposes(rp) or any(_inside(rp, h) for h in hidden_real):
+            if any(_inside(rp, c) for c in covered) or exposes(rp) or _inside_a_task(rp, hidden_real):
                 continue
             plan.ro.append(rp)
             covered.append(rp)
