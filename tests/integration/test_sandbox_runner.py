@@ -66,3 +66,15 @@ def test_command_line_is_an_allowlist(box: Sandbox):
     for flag in ("--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
                  "--new-session", "--clearenv"):
         assert flag in argv
+
+
+def test_cpu_seconds_are_limited(tmp_path: Path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    sb = Sandbox(ws, env_dir=sys.prefix, config=SandboxConfig(cpu_s=1, timeout_s=60))
+    try:
+        res = sb.run("python -c 'while True: pass'; echo status=$?")
+    finally:
+        sb.close()
+    assert not res.timed_out and res.duration_s < 30
+    assert "status=152" in res.stdout  # 128 + SIGXCPU
