@@ -8,6 +8,7 @@ Calls are interleaved (bare, sandboxed, bare, ...) so machine load hits both sid
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -36,11 +37,15 @@ def main() -> None:
         subprocess.run(["git", "apply", str(task_dir / "gold.patch")], cwd=solved, check=True)
 
         box = Sandbox(solved, env_dir=env, config=SandboxConfig(), hidden=[task_dir.parent])
-        bare_calls, boxed_calls = [], []
+        raw_bwrap = box.argv(["true"])
+        bare_calls, bwrap_calls, boxed_calls = [], [], []
         for _ in range(CALLS):
             t0 = time.perf_counter()
             subprocess.run(["true"], stdin=subprocess.DEVNULL, capture_output=True)
             bare_calls.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            subprocess.run(raw_bwrap, stdin=subprocess.DEVNULL, capture_output=True, env={"PATH": "/usr/bin:/bin"})
+            bwrap_calls.append(time.perf_counter() - t0)
             res = box.run(["true"])
             assert res.exit_code == 0, res
             boxed_calls.append(res.duration_s)
@@ -68,6 +73,7 @@ def main() -> None:
         "calls": CALLS,
         "bare_call_median_ms": round(bare_ms, 2),
         "sandbox_call_median_ms": round(boxed_ms, 2),
+        "raw_bwrap_call_median_ms": round(statistics.median(bwrap_calls) * 1e3, 2),  # same bwrap line, no limits/capture
         "overhead_median_ms": round(overhead, 2),
         "overhead_target_ms": 10.0,
         "overhead_ok": overhead < 10.0,
@@ -78,6 +84,8 @@ def main() -> None:
         "grade_ratio_target": 1.3,
         "grade_ratio_ok": ratio < 1.3,
         "pids_cgroup": box.process_limit_enforced,
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
     }))
 
 

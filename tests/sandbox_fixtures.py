@@ -17,14 +17,20 @@ __all__ = ["F2P", "FILES", "GOLD_PATCH", "OPS_REMOVED", "OPS_SOLVED", "P2P", "ma
            "taskset"]
 
 
+_ENVS: dict[str, Path] = {}  # one env per session even though several modules import the fixture
+
+
 @pytest.fixture(scope="session")
 def task_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real venv with pytest (the task environment), built once per test session."""
-    env = tmp_path_factory.mktemp("task-env") / "env"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"), "install", "-q",
-                    "--disable-pip-version-check", "pytest"], check=True, timeout=600)
-    return env
+    key = str(tmp_path_factory.getbasetemp())
+    if key not in _ENVS:
+        env = tmp_path_factory.mktemp("task-env") / "env"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"), "install", "-q",
+                        "--disable-pip-version-check", "pytest"], check=True, timeout=600)
+        _ENVS[key] = env
+    return _ENVS[key]
 
 
 @pytest.fixture

@@ -109,7 +109,9 @@ def apply_changes(pristine: Path, agent: Path, dest: Path, policy: Policy) -> tu
     agent_kinds = {rel: _kind(agent / rel) for rel in changes.added + changes.modified}
     for rel in changes.deleted:
         reason = policy.reason_to_drop(rel, "file")
-        if reason is not None and _kind(pristine / rel) != "link":
+        if reason is None and PurePosixPath(rel).name == "pyproject.toml":
+            reason = "pyproject.toml (it may hold pytest configuration)"
+        if reason is not None:
             dropped[rel] = f"deletion of {reason}"
             continue
         target = dest / rel
@@ -118,19 +120,17 @@ def apply_changes(pristine: Path, agent: Path, dest: Path, policy: Policy) -> tu
             applied.append(rel)
     for rel in changes.added + changes.modified:
         kind = agent_kinds[rel]
-        if PurePosixPath(rel).name == "pyproject.toml" and kind == "file":
-            merged = _merge_pyproject(pristine / rel, agent / rel)
-            if merged is None:
-                dropped[rel] = "pyproject.toml does not parse"
-                continue
-            _write_inside(dest, rel, merged)
-            applied.append(rel)
-            continue
         reason = policy.reason_to_drop(rel, kind)
         if reason is not None:
             dropped[rel] = reason
             continue
-        if not _write_inside(dest, rel, _read_regular(agent / rel)):
+        source: Path | bytes | None = agent / rel
+        if PurePosixPath(rel).name == "pyproject.toml":
+            source = _merge_pyproject(pristine / rel, agent / rel)
+            if source is None:
+                dropped[rel] = "pyproject.toml does not parse"
+                continue
+        if not _copy_inside(dest, rel, source):
             dropped[rel] = "path collides with a restored file or leaves the workspace"
             continue
         applied.append(rel)
@@ -143,14 +143,9 @@ def _kind(path: Path) -> str:
     return "file" if path.is_file() else "other"
 
 
-def _read_regular(path: Path) -> bytes:
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-    with os.fdopen(fd, "rb") as fh:
-        return fh.read()
-
-
-def _write_inside(root: Path, rel: str, data: bytes) -> bool:
-    """Write ``root/rel``; refuse when a parent is a file or a symlink (the write could land elsewhere)."""
+def _copy_inside(root: Path, rel: str, source: Path | bytes) -> bool:
+    """Write ``root/rel`` from a regular file (never followed if it is a symlink) or bytes; refuse when a
+    parent is a file or a symlink, because the write could then land outside ``root``."""
     target = root / rel
     real_root = Path(os.path.realpath(root))
     probe = target.parent
@@ -161,7 +156,12 @@ def _write_inside(root: Path, rel: str, data: bytes) -> bool:
     if target.is_symlink() or target.is_dir():
         return False
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(data)
+    if isinstance(source, bytes):
+        target.write_bytes(source)
+        return True
+    fd = os.open(source, os.O_RDONLY | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as src, open(target, "wb") as dst:
+        shutil.copyfileobj(src, dst, 1 << 20)
     return True
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cadenza.errors import SandboxError
-from cadenza.sandbox.binds import BindPlan, plan_binds
+from cadenza.sandbox.binds import SYSTEM_PATHS, BindPlan, plan_binds
 from cadenza.sandbox.config import SandboxConfig
 from cadenza.sandbox.envinfo import EnvInfo, env_info
 from cadenza.sandbox.limits import PidsCgroup, make_preexec, pids_cgroup_root
@@ -91,7 +91,7 @@ class Sandbox:
         self._finalizer = weakref.finalize(self, _cleanup, [])
         if not self.config.no_sandbox:
             self._prefix = self._bwrap_prefix()
-            _check_bwrap(self._prefix[0])
+            _check_bwrap(self._prefix[0], tuple(self._system_args()))
 
     @property
     def sandboxed(self) -> bool:
@@ -121,16 +121,28 @@ class Sandbox:
                 "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
         if os.geteuid() == 0:
             argv += ["--cap-drop", "ALL"]
-        argv += ["--proc", "/proc", "--dev", "/dev",
+        # /proc/sys read-only: uid 0 without capabilities still owns (and could write) global sysctls
+        argv += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
+                 "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger", "--dev", "/dev",
+                 "--size", str(cfg.tmpfs_bytes), "--tmpfs", "/dev/shm",
                  "--size", str(cfg.tmpfs_bytes), "--tmpfs", "/tmp",
                  "--size", str(cfg.tmpfs_bytes), "--tmpfs", cfg.home]
-        for target, link in self.plan.symlinks:
-            argv += ["--symlink", target, link]
+        argv += self._system_args()
         for p in self.plan.ro:
-            argv += ["--ro-bind", p, p]
+            if p not in SYSTEM_PATHS:
+                argv += ["--ro-bind", p, p]
         for p in self.plan.rw:
             argv += ["--bind", p, p]
         argv += ["--remount-ro", "/"]
+        return argv
+
+    def _system_args(self) -> list[str]:
+        argv: list[str] = []
+        for target, link in self.plan.symlinks:
+            argv += ["--symlink", target, link]
+        for p in self.plan.ro:
+            if p in SYSTEM_PATHS:
+                argv += ["--ro-bind", p, p]
         return argv
 
     def argv(self, command: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None) -> list[str]:
@@ -165,14 +177,19 @@ class Sandbox:
 
     def _launcher(self, argv: list[str], env: dict[str, str], cwd: str) -> Callable[[list[int]], _Handle]:
         """How to start one command: through the cgroup's spawner when there is a cgroup, else directly."""
+        if self._spawner is not None and self._spawner.proc.poll() is not None:  # it died (OOM killer, ...)
+            self._finalizer()
+            self._spawner = None
         if self._cgroup_root is not None and self._spawner is None:
             try:
                 self._cgroup = PidsCgroup(self._cgroup_root, self.config.max_procs)
                 self._spawner = Spawner(make_preexec(self.config, self._cgroup))
                 self._finalizer.detach()
                 self._finalizer = weakref.finalize(self, _cleanup, [self._spawner, self._cgroup])
-            except OSError:
-                self._cgroup_root = None
+            except (OSError, subprocess.SubprocessError):  # e.g. a cgroup v2 parent that refuses members
+                if self._cgroup is not None:
+                    self._cgroup.kill_all_and_remove()
+                self._cgroup_root = self._cgroup = None
         if self._spawner is not None:
             spawner = self._spawner
             exe = argv[0] if os.path.isabs(argv[0]) else shutil.which(argv[0], path=env.get("PATH")) or argv[0]
@@ -216,9 +233,9 @@ def _inside(path: Path, root: Path) -> bool:
 
 
 @functools.lru_cache(maxsize=4)
-def _check_bwrap(bwrap: str) -> None:
+def _check_bwrap(bwrap: str, system_args: tuple[str, ...]) -> None:
     """One probe per process: bwrap may be installed but unable to create namespaces."""
-    probe = [bwrap, "--unshare-pid", "--unshare-net", "--ro-bind", "/", "/", "--", "/bin/true"]
+    probe = [bwrap, "--unshare-pid", "--unshare-net", *system_args, "--", "true"]
     try:
         out = subprocess.run(probe, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -260,10 +277,13 @@ def _execute(launch, *, timeout_s: float, cap: int, merge_stderr: bool, cgroup: 
             if _pump(sel, buffers, deadline):
                 code = handle.wait(deadline)
                 timed_out = code is None
+        except OSError:  # the spawner died under us: report the command as killed
+            timed_out = False
         finally:
             _kill_tree(handle.pid, cgroup, spare)
             if code is None:
-                code = handle.wait(None)
+                with contextlib.suppress(OSError):
+                    code = handle.wait(None)
             _pump(sel, buffers, time.monotonic() + 0.5)  # whatever was written before the kill
             for fd in readers:
                 os.close(fd)

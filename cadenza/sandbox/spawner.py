@@ -45,6 +45,8 @@ while True:
             os.dup2(null, 0)
             os.dup2(fds[0], 1)
             os.dup2(fds[-1], 2)
+            for fd in {null, *fds} - {0, 1, 2}:
+                os.close(fd)
             os.chdir(req["cwd"])
             os.execve(req["argv"][0], req["argv"], req["env"])
         except BaseException as exc:

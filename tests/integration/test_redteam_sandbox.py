@@ -23,7 +23,8 @@ MiB = 1 << 20
 @pytest.fixture
 def episode(task_dir: Path):  # noqa: F811
     config = EpisodeConfig(
-        sandbox=SandboxConfig(timeout_s=20, max_procs=64, max_file_bytes=8 * MiB, memory_bytes=1 << 30, cpu_s=20),
+        sandbox=SandboxConfig(timeout_s=20, max_procs=64, max_file_bytes=8 * MiB, memory_bytes=1 << 30, cpu_s=20,
+                              tmpfs_bytes=16 * MiB),
         tools=ToolsConfig(bash_timeout_s=30, max_observation_bytes=8000),
     )
     ep = Episode(task_dir, config)
@@ -71,6 +72,9 @@ def test_writes_outside_workspace_do_not_reach_host(episode: Episode, task_dir: 
     assert not (task_dir / "x").exists()
     assert (task_dir / "gold.patch").read_text() == before
     assert not Path("/pwned").exists()
+    # kernel settings: the value written is the one already there, so a failure of this test harms nothing
+    res = bash(episode, "v=$(cat /proc/sys/vm/swappiness); echo $v > /proc/sys/vm/swappiness && echo WROTE-SYSCTL")
+    assert "WROTE-SYSCTL" not in res.observation and "Read-only file system" in res.observation
     # the env's site-packages is read-only: a .pth cannot be planted there
     site = next(task_env.glob("lib/python*/site-packages"))
     res = bash(episode, f"echo 'import os' > {site}/evil.pth")
@@ -129,7 +133,7 @@ def test_fork_bomb_is_contained_and_cleaned_up(episode: Episode):
     if not sandbox.process_limit_enforced:
         pytest.skip("no pids cgroup writable and running as root: RLIMIT_NPROC cannot bind; refusing to fork-bomb the host")
     marker = f"bomb{uuid.uuid4().hex[:8]}"
-    episode.config.tools.bash_timeout_s = 8
+    episode.config.tools.bash_timeout_s = 5
     res = bash(episode, f"{marker}(){{ {marker} | {marker} & }}; {marker}; sleep 2; echo survived")
     # either the shell outlived the bomb, or it could not fork any more (the cap) and gave up or timed out
     assert res.done is False
@@ -170,6 +174,11 @@ def test_cpu_and_memory_rlimits(episode: Episode):
     res = bash(episode, f"head -c {20 * MiB} /dev/zero > big.bin; echo rc=$?; stat -c %s big.bin")
     assert "File size limit exceeded" in res.observation or "File too large" in res.observation
     assert (episode.workspace / "big.bin").stat().st_size <= 8 * MiB
+    # RAM-backed scratch space is capped too (many files, each under the file-size limit)
+    res = bash(episode, "for i in 1 2 3 4; do head -c 6000000 /dev/zero > /dev/shm/f$i; head -c 6000000 /dev/zero > "
+                        "/tmp/f$i; done 2>&1 | sort -u; du -sbx /dev/shm /tmp")
+    assert "No space left on device" in res.observation
+    assert all(int(line.split()[0]) <= 16 * MiB + 4096 for line in res.observation.splitlines() if line.endswith(("/dev/shm", "/tmp")))
 
 
 def test_background_processes_do_not_outlive_the_call(episode: Episode):

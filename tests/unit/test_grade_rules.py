@@ -48,15 +48,18 @@ def test_apply_changes_on_fresh_copy(tmp_path: Path):
     (agent / "pkg/old.py").unlink()
     (agent / "tests/test_a.py").write_text("def test(): pass\n")
     (agent / "conftest.py").write_text("")
+    (pristine / "setup.cfg").write_text("[tool:pytest]\n")
+    (dest / "setup.cfg").write_text("[tool:pytest]\n")
     (agent / ".git/HEAD").write_text("tampered")
     (agent / "pkg/__pycache__").mkdir()
     (agent / "pkg/__pycache__/core.cpython-311.pyc").write_bytes(b"\0")
     changes = compare(pristine, agent)
     assert changes.modified == ["pkg/core.py", "tests/test_a.py"] and changes.added == ["conftest.py"]
-    assert changes.deleted == ["pkg/old.py"]
+    assert changes.deleted == ["pkg/old.py", "setup.cfg"]
     applied, dropped = apply_changes(pristine, agent, dest, POLICY)
     assert sorted(applied) == ["pkg/core.py", "pkg/old.py"]
-    assert set(dropped) == {"tests/test_a.py", "conftest.py"}
+    assert set(dropped) == {"tests/test_a.py", "conftest.py", "setup.cfg"}
+    assert dropped["setup.cfg"].startswith("deletion of pytest configuration") and (dest / "setup.cfg").exists()
     assert (dest / "pkg/core.py").read_text() == "x = 2\n" and not (dest / "pkg/old.py").exists()
     assert (dest / "tests/test_a.py").read_text() == "def test(): assert False\n"
     assert not (dest / "conftest.py").exists() and not (dest / ".git/HEAD").exists()
