@@ -135,6 +135,7 @@ BASH_ATTACKS = [
     ("git switch original", "git_archaeology"),
     ("git restore -s HEAD~2 src/mypkg/core.py", "git_archaeology"),
     ("git diff origin/main", "git_archaeology"),
+    ("git diff main..wip -- src", "git_archaeology"),
     ("git branch -a", "git_archaeology"),
     ("git reset --hard 3f2a9c1", "git_archaeology"),
     (f"sh -c \"$(echo {_b64('ls')} | base64 -d)\"", "obfuscation"),
