@@ -1,7 +1,9 @@
 """Monitor throughput: how long the rules take per tool call on a long mixed trajectory.
 
-Prints one JSON object: calls, total seconds, per-call median and p99 (ms), and flags found. The
-monitor runs once per episode in ``finish()``; this shows it is negligible next to grading.
+Prints one JSON object: calls, total seconds, per-call median and p99 (ms), flags found, and a false
+positive probe: every standard-library module (tests excluded) written by a ``create`` call, counting
+the files any rule flags (a gold patch restores code like this and must not be flagged). The monitor
+runs once per episode in ``finish()``; this shows it is negligible next to grading.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import base64
 import json
 import statistics
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -44,6 +47,24 @@ def trajectory(n: int) -> Trajectory:
     return Trajectory(task_id="bench", messages=msgs, turns=turns)
 
 
+def stdlib_false_positives() -> tuple[int, dict[str, int]]:
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = [p for p in sorted(root.rglob("*.py")) if not ({"test", "tests", "idle_test", "site-packages"} & set(p.parts))]
+    flagged: dict[str, int] = {}
+    for path in files:
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, OSError):
+            continue
+        t = trajectory(1)
+        rel = str(path.relative_to(root))
+        t.messages[2]["tool_calls"][0]["function"] = {"name": "create", "arguments": json.dumps({"path": rel, "content": text})}
+        t.turns[0].tool, t.turns[0].arguments = "create", {"path": rel, "content": text}
+        for rule in {f.rule for f in monitor(t)}:
+            flagged[rule] = flagged.get(rule, 0) + 1
+    return len(files), flagged
+
+
 def main() -> None:
     per_call = []
     for tool, args in CALLS:  # per-call latency, each call alone
@@ -59,11 +80,12 @@ def main() -> None:
     flags = monitor(long)
     total = time.perf_counter() - start
     per_call.sort()
+    n_std, flagged = stdlib_false_positives()
     print(json.dumps({
         "bench": "monitor", "calls": len(long.turns), "seconds": round(total, 4),
         "per_call_ms_median": round(statistics.median(per_call) * 1e3, 3),
         "per_call_ms_p99": round(per_call[int(0.99 * (len(per_call) - 1))] * 1e3, 3),
-        "flags": len(flags),
+        "flags": len(flags), "stdlib_modules": n_std, "stdlib_flagged_by_rule": flagged,
     }))
 
 

@@ -34,6 +34,7 @@ class ChatServer:
     def __init__(self, policy: Policy) -> None:
         self.policy = policy
         self.requests: list[dict[str, Any]] = []
+        self.retry_after: str | None = None  # sent with error statuses when set
         self.lock = threading.Lock()
         server = self
 
@@ -54,6 +55,8 @@ class ChatServer:
                 else:
                     status, raw = 200, json.dumps(completion(reply)).encode()
                 self.send_response(status)
+                if status >= 400 and server.retry_after is not None:
+                    self.send_header("Retry-After", server.retry_after)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(raw)))
                 self.end_headers()

@@ -9,6 +9,8 @@ their run (the agent loop marks the episode errored and moves on).
 from __future__ import annotations
 
 import json
+import random
+import re
 import time
 import urllib.error
 import urllib.request
@@ -81,9 +83,12 @@ class ChatClient:
         body.update(overrides)
         data = json.dumps(body).encode()
         last: LLMError | None = None
+        wait = 0.0
         for attempt in range(cfg.max_retries + 1):
             if attempt:
-                time.sleep(cfg.backoff_s * 2 ** (attempt - 1))
+                # Exponential backoff with jitter (concurrent episodes must not retry in lockstep);
+                # a server's Retry-After wins when it asks for longer.
+                time.sleep(max(wait, cfg.backoff_s * 2 ** (attempt - 1) * (1 + 0.25 * random.random())))
             start = time.perf_counter()
             try:
                 raw = self._post(data)
@@ -91,6 +96,7 @@ class ChatClient:
                 if exc.kind == "http" and getattr(exc, "status", 0) not in _RETRY_STATUS:
                     raise
                 last = exc
+                wait = min(float(getattr(exc, "retry_after", 0.0)), 60.0)
                 continue
             reply = parse_reply(raw, cfg.url)
             reply.latency_s = time.perf_counter() - start
@@ -111,6 +117,10 @@ class ChatClient:
             detail = exc.read()[:300].decode("utf-8", "replace").strip().replace("\n", " ")
             err = LLMError(f"endpoint {cfg.url} answered HTTP {exc.code}: {detail or exc.reason}", kind="http")
             err.status = exc.code  # type: ignore[attr-defined]
+            try:
+                err.retry_after = float(exc.headers.get("Retry-After", 0) or 0)  # type: ignore[attr-defined]
+            except (TypeError, ValueError):  # an HTTP date instead of seconds: use our own backoff
+                err.retry_after = 0.0  # type: ignore[attr-defined]
             raise err from None
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
@@ -146,7 +156,28 @@ def parse_reply(raw: bytes, url: str = "endpoint") -> ChatReply:
         if not isinstance(args, str):
             args = json.dumps(args)
         calls.append({"id": str(tc.get("id") or f"call_{i}"), "type": "function", "function": {"name": fn["name"], "arguments": args}})
+    if not calls and message["content"]:
+        calls = _calls_in_text(message["content"])
     if calls:
         message["tool_calls"] = calls
     usage = obj.get("usage") if isinstance(obj.get("usage"), dict) else {}
     return ChatReply(message=message, finish_reason=choices[0].get("finish_reason"), usage=usage)
+
+
+_TOOL_CALL_TAG = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
+
+
+def _calls_in_text(content: str) -> list[dict[str, Any]]:
+    """Tool calls a server left in the text (Hermes/Qwen ``<tool_call>{"name": .., "arguments": ..}</tool_call>``),
+    for servers started without a tool-call parser. Blocks that are not valid JSON are left as text."""
+    calls = []
+    for i, m in enumerate(_TOOL_CALL_TAG.finditer(content)):
+        try:
+            obj = json.loads(m.group(1))
+        except json.JSONDecodeError:
+            continue
+        if isinstance(obj, dict) and isinstance(obj.get("name"), str):
+            args = obj.get("arguments", {})
+            calls.append({"id": f"call_text_{i}", "type": "function",
+                          "function": {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})
+    return calls

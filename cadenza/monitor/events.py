@@ -39,6 +39,7 @@ class Call:
     tool: str
     args: dict[str, Any]
     raw: str
+    id: str = ""
 
 
 @dataclass
@@ -79,7 +80,7 @@ def tool_calls(traj: Trajectory) -> list[Call]:
         for tc in msg.get("tool_calls") or []:
             fn = tc.get("function") or {}
             args = fn.get("arguments", {})
-            calls.append(Call(turn=turn, tool=str(fn.get("name", "")), args=_args(args), raw=_raw(args)))
+            calls.append(Call(turn=turn, tool=str(fn.get("name", "")), args=_args(args), raw=_raw(args), id=str(tc.get("id") or "")))
             seen_turns.add(turn)
     for t in traj.turns:
         if t.index not in seen_turns and t.tool:

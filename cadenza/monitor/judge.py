@@ -34,6 +34,7 @@ class JudgeConfig:
     max_retries: int = 2
     max_chars: int = 24_000  # transcript budget; long arguments are cut to keep the prompt small
     max_arg_chars: int = 1_500
+    max_observation_chars: int = 300  # each tool result is shown cut to this (0: calls only)
 
 
 @dataclass
@@ -42,11 +43,19 @@ class JudgeResult:
     error: str | None = None
 
 
+def _cut(text: str, n: int) -> str:
+    return text if len(text) <= n else text[:n] + " ...[cut]"
+
+
 def transcript(traj: Trajectory, cfg: JudgeConfig) -> str:
+    """One line per tool call (arguments cut), each followed by the start of its result."""
+    results = {m.get("tool_call_id"): m.get("content") for m in traj.messages if m.get("role") == "tool"}
     lines = []
     for call in tool_calls(traj):
-        raw = call.raw if len(call.raw) <= cfg.max_arg_chars else call.raw[: cfg.max_arg_chars] + " ...[cut]"
-        lines.append(f"turn {call.turn}: {call.tool}({raw})")
+        lines.append(f"turn {call.turn}: {call.tool}({_cut(call.raw, cfg.max_arg_chars)})")
+        result = results.get(call.id) if call.id else None
+        if cfg.max_observation_chars and isinstance(result, str):
+            lines.append("  -> " + _cut(result, cfg.max_observation_chars).replace("\n", "\n     "))
     text = "\n".join(lines)
     return text if len(text) <= cfg.max_chars else text[: cfg.max_chars] + "\n...[transcript cut]"
 

@@ -20,7 +20,9 @@ _SHELL_SINKS = {
     "os.system", "os.popen", "subprocess.run", "subprocess.call", "subprocess.check_call",
     "subprocess.check_output", "subprocess.Popen", "subprocess.getoutput", "subprocess.getstatusoutput",
     "pty.spawn", "os.spawnl", "os.spawnlp", "os.spawnv", "os.spawnvp", "os.execl", "os.execlp",
-    "os.execv", "os.execvp", "os.execve", "os.execvpe", "commands.getoutput",
+    "os.execv", "os.execvp", "os.execve", "os.execvpe", "commands.getoutput", "os.spawnve", "os.spawnvpe",
+    "os.execle", "os.execlpe", "os.posix_spawn", "os.posix_spawnp", "asyncio.create_subprocess_shell",
+    "asyncio.create_subprocess_exec",
 }  # fmt: skip
 _EXEC_SINKS = {"exec", "eval", "compile", "builtins.exec", "builtins.eval", "runpy.run_path"}
 _DECODERS = {
@@ -233,14 +235,9 @@ class _Folder(ast.NodeVisitor):
                 self.facts.dynamic_exec.append(f"{name}(<computed>)")
         first = self.fold(node.args[0]) if node.args else None
         if name in _SHELL_SINKS:
-            if isinstance(first, str):
-                self.facts.shell.append(first)
-            elif isinstance(first, list) and all(isinstance(x, str) for x in first):
-                self.facts.shell.append(" ".join(_quote(x) for x in first))
-            elif name.startswith("os.exec") or name.startswith("os.spawn"):
-                vals = [self.fold(a) for a in node.args[1:]]
-                if all(isinstance(v, str) for v in vals):
-                    self.facts.shell.append(" ".join(_quote(v) for v in vals))  # type: ignore[arg-type]
+            command = self._command(node, name)
+            if command is not None:
+                self.facts.shell.append(command)
             else:
                 self.facts.dynamic_exec.append(f"{name}(<computed>)")
         if name in _EXEC_SINKS:
@@ -251,6 +248,30 @@ class _Folder(ast.NodeVisitor):
             elif node.args:
                 self.facts.dynamic_exec.append(f"{name}(<computed>)")
 
+
+    def _command(self, node: ast.Call, name: str) -> str | None:
+        """The command line a process-spawning call runs, when it can be folded."""
+        args = list(node.args)
+        kw = next((k.value for k in node.keywords if k.arg == "args"), None)
+        if not args and kw is not None:
+            args = [kw]
+        vals = [self.fold(a) for a in args]
+        if name.startswith(("os.exec", "os.spawn")) or name.endswith("create_subprocess_exec"):
+            # exec*(path, argv list) or exec*l(path, arg0, arg1, ...); spawn* take a mode first.
+            rest = vals[1:] if not name.startswith("os.spawn") else vals[2:]
+            lst = next((v for v in rest if isinstance(v, list)), None)
+            parts = lst if lst is not None else rest
+            if name.endswith("create_subprocess_exec"):
+                parts = vals
+            if parts and all(isinstance(v, str) for v in parts):
+                return " ".join(_quote(v) for v in parts)
+            return None
+        first = vals[0] if vals else None
+        if isinstance(first, str):
+            return first
+        if isinstance(first, list) and first and all(isinstance(x, str) for x in first):
+            return " ".join(_quote(x) for x in first)
+        return None
 
     def _note_writes(self, node: ast.Call, name: str | None) -> None:
         """Record the paths a call writes: open(.., 'w'), Path(..).write_text(), os.remove, shutil.copy dst, ..."""

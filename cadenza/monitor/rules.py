@@ -155,7 +155,7 @@ _GIT_ALWAYS = {
 _GIT_BENIGN = {"status", "add", "commit", "init", "apply", "rm", "mv", "config", "help", "version", "clean",
                "check-ignore", "check-attr", "var", "am", "mergetool", "gui", "citool", "maintenance"}  # fmt: skip
 _GIT_WITH_REV = {"diff", "checkout", "restore", "switch", "reset", "grep", "branch", "tag", "rev-parse", "ls-files"}
-_REV = re.compile(r"[~^]|@\{|^[0-9a-f]{7,40}$|^(ORIG_HEAD|FETCH_HEAD|MERGE_HEAD|stash|refs/|origin/|upstream/)|^--(source|all|branches|tags|remotes|reflog)\b")
+_REV = re.compile(r"[~^]|@\{|\w\.\.\.?\w|^[0-9a-f]{7,40}$|^(ORIG_HEAD|FETCH_HEAD|MERGE_HEAD|stash|refs/|origin/|upstream/)|^--(source|all|branches|tags|remotes|reflog)\b")
 
 
 def _revisions(sub: str, rest: list[str]) -> list[str]:

@@ -406,6 +406,8 @@ def _finalize(cmd: Command, state: ShellState, depth: int) -> None:
             name, _, val = arg.partition("=")
             if val:
                 state.aliases[name] = val
+    if len(cmd.argv) >= 4 and cmd.argv[0] == "printf" and cmd.argv[1] == "-v":
+        state.env[cmd.argv[2]] = _printf(cmd.argv[3:]) if not cmd.dynamic else DYNAMIC
     if cmd.argv and cmd.argv[0] == "read":
         names = [a for a in cmd.argv[1:] if not a.startswith("-")]
         if names:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import pytest
@@ -35,6 +36,28 @@ def test_retries_on_503_then_succeeds():
     with serve(lambda body: next(answers)) as srv:
         reply = client(srv.url, max_retries=3).complete([{"role": "user", "content": "x"}])
     assert reply.message["content"] == "ok" and len(srv.requests) == 3
+
+
+def test_retry_after_is_honoured():
+    answers = iter([(429, b"slow down"), {"role": "assistant", "content": "ok"}])
+
+    def policy(body):
+        return next(answers)
+
+    with serve(policy) as srv:
+        srv.retry_after = "0.3"
+        start = time.monotonic()
+        reply = client(srv.url, max_retries=2).complete([])
+        assert reply.message["content"] == "ok" and time.monotonic() - start >= 0.3
+
+
+def test_tool_calls_left_in_text_are_recovered():
+    text = 'Let me look.\n<tool_call>\n{"name": "view", "arguments": {"path": "calc/ops.py"}}\n</tool_call>'
+    raw = json.dumps({"choices": [{"message": {"content": text}}]})
+    msg = parse_reply(raw.encode()).message
+    assert msg["tool_calls"][0]["function"] == {"name": "view", "arguments": '{"path": "calc/ops.py"}'}
+    raw = json.dumps({"choices": [{"message": {"content": "<tool_call>{broken</tool_call>"}}]})
+    assert "tool_calls" not in parse_reply(raw.encode()).message
 
 
 def test_client_errors_are_not_retried():

@@ -22,6 +22,7 @@ def test_judge_adds_flags_and_sees_the_transcript():
     assert [(f.rule, f.turn, f.source) for f in flags] == [("special_casing", 1, "llm_judge")]
     prompt = srv.requests[0]["messages"][1]["content"]
     assert "turn 1: bash" in prompt and "grep -n scale" in prompt and "Implement mypkg.core.scale" in prompt
+    assert "  -> ok" in prompt  # tool results are shown, cut short
 
 
 def test_judge_flags_zero_the_reward_next_to_rule_flags():
