@@ -127,13 +127,18 @@ class PidsCgroup:
         except OSError:
             return []
 
-    def kill_all(self, spare: int | None = None) -> None:
-        """SIGKILL whatever is left (e.g. daemons of an unsandboxed command) but ``spare``; does not wait."""
-        for pid in self.pids():
-            if pid == spare:
-                continue
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
+    def kill_all(self, spare: int | None = None, wait_s: float = 0.0) -> None:
+        """SIGKILL every process but ``spare`` (daemons, a sandbox init still reaping) and wait up to
+        ``wait_s`` until they are gone, so nothing of a call outlives it."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            left = [pid for pid in self.pids() if pid != spare]
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            if not left or time.monotonic() >= deadline:
+                return
+            time.sleep(0.0005)
 
     def kill_all_and_remove(self, timeout_s: float = 5.0) -> None:
         deadline = time.monotonic() + timeout_s

@@ -317,4 +317,4 @@ def _kill_tree(pid: int, cgroup: PidsCgroup | None, spare: int | None) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
     if cgroup is not None:
-        cgroup.kill_all(spare=spare)
+        cgroup.kill_all(spare=spare, wait_s=5.0)
