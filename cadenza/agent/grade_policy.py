@@ -32,7 +32,7 @@ class Policy:
     @classmethod
     def for_task(cls, task: Task, *, shadowable: frozenset[str], pristine_top: frozenset[str]) -> Policy:
         paths = {p.strip("/") for p in task.test_files}
-        paths |= {nid.split("::", 1)[0] for nid in [*task.fail_to_pass, *task.pass_to_pass]}
+        paths |= {nid.split("::", 1)[0] for nid in [*task.fail_to_pass, *task.pass_to_pass] if not is_doctest(nid)}
         return cls(test_paths=frozenset(p for p in paths if p), shadowable=shadowable, pristine_top=pristine_top)
 
     def reason_to_drop(self, rel: str, kind: str) -> str | None:
@@ -83,6 +83,12 @@ class Policy:
             if top in self.shadowable and top not in self.pristine_top:
                 return top
         return None
+
+
+def is_doctest(nodeid: str) -> bool:
+    """``pkg/mod.py::pkg.mod.func`` is a doctest item: its file is source the agent may edit, not a test file."""
+    _, sep, rest = nodeid.partition("::")
+    return bool(sep) and "::" not in rest and "." in rest.split("[", 1)[0]
 
 
 def _inside(rel: str, root: str) -> bool:

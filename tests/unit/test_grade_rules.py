@@ -112,3 +112,16 @@ def test_patch_actions_reproduce_the_patched_files(tmp_path: Path):
         assert box.call(a["tool"], a["args"]).error_kind is None
     for name, text in after.items():
         assert (ws / name).read_text() == text
+
+
+def test_doctest_node_files_stay_editable():
+    from cadenza.agent.grade_policy import is_doctest
+    from cadenza.tasks.task import Feature, Task
+
+    assert is_doctest("pkg/mod.py::pkg.mod.func") and not is_doctest("tests/test_a.py::test_x[1.5]")
+    assert not is_doctest("tests/test_a.py::TestX::test_y")
+    task = Task(id="t", source="s", level=1, statement="", feature=Feature(qualname="pkg.mod.f", path="pkg/mod.py",
+                kind="function"), fail_to_pass=["pkg/mod.py::pkg.mod.f", "checks/verify.py::test_f"], pass_to_pass=[])
+    policy = Policy.for_task(task, shadowable=frozenset(), pristine_top=frozenset({"pkg", "checks"}))
+    assert policy.reason_to_drop("pkg/mod.py", "file") is None
+    assert policy.reason_to_drop("checks/verify.py", "file") == "test file"
