@@ -26,3 +26,25 @@ def test_gold_replay_resolves_with_the_chained_env(chained_task_dir: Path):  # n
     assert outcome["resolved"] is True and outcome["flags"] == []
     outcome, _ = replay(chained_task_dir, [ToolCall(name="submit", arguments={})])
     assert outcome["resolved"] is False and outcome["p2p"]["passed"] == 3
+
+
+def test_doctest_nodes_grade_the_agents_module(taskset: Path):  # noqa: F811
+    """F2P doctest items live in the source file the agent edits: its edits there must count."""
+    import difflib
+    import json
+
+    from cadenza.agent.toytask import OPS_REMOVED, OPS_SOLVED
+
+    task_dir = taskset / "calc-clamp"
+    solved = OPS_SOLVED.replace('    """Limit x to the closed interval [lo, hi]."""',
+                                '    """Limit x to the closed interval [lo, hi].\n\n    >>> clamp(7, 0, 5)\n    5\n    """')
+    patch = "".join(difflib.unified_diff(OPS_REMOVED.splitlines(True), solved.splitlines(True),
+                                         "a/calc/ops.py", "b/calc/ops.py"))
+    data = json.loads((task_dir / "task.json").read_text())
+    data["fail_to_pass"].append("calc/ops.py::calc.ops.clamp")
+    data["pytest_args"] = ["-o", "addopts=--doctest-modules"]
+    (task_dir / "task.json").write_text(json.dumps(data))
+    calls = [ToolCall(name=a["tool"], arguments=a["args"]) for a in patch_actions(patch)]
+    outcome, _ = replay(task_dir, [*calls, ToolCall(name="submit", arguments={})])
+    assert outcome["resolved"] is True and outcome["f2p"] == {"passed": 5, "total": 5}
+    assert outcome["grade"]["tests"]["calc/ops.py::calc.ops.clamp"] == "passed"
