@@ -23,7 +23,7 @@ from cadenza.agent.grade import GradeResult, grade, task_env_dir
 from cadenza.agent.prompt import initial_messages
 from cadenza.agent.tools import TOOL_NAMES, Toolbox, ToolsConfig
 from cadenza.agent.trajectory import Flag, Trajectory, TurnMeta
-from cadenza.errors import CadenzaError
+from cadenza.errors import CadenzaError, ConfigError
 from cadenza.sandbox import Sandbox, SandboxConfig, hidden_roots
 from cadenza.tasks.task import WORKSPACE, load_task
 
@@ -39,6 +39,10 @@ class EpisodeConfig:
     tools: ToolsConfig = field(default_factory=ToolsConfig)
     keep_workspace: bool = False
     judge: Any = None  # optional LLM judge handed to the monitor
+
+    def __post_init__(self) -> None:
+        if self.max_turns <= 0 or self.time_budget_s < 0 or (self.token_budget is not None and self.token_budget <= 0):
+            raise ConfigError("episode max_turns and token_budget must be positive and time_budget_s not negative")
 
 
 class Episode:
@@ -94,7 +98,8 @@ class Episode:
         if self.done:
             return StepResult(observation="Error: the episode is over.", done=True, error_kind="tool_error")
         t0 = time.monotonic()
-        result = box.call(call.name, call.arguments)
+        result = box.call(call.name, call.arguments,
+                          time_left_s=self.config.time_budget_s - (time.monotonic() - self._start))
         duration = time.monotonic() - t0
         call_id = call.id or f"call_{len(traj.turns)}"
         raw_args = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)

@@ -18,6 +18,7 @@ from typing import Any
 
 from cadenza.agent.paths import PathOutsideWorkspace, confine, display
 from cadenza.agent.schema import check_arguments, signature
+from cadenza.errors import ConfigError
 from cadenza.sandbox import Sandbox, cap_text
 
 
@@ -59,6 +60,11 @@ class ToolsConfig:
     max_file_bytes: int = 4_000_000  # larger files are refused by view/str_replace/insert
     snippet_lines: int = 4
 
+    def __post_init__(self) -> None:
+        for name in ("bash_timeout_s", "test_timeout_s", "max_observation_bytes", "max_file_bytes"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"tools {name} must be positive, got {getattr(self, name)!r}")
+
 
 @dataclass(kw_only=True)
 class ToolResult:
@@ -83,6 +89,7 @@ class Toolbox:
         self.sandbox = sandbox
         self.config = config or ToolsConfig()
         self.pytest_args = list(pytest_args or [])
+        self._time_left: float | None = None
         self._impl: dict[str, Callable[..., ToolResult]] = {
             "bash": self.bash, "view": self.view, "create": self.create, "str_replace": self.str_replace,
             "insert": self.insert, "run_tests": self.run_tests, "submit": self.submit,
@@ -91,7 +98,18 @@ class Toolbox:
     def schemas(self) -> list[dict[str, Any]]:
         return TOOL_SCHEMAS
 
-    def call(self, name: str, arguments: dict[str, Any] | str | None) -> ToolResult:
+    def call(self, name: str, arguments: dict[str, Any] | str | None, *, time_left_s: float | None = None) -> ToolResult:
+        """Run one tool call; ``time_left_s`` (the episode's remaining time) caps command timeouts."""
+        self._time_left = time_left_s
+        try:
+            return self._call(name, arguments)
+        finally:
+            self._time_left = None
+
+    def _timeout(self, configured: float) -> float:
+        return configured if self._time_left is None else max(0.1, min(configured, self._time_left))
+
+    def _call(self, name: str, arguments: dict[str, Any] | str | None) -> ToolResult:
         if name not in self._impl:
             return ToolResult(
                 observation=f"Error: tool '{name}' not found. Available tools: {', '.join(TOOL_NAMES)}",
@@ -115,8 +133,9 @@ class Toolbox:
 
     # -- sandboxed tools -------------------------------------------------------------------------------
     def bash(self, command: str) -> ToolResult:
-        res = self.sandbox.run(command, timeout_s=self.config.bash_timeout_s, merge_stderr=True)
-        return self._exec_result(res, self.config.bash_timeout_s)
+        timeout = self._timeout(self.config.bash_timeout_s)
+        res = self.sandbox.run(command, timeout_s=timeout, merge_stderr=True)
+        return self._exec_result(res, timeout)
 
     def run_tests(self, selector: str = "") -> ToolResult:
         try:
@@ -125,8 +144,9 @@ class Toolbox:
             raise _Fail("invalid_arguments", f"cannot parse selector {selector!r} ({exc})") from None
         python = "python" if self.sandbox.env is None else self.sandbox.env.python
         argv = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider", *self.pytest_args, *selected]
-        res = self.sandbox.run(argv, timeout_s=self.config.test_timeout_s, merge_stderr=True)
-        return self._exec_result(res, self.config.test_timeout_s)
+        timeout = self._timeout(self.config.test_timeout_s)
+        res = self.sandbox.run(argv, timeout_s=timeout, merge_stderr=True)
+        return self._exec_result(res, timeout)
 
     def _exec_result(self, res, timeout_s: float) -> ToolResult:
         text = res.output if res.output.strip() else "(no output)\n"

@@ -57,3 +57,11 @@ def test_finish_without_changes_is_unresolved(task_dir: Path):  # noqa: F811
     assert outcome["resolved"] is False and outcome["reward"] == 0.0 and outcome["end_reason"] == "submit"
     assert outcome["f2p"] == {"passed": 0, "total": 4} and outcome["p2p"] == {"passed": 3, "total": 3}
     assert set(outcome["grade"]["tests"].values()) == {"passed", "failed"}
+
+
+def test_a_command_cannot_outlast_the_time_budget(task_dir: Path):  # noqa: F811
+    with Episode(task_dir, EpisodeConfig(time_budget_s=3.0)) as ep:
+        ep.reset()
+        res = ep.step(ToolCall(name="bash", arguments={"command": "sleep 60"}))
+        assert res.error_kind == "timeout" and res.done and res.info["end_reason"] == "time_budget"
+        assert ep.trajectory.turns[-1].duration_s < 10
