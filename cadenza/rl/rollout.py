@@ -209,7 +209,8 @@ def _finish(ep: _Episode) -> Rollout:
     if "reward" not in outcome:
         raise CadenzaError(f"env for task {ep.task_id!r} returned an outcome without 'reward' from finish()")
     reward = float(outcome["reward"])
-    meta = {"task_id": ep.task_id, "stop_reason": ep.stop_reason or "context", "num_turns": len(ep.turns)}
+    meta = {"task_id": ep.task_id, "stop_reason": ep.stop_reason or "context", "num_turns": len(ep.turns),
+            "tools": ep.tools}
     tokens = ep.builder.build(messages=ep.messages, reward=reward, group_id=ep.group_id, metadata=meta)
     trajectory = Trajectory(
         task_id=ep.task_id, messages=ep.messages, turns=ep.turns, outcome=outcome, reward=reward,
