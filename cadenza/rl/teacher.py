@@ -48,8 +48,11 @@ class SelfDistillConfig:
     top_k: int | None = None
     temperature: float = 1.0
     chunk_size: int | None = 1024
+    token_clip: float | None = None  # cap each token's divergence (OPSD's point-wise clipping); None = off
 
     def __post_init__(self) -> None:
+        if self.token_clip is not None and not self.token_clip > 0:
+            raise CadenzaError(f"token_clip must be > 0 or None, got {self.token_clip}")
         if self.placement not in PLACEMENTS:
             raise CadenzaError(f"unknown hint placement {self.placement!r}; use one of {', '.join(PLACEMENTS)}")
         if self.teacher not in TEACHER_WEIGHTS:
@@ -251,6 +254,8 @@ class Teacher:
             divergence=cfg.divergence, beta=cfg.beta, top_k=cfg.top_k, temperature=cfg.temperature,
             chunk_size=cfg.chunk_size,
         )
+        if cfg.token_clip is not None:  # clipped tokens pass no gradient: one noisy token cannot dominate
+            per_token = per_token.clamp(max=cfg.token_clip)
         per_turn = [float(x.mean()) for x in per_token.detach().split([it.num_tokens for it in items])]
         return SDResult(loss=per_token.mean(), num_tokens=per_token.numel(), per_turn=per_turn)
 
