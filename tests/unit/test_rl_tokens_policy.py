@@ -142,3 +142,30 @@ def test_rl_losses_combines_grpo_and_sd():
     assert plain.sd.num_tokens == 0 and plain.loss.item() == pytest.approx(res.grpo.item(), rel=1e-6)
     with pytest.raises(CadenzaError, match="no teacher"):
         rl_losses(pol, batch, adv, items=items)
+
+
+def test_sd_loss_decreases_under_training_and_token_clip_caps_it():
+    tok = make_tokenizer()
+    turns = ['<tool_call>\n{"name": "ad", "arguments": {}}\n</tool_call>',
+             '<tool_call>\n{"name": "submit", "arguments": {}}\n</tool_call>']
+    out = rollout(ScriptedPolicy(tok, turns), tok, [RolloutTask(task_id="a", make_env=CounterEnv)],
+                  RolloutConfig(group_size=1))
+    pol = HFPolicy.from_config(tiny_qwen3_config(len(tok), initializer_range=0.2), seed=0)
+    trajs = [r.tokens for r in out]
+    batch = collate(trajs, tok.pad_token_id)
+    items = build_hinted_turns(trajs, [[Hint(turn=0, text="Tools: add, submit.", kind="tool_not_found")]], tok)
+    clipped = Teacher(pol.model, SelfDistillConfig(token_clip=1e-4))
+    hidden, cache = pol.hidden_states(batch.input_ids, batch.attention_mask, use_cache=True)
+    assert clipped.loss(hidden, pol.lm_head, items, cache).loss.item() == pytest.approx(1e-4)
+
+    teacher = Teacher(pol.model, SelfDistillConfig(teacher="frozen"))
+    opt = torch.optim.AdamW(pol.model.parameters(), lr=3e-3)
+    zero_adv = torch.zeros(len(trajs))
+    history = []
+    for _ in range(8):
+        opt.zero_grad()
+        res = rl_losses(pol, batch, zero_adv, items=items, teacher=teacher, config=LossConfig(lambda_sd=1.0))
+        res.loss.backward()
+        opt.step()
+        history.append(res.sd.loss.item())
+    assert history[-1] < 0.5 * history[0]
