@@ -135,14 +135,17 @@ def rollout(
         if not live:
             break
         params = SamplingParams(
-            max_new_tokens=min(config.max_new_tokens, *(budget[i] for i in live)),
+            max_new_tokens=min(config.max_new_tokens, max(budget[i] for i in live)),
             temperature=config.temperature, top_k=config.top_k, stop_token_ids=(int(eos),),
         )
         samples = policy.sample([episodes[i].builder.input_ids for i in live], params, generator=generator)
         still = []
         for i, sample in zip(live, samples, strict=True):
             ep = episodes[i]
-            if _advance(tokenizer, ep, sample.token_ids, sample.logprobs, sample.finish_reason, config):
+            ids, lps, finish = sample.token_ids, sample.logprobs, sample.finish_reason
+            if len(ids) > budget[i]:  # this episode's context is nearly full: keep what fits (a prefix of a sample is a sample)
+                ids, lps, finish = ids[: budget[i]], lps[: budget[i]], "length"
+            if _advance(tokenizer, ep, ids, lps, finish, config):
                 still.append(i)
             else:
                 finished += 1

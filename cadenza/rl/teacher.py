@@ -209,7 +209,7 @@ class Teacher:
         if not items:
             return []
         device = next(self.model.parameters()).device
-        use_cache = student_cache is not None and self.reuses_student_cache
+        use_cache = student_cache is not None and self.reuses_student_cache and min(it.shared_prefix for it in items) > 0
         starts = [it.shared_prefix if use_cache else 0 for it in items]
         new = [it.teacher_ids[s:] for it, s in zip(items, starts, strict=True)]
         H, L = len(items), max(len(x) for x in new)

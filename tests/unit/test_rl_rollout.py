@@ -96,3 +96,18 @@ def test_rollout_bad_input(tok):
         RolloutConfig(group_size=0)
     with pytest.raises(CadenzaError, match="no tasks"):
         rollout(pol, tok, [], RolloutConfig())
+
+
+def test_context_limit_truncates_turn_and_closes_it(tok):
+    long_call = '<tool_call>\n{"name": "add", "arguments": {"x": 1}}\n</tool_call>'
+    pol = ScriptedPolicy(tok, [long_call])
+    [probe] = rollout(ScriptedPolicy(tok, [long_call]), tok, [RolloutTask(task_id="a", make_env=CounterEnv)],
+                      RolloutConfig(group_size=1, max_turns=1))
+    prompt_len = probe.tokens.turn_spans[0][0]
+    cfg = RolloutConfig(group_size=1, max_turns=5, max_context_tokens=prompt_len + 5)
+    [r] = rollout(pol, tok, [RolloutTask(task_id="a", make_env=CounterEnv)], cfg)
+    r.tokens.validate()
+    start, end = r.tokens.turn_spans[0]
+    assert end - start == 5 and r.trajectory.turns[0].extra["truncated"] is True
+    assert r.tokens.input_ids[end] == tok.eos_token_id and r.tokens.loss_mask[end] == 0  # closed, not trained
+    assert r.tokens.metadata["stop_reason"] in ("context", "no_tool_call")
