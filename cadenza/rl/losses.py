@@ -183,7 +183,7 @@ def grpo_loss(
         raise CadenzaError("logprobs, behaviour_logprobs and mask must all be [B, T]")
     if advantages.ndim == 1:
         advantages = advantages[:, None]
-    advantages = advantages.to(logprobs.dtype).detach()
+    advantages = advantages.to(device=logprobs.device, dtype=logprobs.dtype).detach()
     ratio = torch.exp(logprobs - behaviour_logprobs.detach())
     clipped = ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high)
     per_token = -torch.minimum(ratio * advantages, clipped * advantages)
