@@ -224,3 +224,30 @@ def test_bad_input_fails_before_compute(tok, trajectories):
         SelfDistillConfig(teacher="other")
     with pytest.raises(CadenzaError, match="2 trajectories"):
         build_hinted_turns(trajectories, HINTS[:1], tok)
+
+
+def test_sampled_estimator_uses_target_token_logprobs(tok, trajectories):
+    pol = _policy(tok, dtype="float64")
+    batch = collate(trajectories, tok.pad_token_id)
+    items = build_hinted_turns(trajectories, HINTS, tok)
+    teacher = Teacher(pol.model, SelfDistillConfig(estimator="sampled", chunk_size=4))
+    hidden, cache = pol.hidden_states(batch.input_ids, batch.attention_mask, use_cache=True)
+    hidden.retain_grad()
+    res = teacher.loss(hidden, pol.lm_head, items, cache)
+    gaps, count = 0.0, 0
+    with torch.no_grad():
+        for it in items:
+            s = torch.log_softmax(pol.lm_head(pol.hidden_states(batch.input_ids[it.row: it.row + 1])[0])[0], -1)
+            t = torch.log_softmax(pol.lm_head(pol.hidden_states(torch.tensor([it.teacher_ids]))[0])[0], -1)
+            for j in range(it.num_tokens):
+                tokid = it.teacher_ids[it.teacher_turn_start + j]
+                gaps += (s[it.turn_start - 1 + j, tokid] - t[it.teacher_turn_start - 1 + j, tokid]).item()
+                count += 1
+    assert res.loss.item() == pytest.approx(gaps / count, rel=1e-9)
+    res.loss.backward()
+    inside = torch.zeros(hidden.shape[:2], dtype=torch.bool)
+    for it in items:
+        inside[it.row, it.turn_start - 1: it.turn_end - 1] = True
+    assert torch.all(hidden.grad[~inside] == 0) and hidden.grad[inside].abs().sum() > 0
+    with pytest.raises(CadenzaError, match="estimator"):
+        SelfDistillConfig(estimator="mc")
