@@ -165,13 +165,13 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=16384)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--chunk", type=int, default=512)
-    ap.add_argument("--mem-vocab", type=int, default=65536, help="vocabulary for the memory variants")
+    ap.add_argument("--mem-vocab", type=int, default=32768, help="vocabulary for the memory variants")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: stable CPU-time measure)")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.quick:
-        args.batch, args.repeats, args.vocab, args.mem_vocab = 2, 3, 8192, 32768
+        args.batch, args.repeats, args.vocab, args.mem_vocab = 2, 3, 8192, 16384
     if args.worker:
         memory_worker(args)
         return
