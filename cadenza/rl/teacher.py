@@ -18,6 +18,7 @@ live teacher the prefix the student already computed is reused from the student'
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -103,6 +104,12 @@ def merge_hints(hints: Sequence[Hint]) -> list[Hint]:
         hs[0] if len(hs) == 1 else Hint(turn=t, text="\n".join(h.text for h in hs), kind="+".join(h.kind for h in hs))
         for t, hs in sorted(by_turn.items())
     ]
+
+
+def select_rows(items: Sequence[HintedTurn], rows: Sequence[int]) -> list[HintedTurn]:
+    """The hinted turns of a micro-batch made of ``rows`` (in that order), with ``row`` re-indexed to it."""
+    where = {r: i for i, r in enumerate(rows)}
+    return [dataclasses.replace(it, row=where[it.row]) for it in items if it.row in where]
 
 
 def _segment_ending_at(traj: TokenTrajectory, pos: int) -> Segment | None:

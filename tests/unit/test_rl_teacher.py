@@ -13,7 +13,7 @@ from cadenza.rl.chat import render
 from cadenza.rl.losses import self_distillation_loss
 from cadenza.rl.policy import HFPolicy, tiny_qwen3_config, tiny_qwen3_moe_config
 from cadenza.rl.rollout import RolloutConfig, RolloutTask, rollout
-from cadenza.rl.teacher import SelfDistillConfig, Teacher, build_hinted_turns
+from cadenza.rl.teacher import SelfDistillConfig, Teacher, build_hinted_turns, select_rows
 from cadenza.rl.tokens import TokenTrajectory, collate
 from tests.unit.rl_helpers import CounterEnv, ScriptedPolicy, make_tokenizer
 
@@ -251,3 +251,11 @@ def test_sampled_estimator_uses_target_token_logprobs(tok, trajectories):
     assert torch.all(hidden.grad[~inside] == 0) and hidden.grad[inside].abs().sum() > 0
     with pytest.raises(CadenzaError, match="estimator"):
         SelfDistillConfig(estimator="mc")
+
+
+def test_select_rows_reindexes_for_micro_batches(tok, trajectories):
+    items = build_hinted_turns(trajectories, HINTS, tok)
+    sub = select_rows(items, [1])
+    assert [(it.row, it.turn) for it in sub] == [(0, 0)]
+    assert sub[0].teacher_ids == items[2].teacher_ids
+    assert [(it.row, it.turn) for it in select_rows(items, [1, 0])] == [(1, 1), (1, 3), (0, 0)]
