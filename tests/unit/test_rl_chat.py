@@ -119,3 +119,15 @@ def test_assistant_message_keeps_raw_arguments():
     msg = assistant_message('<tool_call>{"name": "view"...', calls)
     assert msg["content"] == ""
     assert msg["tool_calls"][0]["function"] == {"name": "view", "arguments": '{"path": "a"'}
+
+
+def test_template_that_rewrites_history_is_rejected(tok, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok.save_pretrained(tmp_path)
+    unstable = AutoTokenizer.from_pretrained(str(tmp_path))
+    # announces the number of messages up front, so appending a message changes earlier text
+    unstable.chat_template = "{{ messages | length }}{% for m in messages %}|{{ m['content'] }}{% endfor %}"
+    conv = _conversation()
+    with pytest.raises(CadenzaError, match="prefix-stable"):
+        render_continuation(unstable, conv[:2], conv[2:3])
