@@ -10,6 +10,7 @@ from cadenza.errors import CadenzaError
 from cadenza.rl.chat import (
     CHAT_TEMPLATE,
     assistant_message,
+    load_tokenizer,
     parse_tool_calls,
     render,
     render_continuation,
@@ -131,3 +132,24 @@ def test_template_that_rewrites_history_is_rejected(tok, tmp_path):
     conv = _conversation()
     with pytest.raises(CadenzaError, match="prefix-stable"):
         render_continuation(unstable, conv[:2], conv[2:3])
+
+
+def test_load_tokenizer_checks(tok, tmp_path):
+    tok.save_pretrained(tmp_path / "ok")
+    assert load_tokenizer(tmp_path / "ok").chat_template == CHAT_TEMPLATE
+    with pytest.raises(CadenzaError, match="not a directory"):
+        load_tokenizer(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CadenzaError):
+        load_tokenizer(tmp_path / "empty")
+    tok.save_pretrained(tmp_path / "bare")
+    for name in ("chat_template.jinja",):
+        (tmp_path / "bare" / name).unlink(missing_ok=True)
+    import json
+
+    cfg_path = tmp_path / "bare" / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("chat_template", None)
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(CadenzaError, match="no chat template"):
+        load_tokenizer(tmp_path / "bare")
