@@ -74,7 +74,7 @@ def _train_step(rank, model, ref, opt, ref_opt, step):
     gen = torch.Generator().manual_seed(100 * step + rank)
     ids = torch.randint(0, 100, (2, 12), generator=gen)
     model(input_ids=ids, labels=ids).loss.backward()
-    for (n, p), (_, q) in zip(model.named_parameters(), ref.named_parameters(), strict=True):
+    for p, q in zip(model.parameters(), ref.parameters(), strict=True):
         q.grad = _full(p.grad).clone()
     opt.step()
     ref_opt.step()
@@ -105,36 +105,28 @@ def _layout_check(rank: int, world: int, layout: str) -> dict:
         d_sharded, d_ref = _full(p).detach() - init[n], q.detach() - init[n]
         errs[n] = float((d_sharded - d_ref).norm() / d_ref.norm().clamp(min=1e-30))
     # resume: state dict saved now, loaded into a fresh optimizer, gives the identical next step
-    snap = {n: _full(p).detach().clone() for n, p in model.named_parameters()}
+    snap = [p.to_local().detach().clone() for p in model.parameters()]
     saved = copy.deepcopy(opt.state_dict())
-    grads = []
     ids = torch.randint(0, 100, (2, 12), generator=torch.Generator().manual_seed(55 + rank))
     model(input_ids=ids, labels=ids).loss.backward()
     grads = [p.grad.detach().clone() for p in model.parameters()]
     opt.step()
-    after = {n: _full(p).detach().clone() for n, p in model.named_parameters()}
+    after = [p.to_local().detach().clone() for p in model.parameters()]
     with torch.no_grad():
-        for p in model.parameters():
-            p.to_local().copy_(snap_local(p, snap, model))
+        for p, s in zip(model.parameters(), snap, strict=True):
+            p.to_local().copy_(s)
     fresh = _optimizer(model)
     fresh.load_state_dict(saved)
     for p, g in zip(model.parameters(), grads, strict=True):
         p.grad = g
     fresh.step()
-    resume_err = max(float((_full(p).detach() - after[n]).abs().max()) for n, p in model.named_parameters())
+    resume_err = max(float((p.to_local() - a).abs().max(initial=0.0)) for p, a in zip(model.parameters(), after, strict=True))
     uneven = any(isinstance(p, DTensor) and p.to_local().shape != _even_local(p) for p in model.parameters())
     owned = sum(len(jp.owned_ext) for jp in opt._plan_cache[1])
     items = sum(jp.items for jp in opt._plan_cache[1])
     nocomm_expert = all(not jp.comm for jp in opt._plan_cache[1] if jp.shape == (20, 64))
     return dict(errs=errs, clip_err=clip_err, resume_err=resume_err, uneven=uneven, owned=owned,
                 items=items, nocomm_expert=nocomm_expert, transfers=opt.last_stats.transfers)
-
-
-def snap_local(p, snap, model):
-    from torch.distributed.tensor import distribute_tensor
-
-    name = next(n for n, q in model.named_parameters() if q is p)
-    return distribute_tensor(snap[name], p.device_mesh, p.placements).to_local()
 
 
 def _even_local(p):
