@@ -97,7 +97,8 @@ def _layout_check(rank: int, world: int, layout: str) -> dict:
     ids = torch.randint(0, 100, (2, 12), generator=gen)
     model(input_ids=ids, labels=ids).loss.backward()
     fulls = [_full(p.grad).double() for p in model.parameters()]
-    clip_err = float(abs(total_grad_norm(model.parameters()) - torch.cat([g.flatten() for g in fulls]).norm()))
+    ref_norm = torch.cat([g.flatten() for g in fulls]).norm()
+    clip_err = float(abs(total_grad_norm(model.parameters()) - ref_norm) / ref_norm)
     opt.zero_grad()
     _train_step(rank, model, ref, opt, ref_opt, 1)
     errs = {}
@@ -120,12 +121,12 @@ def _layout_check(rank: int, world: int, layout: str) -> dict:
     for p, g in zip(model.parameters(), grads, strict=True):
         p.grad = g
     fresh.step()
-    resume_err = max(float((p.to_local() - a).abs().max(initial=0.0)) for p, a in zip(model.parameters(), after, strict=True))
+    resumed = all(torch.equal(p.to_local(), a) for p, a in zip(model.parameters(), after, strict=True))
     uneven = any(isinstance(p, DTensor) and p.to_local().shape != _even_local(p) for p in model.parameters())
     owned = sum(len(jp.owned_ext) for jp in opt._plan_cache[1])
     items = sum(jp.items for jp in opt._plan_cache[1])
     nocomm_expert = all(not jp.comm for jp in opt._plan_cache[1] if jp.shape == (20, 64))
-    return dict(errs=errs, clip_err=clip_err, resume_err=resume_err, uneven=uneven, owned=owned,
+    return dict(errs=errs, clip_err=clip_err, resumed=resumed, uneven=uneven, owned=owned,
                 items=items, nocomm_expert=nocomm_expert, transfers=opt.last_stats.transfers)
 
 
@@ -150,8 +151,8 @@ def test_sharded_equals_unsharded(world):
         for r in per_rank:
             worst = max(r["errs"].items(), key=lambda kv: kv[1])
             assert worst[1] < 1e-5, (layout, worst)
-            assert r["clip_err"] < 1e-9 * max(1.0, 1.0), (layout, r["clip_err"])
-            assert r["resume_err"] == 0.0, (layout, r["resume_err"])
+            assert r["clip_err"] < 1e-9, (layout, r["clip_err"])
+            assert r["resumed"], layout
         # every matrix is orthogonalised exactly once across ranks (replicas split the work)
         assert sum(r["owned"] for r in per_rank) == per_rank[0]["items"], layout
         assert all(r["transfers"] > 0 for r in per_rank), layout
