@@ -21,14 +21,14 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import torch  # noqa: E402
+import torch
 
-from cadenza.optim.newton_schulz import ns_flops, newton_schulz  # noqa: E402
+from cadenza.optim.newton_schulz import newton_schulz, ns_flops
 
 # ------------------------------------------------------------------------------------------- (a)
 
 
-def bench_single(E: int = 32, A: int = 128, B: int = 384, reps: int = 3) -> dict:
+def bench_single(E: int = 16, A: int = 128, B: int = 384, reps: int = 2) -> dict:
     from cadenza.optim import Muon
 
     torch.manual_seed(0)
@@ -61,7 +61,7 @@ def bench_single(E: int = 32, A: int = 128, B: int = 384, reps: int = 3) -> dict
 SHAPES = {"attn_q": (256, 256), "attn_o": (256, 256), "attn_kv": (128, 256),
           "experts_gate_up": (16, 256, 256), "experts_down": (16, 256, 128)}
 LAYERS = 2
-STEPS = 4
+STEPS = 3
 
 
 def _params(world: int):
@@ -210,7 +210,7 @@ def kimi_matrices(heads: int = 64) -> list[tuple[int, int]]:
     from transformers import DeepseekV3Config
 
     c = DeepseekV3Config()  # MLA dims: q_lora 1536, kv_lora 512, rope 64, nope 128, v 128
-    H, E, I = 7168, 384, 2048
+    H, E, inter = 7168, 384, 2048
     qk = c.qk_nope_head_dim + c.qk_rope_head_dim
     attn = [(c.q_lora_rank, H)] + [(qk, c.q_lora_rank)] * heads + [(c.kv_lora_rank, H), (c.qk_rope_head_dim, H)]
     attn += [(c.qk_nope_head_dim + c.v_head_dim, c.kv_lora_rank)] * heads + [(H, c.v_head_dim)] * heads
@@ -221,7 +221,7 @@ def kimi_matrices(heads: int = 64) -> list[tuple[int, int]]:
         if layer < dense_layers:
             mats += [(18432, H), (18432, H), (H, 18432)]
         else:
-            mats += [(I, H), (I, H), (H, I)] * (E + 1) + [(E, H)]  # routed + 1 shared expert, router
+            mats += [(inter, H), (inter, H), (H, inter)] * (E + 1) + [(E, H)]  # routed + 1 shared expert, router
     return mats
 
 
@@ -260,7 +260,7 @@ def analytical(ns: list[int] = (256, 512, 1024, 2048)) -> dict:
 def main() -> None:
     quick = "--quick" in sys.argv
     t0 = time.perf_counter()
-    out = {"single_process": bench_single(E=8 if quick else 32)}
+    out = {"single_process": bench_single(E=8 if quick else 16)}
     out["distributed"] = {f"world_{w}": bench_distributed(w) for w in ((4,) if quick else (4, 8))}
     out["kimi_k2_5_model"] = analytical()
     out["bench_wall_s"] = time.perf_counter() - t0
