@@ -185,7 +185,7 @@ def _worker(rank: int, world: int) -> dict:
 def bench_distributed(world: int) -> dict:
     from cadenza.testing import spawn
 
-    per_rank = spawn(_worker, world)
+    per_rank = spawn(_worker, world, preload=("torch", "torch.distributed.tensor", "muon_fsdp2", "cadenza.optim"))
     r0 = per_rank[0]
     res = {k: v for k, v in r0.items() if not isinstance(v, float) or "_rel_" in k}
     for key in r0:

@@ -7,7 +7,10 @@ may be short or empty), which is how DTensor splits uneven dims.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 import torch.distributed as dist
@@ -56,42 +59,69 @@ def _chunk(start: int, length: int, parts: int, index: int) -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class Layout:
-    """The mesh (as global ranks, row-major) and every rank's box of the full parameter."""
+    """A parameter's mesh (global ranks, row-major over ``mesh_shape``) and which tensor dim each mesh
+    dim shards (None: replicated). Boxes and overlaps are computed arithmetically, so planning costs
+    O(pieces), not O(matrices x ranks)."""
 
     ranks: tuple[int, ...]
     mesh_shape: tuple[int, ...]
-    boxes: dict[int, Box]
+    shard_dims: tuple[int | None, ...]
+    shape: tuple[int, ...]
 
     @property
     def key(self) -> tuple:
         return (self.ranks, self.mesh_shape)
 
+    @cached_property
+    def _coords(self) -> dict[int, tuple[int, ...]]:
+        return {r: c for r, c in zip(self.ranks, itertools.product(*map(range, self.mesh_shape)), strict=True)}
+
+    def coord_of(self, rank: int) -> tuple[int, ...]:
+        return self._coords[rank]
+
+    def rank_at(self, coord: Sequence[int]) -> int:
+        flat = 0
+        for c, s in zip(coord, self.mesh_shape, strict=True):
+            flat = flat * s + c
+        return self.ranks[flat]
+
+    def box_of(self, rank: int) -> Box:
+        box = [(0, n) for n in self.shape]
+        for i, (d, c) in enumerate(zip(self.shard_dims, self.coord_of(rank), strict=True)):
+            if d is not None:
+                box[d] = _chunk(0, self.shape[d], self.mesh_shape[i], c)
+        return tuple(box)
+
+    @cached_property
+    def boxes(self) -> dict[int, Box]:
+        return {r: self.box_of(r) for r in self.ranks}
+
+    def overlapping(self, box: Box) -> list[list[int]]:
+        """Per mesh dim, the coordinates whose shard intersects ``box`` (all, on a replicated dim)."""
+        out = []
+        for i, d in enumerate(self.shard_dims):
+            if d is None:
+                out.append(list(range(self.mesh_shape[i])))
+                continue
+            size = -(-self.shape[d] // self.mesh_shape[i])
+            lo, hi = box[d]
+            out.append(list(range(lo // size, (hi - 1) // size + 1)))
+        return out
+
 
 def layout_of(p: torch.Tensor) -> Layout | None:
-    """None for a plain tensor (whole on this rank); else each mesh rank's box."""
+    """None for a plain tensor (whole on this rank); else its mesh and sharded dims."""
     if not is_dtensor(p):
         return None
-    mesh = p.device_mesh
-    grid = mesh.mesh
-    shape = tuple(p.shape)
-    boxes: dict[int, Box] = {}
-    for coord in torch.cartesian_prod(*[torch.arange(s) for s in grid.shape]).reshape(-1, grid.ndim).tolist():
-        box = [(0, n) for n in shape]
-        for i, pl in enumerate(p.placements):
-            if type(pl) is Shard:
-                d = pl.dim % len(shape)
-                box[d] = _chunk(box[d][0], box[d][1] - box[d][0], grid.shape[i], coord[i])
-        boxes[int(grid[tuple(coord)])] = tuple(box)
-    return Layout(ranks=tuple(grid.flatten().tolist()), mesh_shape=tuple(grid.shape), boxes=boxes)
+    grid = p.device_mesh.mesh
+    dims = tuple(pl.dim % p.ndim if type(pl) is Shard else None for pl in p.placements)
+    return Layout(ranks=tuple(grid.flatten().tolist()), mesh_shape=tuple(grid.shape), shard_dims=dims,
+                  shape=tuple(p.shape))
 
 
 def intersect(a: Box, b: Box) -> Box | None:
     out = tuple((max(x0, y0), min(x1, y1)) for (x0, x1), (y0, y1) in zip(a, b, strict=True))
     return None if any(lo >= hi for lo, hi in out) else out
-
-
-def contains(outer: Box, inner: Box) -> bool:
-    return all(o0 <= i0 and i1 <= o1 for (o0, o1), (i0, i1) in zip(outer, inner, strict=True))
 
 
 def rel_slices(box: Box, origin: Box) -> tuple[slice, ...]:

@@ -15,6 +15,7 @@ over replicas.
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -22,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from cadenza.optim.granularity import Box, box_matrix_shape
-from cadenza.optim.layout import Layout, contains, extents, intersect, rel_slices
+from cadenza.optim.layout import Layout, extents, intersect, rel_slices
 from cadenza.optim.newton_schulz import ns_flops
 
 
@@ -122,33 +123,34 @@ def _plan_job(entries: list[Entry], items: list[Item], shape: tuple[int, int], n
     for it in items:
         lay = entries[it.entry].layout
         assert lay is not None
-        by_box: dict[Box, list[int]] = defaultdict(list)
-        for r in lay.ranks:
-            by_box[lay.boxes[r]].append(r)
-        holders = [r for r in lay.ranks if contains(lay.boxes[r], it.box)]
+        overlap = lay.overlapping(it.box)
+        sharded = [i for i, d in enumerate(lay.shard_dims) if d is not None]
+        whole = all(len(overlap[i]) == 1 for i in sharded)
+        holders = [lay.rank_at(c) for c in itertools.product(*overlap)] if whole else []
         if holders and not replicate_split:
             owners = holders  # every replica holding it computes its own copy
         else:
             owners = [min(holders or lay.ranks, key=lambda r: (load[r], gpos[r]))]
         for owner in owners:
             load[owner] += cost
-            peers = sorted(by_box[lay.boxes[owner]])
-            row = peers.index(owner)
             sources: dict[int, Box] = {}
-            if contains(lay.boxes[owner], it.box):
+            if owner in holders:
                 sources[owner] = it.box
-            else:
-                for box, rs in by_box.items():
-                    piece = intersect(box, it.box)
-                    if piece is not None:
-                        rs = sorted(rs)
-                        sources[owner if owner in rs else rs[row % len(rs)]] = piece
-            dests = {r: p for r in lay.ranks if (p := intersect(lay.boxes[r], it.box)) is not None}
+            else:  # one source per shard the matrix touches, from the owner's own replica row
+                row = list(lay.coord_of(owner))
+                for combo in itertools.product(*[overlap[i] for i in sharded]):
+                    for i, c in zip(sharded, combo, strict=True):
+                        row[i] = c
+                    src = lay.rank_at(row)
+                    sources[src] = intersect(lay.box_of(src), it.box)  # type: ignore[assignment]
             if len(owners) > 1:
-                dests = {owner: dests[owner]}
+                dests = {owner: it.box}
+            else:
+                dests = {r: intersect(lay.box_of(r), it.box) for r in
+                         (lay.rank_at(c) for c in itertools.product(*overlap))}  # type: ignore[misc]
             if any(r != owner for r in (*sources, *dests)):
                 jp.comm = True
-            my_box = lay.boxes[rank]
+            my_box = lay.box_of(rank)
             pos = None
             if owner == rank:
                 pos = len(jp.owned_ext)

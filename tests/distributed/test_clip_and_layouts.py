@@ -82,7 +82,7 @@ def _reference(world: int) -> dict:
 @pytest.mark.parametrize("world", [2, 4])
 def test_global_norm_and_clip_across_two_meshes(world):
     ref = _reference(world)
-    for r in spawn(_run, world):
+    for r in spawn(_run, world, preload=("torch", "torch.distributed.tensor")):
         for key in ("l2", "l1", "linf"):
             assert r[key] == pytest.approx(ref[key], rel=1e-6), key
         assert r["before"] == pytest.approx(ref["l2"], rel=1e-6)

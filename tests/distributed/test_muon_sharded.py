@@ -15,6 +15,8 @@ import torch
 
 from cadenza.testing import spawn
 
+PRELOAD = ("torch", "torch.distributed.fsdp", "transformers.models.qwen3_moe.modeling_qwen3_moe")
+
 
 def _tiny_moe():
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig
@@ -145,7 +147,7 @@ def _run(rank: int, world: int) -> dict:
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 4, 8])
 def test_sharded_equals_unsharded(world):
-    results = spawn(_run, world)
+    results = spawn(_run, world, preload=PRELOAD)
     for layout in ("1d", "hsdp", "two_mesh"):
         per_rank = [r[layout] for r in results]
         for r in per_rank:

@@ -9,24 +9,34 @@ from collections import deque
 import pytest
 
 from cadenza.optim.granularity import blocks
-from cadenza.optim.layout import Layout, _chunk
+from cadenza.optim.layout import Layout
 from cadenza.optim.plan import Entry, build_plan
 from cadenza.optim.runtime import run_jobs
 
 
 def _layout(shape, mesh_shape, placements):
-    """Boxes for a row-major mesh; placements: per mesh dim, a tensor dim to shard or None (replicate)."""
-    import itertools
+    """placements: per mesh dim, the tensor dim it shards or None (replicate)."""
+    n = 1
+    for m in mesh_shape:
+        n *= m
+    return Layout(ranks=tuple(range(n)), mesh_shape=tuple(mesh_shape), shard_dims=tuple(placements),
+                  shape=tuple(shape))
 
-    ranks = list(range(mesh_shape[0] * (mesh_shape[1] if len(mesh_shape) > 1 else 1)))
-    boxes = {}
-    for r, coord in zip(ranks, itertools.product(*[range(s) for s in mesh_shape]), strict=True):
-        box = [(0, n) for n in shape]
-        for i, d in enumerate(placements):
-            if d is not None:
-                box[d] = _chunk(box[d][0], box[d][1] - box[d][0], mesh_shape[i], coord[i])
-        boxes[r] = tuple(box)
-    return Layout(ranks=tuple(ranks), mesh_shape=tuple(mesh_shape), boxes=boxes)
+
+def test_layout_boxes_follow_torch_chunk():
+    import torch
+
+    lay = _layout((5, 7), (2, 3), [1, 0])
+    for r in lay.ranks:
+        i, j = lay.coord_of(r)
+        rows = torch.arange(5).chunk(3)[j] if j < len(torch.arange(5).chunk(3)) else torch.arange(0)
+        cols = torch.arange(7).chunk(2)[i]
+        box = lay.box_of(r)
+        if len(rows):
+            assert box[0] == (int(rows[0]), int(rows[-1]) + 1)
+        else:
+            assert box[0][0] == box[0][1]
+        assert box[1] == (int(cols[0]), int(cols[-1]) + 1)
 
 
 def _entries(mesh_shape, placements_by_param):
