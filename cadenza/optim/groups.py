@@ -138,7 +138,8 @@ def print_assignment(model: nn.Module, rules: dict[str, Rule] | None = None) -> 
     from rich.table import Table
 
     table = Table(title=f"Muon assignment ({getattr(getattr(model, 'config', None), 'model_type', 'model')})")
-    for col in ("parameter", "shape", "algorithm", "granularity", "matrices"):
+    table.add_column("parameter", no_wrap=True, overflow="fold")
+    for col in ("shape", "algorithm", "granularity", "matrices"):
         table.add_column(col)
     for row in assignment_rows(model, rules):
         table.add_row(*row)
