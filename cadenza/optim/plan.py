@@ -175,21 +175,17 @@ def _plan_job(entries: list[Entry], items: list[Item], shape: tuple[int, int], n
                     recv_out[gpos[owner]].append((it.entry, rel_slices(piece, my_box), extents(piece),
                                                   _numel(piece), it.ratio))
     jp.send_in = [x for lst in send_in for x in lst]
-    jp.send_in_splits = [sum(_numel_sl(entries, e, sl) for e, sl in lst) for lst in send_in]
+    jp.send_in_splits = [sum(_numel_sl(sl) for _, sl in lst) for lst in send_in]
     jp.recv_in = [x for lst in recv_in for x in lst]
     jp.recv_in_splits = [sum(x[3] for x in lst) for lst in recv_in]
     jp.send_out = [x for lst in send_out for x in lst]
-    jp.send_out_splits = [sum(_numel_bsl(bsl) for _, bsl in lst) for lst in send_out]
+    jp.send_out_splits = [sum(_numel_sl(bsl) for _, bsl in lst) for lst in send_out]
     jp.recv_out = [x for lst in recv_out for x in lst]
     jp.recv_out_splits = [sum(x[3] for x in lst) for lst in recv_out]
     return jp
 
 
-def _numel_sl(entries: list[Entry], _e: int, sl: tuple[slice, ...]) -> int:
-    return _numel_bsl(sl)
-
-
-def _numel_bsl(sl: tuple[slice, ...]) -> int:
+def _numel_sl(sl: tuple[slice, ...]) -> int:
     n = 1
     for s in sl:
         n *= s.stop - s.start
