@@ -15,7 +15,9 @@ over replicas.
 
 from __future__ import annotations
 
+import heapq
 import itertools
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -89,17 +91,18 @@ def build_plan(entries: list[Entry], *, rank: int, bucket_numel: int = 1 << 24,
             key = (box_matrix_shape(box), e.ns_key, lkey)
             buckets.setdefault(key, []).append(Item(entry=i, box=box, ratio=ratio))
     load: dict[int, float] = defaultdict(float)
+    heaps: dict = {}  # per rank set: a lazy min-heap of NS load; "gpos": group-rank lookups
     plans: list[JobPlan] = []
     for (shape, ns_key, _), items in buckets.items():
         per_job = max(1, bucket_numel // (shape[0] * shape[1]))
         for start in range(0, len(items), per_job):
             plans.append(_plan_job(entries, items[start:start + per_job], shape, ns_key, rank, load,
-                                   replicate_split))
+                                   replicate_split, heaps))
     return plans
 
 
 def _plan_job(entries: list[Entry], items: list[Item], shape: tuple[int, int], ns_key: tuple, rank: int,
-              load: dict[int, float], replicate_split: bool) -> JobPlan:
+              load: dict[int, float], replicate_split: bool, heaps: dict) -> JobPlan:
     entry0 = entries[items[0].entry]
     jp = JobPlan(shape=shape, ns_key=ns_key, items=len(items))
     if entry0.layout is None:  # plain tensors: whole on this rank, no communication
@@ -113,12 +116,16 @@ def _plan_job(entries: list[Entry], items: list[Item], shape: tuple[int, int], n
         return jp
     group, group_ranks = entry0.group  # type: ignore[misc]
     jp.group = group
-    gpos = {r: i for i, r in enumerate(group_ranks)}
+    key = tuple(group_ranks)
+    if key not in heaps.setdefault("gpos", {}):
+        heaps["gpos"][key] = {r: i for i, r in enumerate(group_ranks)}
+    gpos = heaps["gpos"][key]
     n = len(group_ranks)
-    send_in: list[list] = [[] for _ in range(n)]
-    recv_in: list[list] = [[] for _ in range(n)]
-    send_out: list[list] = [[] for _ in range(n)]
-    recv_out: list[list] = [[] for _ in range(n)]
+    # by destination/source group rank; sparse, since a job touches few ranks
+    send_in: dict[int, list] = defaultdict(list)
+    recv_in: dict[int, list] = defaultdict(list)
+    send_out: dict[int, list] = defaultdict(list)
+    recv_out: dict[int, list] = defaultdict(list)
     cost = ns_flops(*shape, steps=entry0.steps)
     for it in items:
         lay = entries[it.entry].layout
@@ -129,60 +136,96 @@ def _plan_job(entries: list[Entry], items: list[Item], shape: tuple[int, int], n
         holders = [lay.rank_at(c) for c in itertools.product(*overlap)] if whole else []
         if holders and not replicate_split:
             owners = holders  # every replica holding it computes its own copy
+        elif holders:
+            owners = [min(holders, key=lambda r: (load[r], gpos[r]))]
         else:
-            owners = [min(holders or lay.ranks, key=lambda r: (load[r], gpos[r]))]
+            owners = [_least_loaded(heaps, lay.ranks, load, gpos)]
+        n_dests = math.prod(len(o) for o in overlap)
+        my = lay.coord_of(rank)
+        i_touch = all(o[0] <= c <= o[-1] for c, o in zip(my, overlap, strict=True))
+        my_box = lay.box_of(rank)
         for owner in owners:
             load[owner] += cost
-            sources: dict[int, Box] = {}
-            if owner in holders:
-                sources[owner] = it.box
-            else:  # one source per shard the matrix touches, from the owner's own replica row
-                row = list(lay.coord_of(owner))
-                for combo in itertools.product(*[overlap[i] for i in sharded]):
-                    for i, c in zip(sharded, combo, strict=True):
-                        row[i] = c
-                    src = lay.rank_at(row)
-                    sources[src] = intersect(lay.box_of(src), it.box)  # type: ignore[assignment]
-            if len(owners) > 1:
-                dests = {owner: it.box}
-            else:
-                dests = {r: intersect(lay.box_of(r), it.box) for r in
-                         (lay.rank_at(c) for c in itertools.product(*overlap))}  # type: ignore[misc]
-            if any(r != owner for r in (*sources, *dests)):
-                jp.comm = True
-            my_box = lay.box_of(rank)
-            pos = None
+            if owner in holders and (len(owners) > 1 or n_dests == 1):
+                if owner == rank:  # whole here and needed nowhere else: no communication
+                    pos = _own(jp, it.box)
+                    full = rel_slices(it.box, it.box)
+                    jp.local_in.append((it.entry, rel_slices(it.box, my_box), pos, full))
+                    jp.local_out.append((pos, full, it.entry, rel_slices(it.box, my_box), it.ratio))
+                continue
+            jp.comm = True
+            orow = lay.coord_of(owner)
             if owner == rank:
-                pos = len(jp.owned_ext)
-                jp.owned_ext.append(extents(it.box))
-            for src, piece in sources.items():
-                psl, bsl = rel_slices(piece, my_box), rel_slices(piece, it.box)
-                if src == rank and owner == rank:
-                    jp.local_in.append((it.entry, psl, pos, bsl))
-                elif src == rank:
-                    send_in[gpos[owner]].append((it.entry, psl))
-                    jp.moved_elems += _numel(piece)
-                elif owner == rank:
-                    recv_in[gpos[src]].append((pos, bsl, extents(piece), _numel(piece)))
-            for dst, piece in dests.items():
-                bsl = rel_slices(piece, it.box)
-                if dst == rank and owner == rank:
-                    jp.local_out.append((pos, bsl, it.entry, rel_slices(piece, my_box), it.ratio))
-                elif owner == rank:
-                    send_out[gpos[dst]].append((pos, bsl))
-                    jp.moved_elems += _numel(piece)
-                elif dst == rank:
-                    recv_out[gpos[owner]].append((it.entry, rel_slices(piece, my_box), extents(piece),
-                                                  _numel(piece), it.ratio))
-    jp.send_in = [x for lst in send_in for x in lst]
-    jp.send_in_splits = [sum(_numel_sl(sl) for _, sl in lst) for lst in send_in]
-    jp.recv_in = [x for lst in recv_in for x in lst]
-    jp.recv_in_splits = [sum(x[3] for x in lst) for lst in recv_in]
-    jp.send_out = [x for lst in send_out for x in lst]
-    jp.send_out_splits = [sum(_numel_sl(bsl) for _, bsl in lst) for lst in send_out]
-    jp.recv_out = [x for lst in recv_out for x in lst]
-    jp.recv_out_splits = [sum(x[3] for x in lst) for lst in recv_out]
+                pos = _own(jp, it.box)
+                if owner in holders:
+                    sources = {owner: it.box}
+                else:  # one source per shard the matrix touches, from the owner's own replica row
+                    sources = {}
+                    row = list(orow)
+                    for combo in itertools.product(*[overlap[i] for i in sharded]):
+                        for i, c in zip(sharded, combo, strict=True):
+                            row[i] = c
+                        src = lay.rank_at(row)
+                        sources[src] = intersect(lay.box_of(src), it.box)
+                for src, piece in sources.items():
+                    if src == rank:
+                        jp.local_in.append((it.entry, rel_slices(piece, my_box), pos, rel_slices(piece, it.box)))
+                    else:
+                        recv_in[gpos[src]].append((pos, rel_slices(piece, it.box), extents(piece), _numel(piece)))
+                for c in itertools.product(*overlap):
+                    dst = lay.rank_at(c)
+                    piece = intersect(lay.box_of(dst), it.box)
+                    bsl = rel_slices(piece, it.box)
+                    if dst == rank:
+                        jp.local_out.append((pos, bsl, it.entry, rel_slices(piece, my_box), it.ratio))
+                    else:
+                        send_out[gpos[dst]].append((pos, bsl))
+                        jp.moved_elems += _numel(piece)
+                continue
+            if not i_touch:
+                continue
+            piece = intersect(my_box, it.box)
+            is_source = owner not in holders and all(
+                my[i] == orow[i] for i, d in enumerate(lay.shard_dims) if d is None)
+            if is_source:
+                send_in[gpos[owner]].append((it.entry, rel_slices(piece, my_box)))
+                jp.moved_elems += _numel(piece)
+            recv_out[gpos[owner]].append((it.entry, rel_slices(piece, my_box), extents(piece), _numel(piece),
+                                          it.ratio))
+    jp.send_in, jp.send_in_splits = _flatten(send_in, n, lambda x: _numel_sl(x[1]))
+    jp.recv_in, jp.recv_in_splits = _flatten(recv_in, n, lambda x: x[3])
+    jp.send_out, jp.send_out_splits = _flatten(send_out, n, lambda x: _numel_sl(x[1]))
+    jp.recv_out, jp.recv_out_splits = _flatten(recv_out, n, lambda x: x[3])
     return jp
+
+
+def _flatten(by_rank: dict[int, list], n: int, size) -> tuple[list, list[int]]:
+    """Pieces in group-rank order and the element count per group rank (the all_to_all splits)."""
+    splits = [0] * n
+    flat: list = []
+    for k in sorted(by_rank):
+        flat.extend(by_rank[k])
+        splits[k] = sum(size(x) for x in by_rank[k])
+    return flat, splits
+
+
+def _own(jp: JobPlan, box: Box) -> int:
+    jp.owned_ext.append(extents(box))
+    return len(jp.owned_ext) - 1
+
+
+def _least_loaded(heaps: dict, ranks: tuple[int, ...], load: dict[int, float], gpos: dict[int, int]) -> int:
+    """The rank of ``ranks`` with the least NS load (ties: lowest group rank), via a lazily updated heap."""
+    heap = heaps.get(ranks)
+    if heap is None:
+        heap = heaps[ranks] = [(load[r], gpos[r], r) for r in ranks]
+        heapq.heapify(heap)
+    while True:
+        cur, g, r = heapq.heappop(heap)
+        if cur == load[r]:
+            heapq.heappush(heap, (load[r], g, r))  # caller adds the cost; the stale entry is refreshed later
+            return r
+        heapq.heappush(heap, (load[r], g, r))
 
 
 def _numel_sl(sl: tuple[slice, ...]) -> int:
