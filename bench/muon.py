@@ -117,7 +117,7 @@ class NaiveMuon:
             p.to_local().add_(local, alpha=-self.lr)
 
 
-def _overlap(opt, params, grads, rounds: int = 4) -> dict:
+def _overlap(opt, params, grads, rounds: int = 10) -> dict:
     """Exposed transfer wait with 1 vs 4 jobs in flight, alternating so background load hits both alike."""
     import torch.distributed as dist
 
