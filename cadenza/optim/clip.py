@@ -4,7 +4,8 @@
 two meshes (dense and expert in dual-mesh HSDP). Here each parameter contributes the p-th power
 of its *local* shard norm, summed per (mesh, sharded mesh dims) group and all-reduced only over
 the mesh dimensions along which it is sharded (a replicated dimension already holds the whole
-value), so the result equals the single-process norm on every rank.
+value), so the result equals the single-process norm on every rank. A ``Partial`` gradient (a pending sum)
+is reduced first: the norm of a sum is not the sum of the parts' norms.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import torch.distributed as dist
 
 try:
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.placement_types import Partial, Shard
+    from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
 except ImportError:  # pragma: no cover - torch without DTensor
     DTensor = None  # type: ignore[assignment,misc]
 
@@ -29,6 +30,12 @@ def _group_key(grad: torch.Tensor) -> tuple:
     return (None, ())
 
 
+def _without_partial(grad: torch.Tensor) -> torch.Tensor:
+    if DTensor is None or not isinstance(grad, DTensor) or not any(p.is_partial() for p in grad.placements):
+        return grad
+    return grad.redistribute(grad.device_mesh, [Replicate() if p.is_partial() else p for p in grad.placements])
+
+
 def total_grad_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0) -> torch.Tensor:
     """The norm of all gradients together, as if every parameter were whole on one process."""
     norm_type = float(norm_type)
@@ -37,10 +44,11 @@ def total_grad_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0) 
     for p in parameters:
         if p.grad is None:
             continue
-        key = _group_key(p.grad)
-        groups.setdefault(key, []).append(p.grad)
+        grad = _without_partial(p.grad)
+        key = _group_key(grad)
+        groups.setdefault(key, []).append(grad)
         if key[0] is not None:
-            meshes[key[0]] = p.grad.device_mesh
+            meshes[key[0]] = grad.device_mesh
     device = next((g[0].device for g in groups.values()), torch.device("cpu"))
     total = torch.zeros((), dtype=torch.float64, device=device)
     for (mesh_id, dims), grads in groups.items():
