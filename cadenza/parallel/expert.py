@@ -65,7 +65,7 @@ class ExpertParallelExperts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                 top_k_weights: torch.Tensor) -> torch.Tensor:
-        n_tok, k = top_k_index.shape
+        k = top_k_index.shape[1]
         group, ep, n_loc = self.ep_group, self.ep_size, self.num_local
         flat_expert = top_k_index.reshape(-1)
         order = torch.argsort(flat_expert, stable=True)  # assignments grouped by expert, hence by rank

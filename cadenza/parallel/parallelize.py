@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -154,12 +155,23 @@ def parallelize(model: nn.Module, dims: ParallelDims | Meshes, options: Parallel
     sharded = []
     for layer in layers:
         for _, experts in find_routed_experts(layer):
-            sharded.append(fully_shard(experts, mesh=meshes.expert_fsdp, **kwargs))
-        sharded.append(fully_shard(layer, mesh=meshes.dense, **kwargs))
-    sharded.append(fully_shard(model, mesh=meshes.dense, mp_policy=mp, reshard_after_forward=False))
-    gloo = dist.get_backend() == "gloo"  # no PREMUL_SUM: scale around a plain SUM instead
-    for module in sharded:
-        module.set_gradient_divide_factor(float(d.dp))
-        if gloo:
+            sharded.append((fully_shard(experts, mesh=meshes.expert_fsdp, **kwargs), d.efsdp))
+        sharded.append((fully_shard(layer, mesh=meshes.dense, **kwargs), d.dp_shard_cp))
+    root = fully_shard(model, mesh=meshes.dense, mp_policy=mp, reshard_after_forward=False)
+    sharded.append((root, d.dp_shard_cp))
+    force_sum = dist.get_backend() == "gloo"  # gloo has no PREMUL_SUM: scale around a plain SUM
+    for module, shard_size in sharded:
+        module.set_gradient_divide_factor(_divide_factor(d.dp, shard_size, force_sum or mp.reduce_dtype == torch.float16))
+        if force_sum:
             module.set_force_sum_reduction_for_comms(True)
     return ParallelCausalLM(model, meshes)
+
+
+def _divide_factor(n_batches: int, shard_size: int, sum_reduction: bool) -> float:
+    """The factor to hand FSDP2 so that gradients end up divided by ``n_batches``.
+
+    torch 2.13's FSDP2 divides twice when the shard group has one rank and the reduction is a
+    plain SUM (gloo, or fp16 reduce): once in the single-rank copy path and once after the
+    all-reduce. There the square root gives the intended total division.
+    """
+    return math.sqrt(n_batches) if shard_size == 1 and sum_reduction else float(n_batches)
