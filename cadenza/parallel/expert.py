@@ -84,9 +84,9 @@ class ExpertParallelExperts(nn.Module):
         gate_up, down = _local(self.gate_up_proj), _local(self.down_proj)
         out = torch.zeros_like(received)
         for e in range(n_loc):
+            # No skipping of experts without tokens: the (empty) matmul still gives their weights a
+            # zero gradient, so every rank joins FSDP's gradient reduce-scatter for this module.
             rows = (row_expert == e).nonzero().squeeze(1)
-            if rows.numel() == 0:
-                continue
             gate, up = nn.functional.linear(received[rows], gate_up[e]).chunk(2, dim=-1)
             out = out.index_add(0, rows, nn.functional.linear(self.act_fn(gate) * up, down[e]))
 

@@ -39,12 +39,14 @@ def init_distributed() -> tuple[bool, str]:
         torch.cuda.set_device(device)
     if dist.is_initialized():
         return False, device
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+    backend = "nccl" if cuda else "gloo"
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group(backend)
+    else:  # a single process: a private group, leaving the environment alone
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK="0", WORLD_SIZE="1")
-    dist.init_process_group("nccl" if cuda else "gloo")
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
     return True, device
 
 

@@ -6,8 +6,7 @@ import json
 import random
 from pathlib import Path
 
-WORDS = ("def return class import self value list dict for while if else try except yield lambda "
-         "print open read write path sum min max sort key item").split()
+WORDS = ["def", "return", "class", "import", "self", "value", "list", "dict", "for", "while", "if", "else", "try", "except", "yield", "lambda", "print", "open", "read", "write", "path", "sum", "min", "max", "sort", "key", "item"]
 
 
 def write_corpus(root: Path, n_docs: int = 60, seed: int = 0) -> list[Path]:
