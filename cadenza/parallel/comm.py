@@ -11,6 +11,16 @@ import torch
 import torch.distributed as dist
 
 
+# Recent torch names these *_single (the *_tensor spellings warn); older torch has only the latter.
+# Looked up at call time so that wrappers installed on torch.distributed (bench/parallel.py) see them.
+def _all_gather(*args, **kwargs):
+    return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(*args, **kwargs)
+
+
+def _reduce_scatter(*args, **kwargs):
+    return (getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)(*args, **kwargs)
+
+
 class _AllToAll(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, out_splits: list[int], in_splits: list[int], group) -> torch.Tensor:
@@ -37,14 +47,14 @@ class _AllGather(torch.autograd.Function):
         ctx.group = group
         n = dist.get_world_size(group)
         out = x.new_empty((n * x.shape[0], *x.shape[1:]))
-        dist.all_gather_into_tensor(out, x.contiguous(), group=group)
+        _all_gather(out, x.contiguous(), group=group)
         return out
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         n = dist.get_world_size(ctx.group)
         out = grad.new_empty((grad.shape[0] // n, *grad.shape[1:]))
-        dist.reduce_scatter_tensor(out, grad.contiguous(), op=dist.ReduceOp.SUM, group=ctx.group)
+        _reduce_scatter(out, grad.contiguous(), op=dist.ReduceOp.SUM, group=ctx.group)
         return out, None
 
 
