@@ -22,14 +22,14 @@ def _adamw(params):
 
 
 def _check_layouts(rank: int, world: int, layouts: list[dict]) -> list[list[dict]]:
-    return [_check_layout(rank, dims_kw) for dims_kw in layouts]
+    return [_check_layout(rank, dims_kw, ac) for dims_kw, ac in layouts]
 
 
-def _check_layout(rank: int, dims_kw: dict) -> list[dict]:
+def _check_layout(rank: int, dims_kw: dict, activation_checkpointing: bool) -> list[dict]:
     import time
 
     from cadenza.optim.clip import total_grad_norm
-    from cadenza.parallel import ParallelDims, build_meshes, parallelize
+    from cadenza.parallel import ParallelDims, ParallelOptions, build_meshes, parallelize
 
     t0 = time.perf_counter()
     meshes = build_meshes(ParallelDims(**dims_kw))
@@ -47,7 +47,7 @@ def _check_layout(rank: int, dims_kw: dict) -> list[dict]:
             _adamw(ref.parameters()).step()
             with torch.no_grad():
                 ref_after = [float(ref(input_ids=b, labels=b).loss) for b in data]
-        pm = parallelize(model, meshes)
+        pm = parallelize(model, meshes, ParallelOptions(activation_checkpointing=activation_checkpointing))
         mine = data[dims.dp_rank(rank)]
         out = pm(input_ids=mine, labels=mine)
         out.loss.backward()
@@ -96,9 +96,10 @@ def _assert_matches(results: list[list[dict]], dims_kw: dict) -> None:
                 assert names == ("dp_replicate", "efsdp", "ep") and placements[-1] == "S(0)", (names, placements)
 
 
+# (dims, activation checkpointing): the recompute in backward must redo EP/CP collectives identically.
 LAYOUTS = {
-    8: [dict(dp_shard=-1, cp=2, ep=8), dict(dp_replicate=2, dp_shard=2, cp=2, ep=4)],
-    4: [dict(dp_shard=4, ep=2)],
+    8: [(dict(dp_shard=-1, cp=2, ep=8), False), (dict(dp_replicate=2, dp_shard=2, cp=2, ep=4), True)],
+    4: [(dict(dp_shard=4, ep=2), False)],
 }
 
 
@@ -107,6 +108,6 @@ LAYOUTS = {
 def test_matches_single_process(world: int) -> None:
     """One spawn per world size (process start dominates); every layout of that size inside it."""
     per_rank = spawn(_check_layouts, world, LAYOUTS[world])
-    for i, dims_kw in enumerate(LAYOUTS[world]):
+    for i, (dims_kw, _) in enumerate(LAYOUTS[world]):
         print(dims_kw, [round(r["seconds"], 1) for r in per_rank[0][i]])
         _assert_matches([r[i] for r in per_rank], dims_kw)
