@@ -22,10 +22,10 @@ def _adamw(params):
 
 
 def _check_layouts(rank: int, world: int, layouts: list[dict]) -> list[list[dict]]:
-    return [_check_layout(rank, dims_kw, ac) for dims_kw, ac in layouts]
+    return [_check_layout(rank, dims_kw, ac, kinds) for dims_kw, ac, kinds in layouts]
 
 
-def _check_layout(rank: int, dims_kw: dict, activation_checkpointing: bool) -> list[dict]:
+def _check_layout(rank: int, dims_kw: dict, activation_checkpointing: bool, kinds: tuple[str, ...]) -> list[dict]:
     import time
 
     from cadenza.optim.clip import total_grad_norm
@@ -35,7 +35,7 @@ def _check_layout(rank: int, dims_kw: dict, activation_checkpointing: bool) -> l
     meshes = build_meshes(ParallelDims(**dims_kw))
     dims = meshes.dims
     report = []
-    for kind in ("qwen3_moe", "deepseek_v3"):
+    for kind in kinds:
         model = tiny_model(kind)
         data = batches(dims.dp, BATCH, SEQ, model.config.vocab_size)
         if rank == 0:
@@ -96,10 +96,14 @@ def _assert_matches(results: list[list[dict]], dims_kw: dict) -> None:
                 assert names == ("dp_replicate", "efsdp", "ep") and placements[-1] == "S(0)", (names, placements)
 
 
-# (dims, activation checkpointing): the recompute in backward must redo EP/CP collectives identically.
+# (dims, activation checkpointing, models). With checkpointing the recompute in backward must redo the
+# EP/CP collectives identically; "deepseek_v3_starved" leaves the second EP rank's experts without
+# tokens, which must still join FSDP's gradient reduction (zero gradients) instead of hanging.
+MODELS = ("qwen3_moe", "deepseek_v3")
 LAYOUTS = {
-    8: [(dict(dp_shard=-1, cp=2, ep=8), False), (dict(dp_replicate=2, dp_shard=2, cp=2, ep=4), True)],
-    4: [(dict(dp_shard=4, ep=2), False)],
+    8: [(dict(dp_shard=-1, cp=2, ep=8), False, MODELS),
+        (dict(dp_replicate=2, dp_shard=2, cp=2, ep=4), True, MODELS)],
+    4: [(dict(dp_shard=4, ep=2), False, (*MODELS, "deepseek_v3_starved"))],
 }
 
 
@@ -108,6 +112,6 @@ LAYOUTS = {
 def test_matches_single_process(world: int) -> None:
     """One spawn per world size (process start dominates); every layout of that size inside it."""
     per_rank = spawn(_check_layouts, world, LAYOUTS[world])
-    for i, (dims_kw, _) in enumerate(LAYOUTS[world]):
+    for i, (dims_kw, _, _) in enumerate(LAYOUTS[world]):
         print(dims_kw, [round(r["seconds"], 1) for r in per_rank[0][i]])
         _assert_matches([r[i] for r in per_rank], dims_kw)

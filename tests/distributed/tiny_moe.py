@@ -16,7 +16,7 @@ def tiny_model(kind: str, seed: int = 0):
         cfg = Qwen3MoeConfig(vocab_size=96, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
                              num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=128)
-    elif kind == "deepseek_v3":
+    elif kind in ("deepseek_v3", "deepseek_v3_starved"):
         # Layer 0 dense MLP, layer 1 MoE with a shared expert, grouped routing and a score-correction bias.
         cfg = DeepseekV3Config(vocab_size=96, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
@@ -28,6 +28,7 @@ def tiny_model(kind: str, seed: int = 0):
     cfg._attn_implementation = "sdpa"
     cfg._experts_implementation = "eager"  # the reference runs in float64, which grouped_mm lacks
     model = (Qwen3MoeForCausalLM if kind == "qwen3_moe" else DeepseekV3ForCausalLM)(cfg).float()
+    starved = kind.endswith("_starved")  # experts 4..7 never chosen: EP ranks owning them get no tokens
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("gate.weight"):
@@ -35,6 +36,8 @@ def tiny_model(kind: str, seed: int = 0):
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
                 b.copy_(torch.randn_like(b) * 0.1)
+                if starved:
+                    b[4:] = -10.0
     return model
 
 
