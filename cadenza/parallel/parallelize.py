@@ -141,7 +141,11 @@ def parallelize(model: nn.Module, dims: ParallelDims | Meshes, options: Parallel
     check_model(model, d)
 
     if options.activation_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        ac_kwargs = {"use_reentrant": False}
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=ac_kwargs)
+        else:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=ac_kwargs)
     if d.ep > 1:
         apply_expert_parallel(model, meshes.ep)
     layers = decoder_layers(model)
