@@ -25,26 +25,32 @@ from cadenza.jsonio import atomic_write_bytes
 def read_documents(files: list[str], text_field: str = "text") -> Iterator[str]:
     """Yield documents: a whole ``.txt``/``.md`` file, one JSONL record, or one parquet row."""
     for name in files:
-        path = Path(name)
-        suffix = path.suffix.lower()
-        if suffix in (".jsonl", ".ndjson"):
-            with path.open(encoding="utf-8") as fh:
-                for lineno, line in enumerate(fh, 1):
-                    if not line.strip():
-                        continue
-                    try:
-                        record = json.loads(line)
-                    except json.JSONDecodeError:
-                        raise ConfigError(f"{path}:{lineno} is not valid JSON") from None
-                    if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
-                        raise ConfigError(f"{path}:{lineno} has no string field {text_field!r} (data.text_field)")
-                    yield record[text_field]
-        elif suffix == ".parquet":
-            yield from _parquet_column(path, text_field)
-        elif suffix in (".txt", ".md", ".text", ""):
-            yield path.read_text(encoding="utf-8")
-        else:
-            raise ConfigError(f"unsupported data file {path}: use .txt, .jsonl or .parquet")
+        try:
+            yield from _read_file(Path(name), text_field)
+        except UnicodeDecodeError:
+            raise ConfigError(f"data file {name} is not UTF-8 text") from None
+
+
+def _read_file(path: Path, text_field: str) -> Iterator[str]:
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".ndjson"):
+        with path.open(encoding="utf-8") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    raise ConfigError(f"{path}:{lineno} is not valid JSON") from None
+                if not isinstance(record, dict) or not isinstance(record.get(text_field), str):
+                    raise ConfigError(f"{path}:{lineno} has no string field {text_field!r} (data.text_field)")
+                yield record[text_field]
+    elif suffix == ".parquet":
+        yield from _parquet_column(path, text_field)
+    elif suffix in (".txt", ".md", ".text", ""):
+        yield path.read_text(encoding="utf-8")
+    else:
+        raise ConfigError(f"unsupported data file {path}: use .txt, .jsonl or .parquet")
 
 
 def _parquet_column(path: Path, column: str) -> Iterator[str]:

@@ -51,17 +51,21 @@ def init_distributed() -> tuple[bool, str]:
 
 
 def _on_rank0_then_share(fn):
-    """Run ``fn`` on rank 0; re-raise its CadenzaError on every rank so none is left waiting."""
-    error = [None]
-    result = None
+    """Run ``fn`` on rank 0; if it fails, every rank fails with it, so none is left waiting."""
+    error: list = [None]
+    result = failure = None
     if dist.get_rank() == 0:
         try:
             result = fn()
-        except CadenzaError as exc:
-            error[0] = str(exc)
+        except Exception as exc:
+            failure = exc
+            error[0] = (isinstance(exc, CadenzaError), str(exc))
     dist.broadcast_object_list(error, src=0)
     if error[0] is not None:
-        raise ConfigError(error[0])
+        user_error, message = error[0]
+        if failure is not None and not user_error:
+            raise failure
+        raise ConfigError(message) if user_error else RuntimeError(f"rank 0 failed: {message}")
     return result
 
 

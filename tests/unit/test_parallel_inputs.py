@@ -109,6 +109,9 @@ def test_read_documents(tmp_path: Path) -> None:
     (tmp_path / "bad.jsonl").write_text('{"body": "x"}\n')
     with pytest.raises(ConfigError, match="no string field 'text'"):
         list(read_documents([str(tmp_path / "bad.jsonl")]))
+    (tmp_path / "bin.txt").write_bytes(b"\xff\xfe\x00binary")
+    with pytest.raises(ConfigError, match="not UTF-8 text"):
+        list(read_documents([str(tmp_path / "bin.txt")]))
     (tmp_path / "x.csv").write_text("a")
     with pytest.raises(ConfigError, match="unsupported data file"):
         list(read_documents([str(tmp_path / "x.csv")]))
