@@ -44,6 +44,7 @@ class DataConfig:
 class TrainConfig:
     steps: int
     global_batch: int = 8  # sequences per optimizer step, split over the data-parallel ranks
+    micro_batch: int = 0  # sequences per forward on one rank (gradient accumulation); 0 = all at once
     lr: float = 3e-4
     min_lr_ratio: float = 0.1
     warmup_steps: int = 0
@@ -149,6 +150,8 @@ def validate(cfg: PretrainConfig) -> None:
         raise ConfigError(f"train.steps must be >= 1, got {t.steps}")
     if t.global_batch < 1:
         raise ConfigError(f"train.global_batch must be >= 1, got {t.global_batch}")
+    if t.micro_batch < 0:
+        raise ConfigError(f"train.micro_batch must be >= 0 (0 = no accumulation), got {t.micro_batch}")
     if t.lr <= 0:
         raise ConfigError(f"train.lr must be > 0, got {t.lr}")
     if t.schedule not in ("cosine", "wsd", "constant"):

@@ -131,6 +131,21 @@ class _Stopping:
         self.progress.stop()
 
 
+def _accumulate(pm, chunks: tuple[torch.Tensor, ...]) -> torch.Tensor:
+    """Forward/backward each micro-batch; gradients are reduced once, after the last one.
+
+    Packed blocks have no ignored labels, so every micro-batch has the same token count and the
+    mean of their losses is the loss of the whole batch.
+    """
+    total = torch.zeros((), device=chunks[0].device)
+    for i, chunk in enumerate(chunks):
+        pm.model.set_requires_gradient_sync(i == len(chunks) - 1)
+        loss = pm(input_ids=chunk, labels=chunk).loss / len(chunks)
+        loss.backward()
+        total += loss.detach()
+    return total
+
+
 def run(cfg: PretrainConfig) -> dict:
     """Train ``cfg.train.steps`` steps (resuming from the newest checkpoint); returns a summary on every rank."""
     created, device = init_distributed()
@@ -148,6 +163,11 @@ def _run(cfg: PretrainConfig, device: str) -> dict:
     if t.global_batch % dims.dp:
         raise ConfigError(f"train.global_batch={t.global_batch} is not divisible by the data-parallel degree "
                           f"{dims.dp} (world {world} / cp {dims.cp}); change global_batch or the dims")
+    per_rank = t.global_batch // dims.dp
+    micro = t.micro_batch or per_rank
+    if per_rank % micro:
+        raise ConfigError(f"train.micro_batch={micro} does not divide the {per_rank} sequences each data-parallel "
+                          f"rank takes per step (global_batch {t.global_batch} / dp {dims.dp})")
     model, tokenizer = _load_model(cfg)
     check_model(model, dims)
     fp = checkpoint.fingerprint(model)
@@ -186,8 +206,7 @@ def _run(cfg: PretrainConfig, device: str) -> dict:
             for group in optimizer.param_groups:
                 group["lr"] = lr
             ids = dataset.batch(step, t.global_batch, dp_rank, dims.dp).to(device)
-            loss = pm(input_ids=ids, labels=ids).loss
-            loss.backward()
+            loss = _accumulate(pm, ids.split(micro))
             grad_norm = clip_grad_norm_(list(pm.parameters()), t.max_grad_norm)
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)

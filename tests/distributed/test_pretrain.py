@@ -21,7 +21,7 @@ STEPS = 6
 
 
 def _config(tmp: Path, name: str, *, out: str, model: str = "qwen", dp_shard: int = -1, cp: int = 1,
-            ep: int = 1, files: list[Path]) -> Path:
+            ep: int = 1, micro_batch: int = 0, files: list[Path]) -> Path:
     listed = ", ".join(json.dumps(str(f)) for f in files)
     text = f"""
 [model]
@@ -36,6 +36,7 @@ ep = {ep}
 [train]
 steps = {STEPS}
 global_batch = 4
+micro_batch = {micro_batch}
 lr = 5e-3
 warmup_steps = 1
 schedule = "wsd"
@@ -88,8 +89,9 @@ def test_kill_and_resume_on_another_world_size(tmp_path: Path) -> None:
     assert ref["start_step"] == 0 and ref["last"]["step"] == STEPS
     want = _losses(tmp_path / "ref" / "metrics.jsonl")
 
-    # World 4 (FSDP 2 × CP 2, EP 2), SIGKILLed as soon as its first checkpoint is complete.
-    run4 = _config(tmp_path, "w4.toml", out="run", dp_shard=2, cp=2, ep=2, files=files)
+    # World 4 (FSDP 2 × CP 2, EP 2, two accumulated micro-batches of one sequence), SIGKILLed as soon
+    # as its first checkpoint is complete.
+    run4 = _config(tmp_path, "w4.toml", out="run", dp_shard=2, cp=2, ep=2, micro_batch=1, files=files)
     proc = _torchrun(4, run4)
     first = tmp_path / "run" / "checkpoints" / "step-00000002"
     deadline = time.monotonic() + 300
