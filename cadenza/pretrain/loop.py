@@ -12,7 +12,7 @@ import json
 import os
 import socket
 import time
-from contextlib import nullcontext
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -108,27 +108,18 @@ class MetricsLog:
                 fh.write(json.dumps(record) + "\n")
 
 
+@contextmanager
 def _progress(enabled: bool, total: int, start: int):
+    """A rich progress bar on rank 0 (``None`` elsewhere)."""
     if not enabled:
-        return nullcontext(None)
+        yield None
+        return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    progress = Progress(TextColumn("pretrain"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                        TimeRemainingColumn(), transient=False)
-    progress.start()
-    progress.add_task("steps", total=total, completed=start, info="")
-    return _Stopping(progress)
-
-
-class _Stopping:
-    def __init__(self, progress) -> None:
-        self.progress = progress
-
-    def __enter__(self):
-        return self.progress
-
-    def __exit__(self, *exc) -> None:
-        self.progress.stop()
+    with Progress(TextColumn("pretrain"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
+                  TimeRemainingColumn()) as progress:
+        progress.add_task("steps", total=total, completed=start, info="")
+        yield progress
 
 
 def _accumulate(pm, chunks: tuple[torch.Tensor, ...]) -> torch.Tensor:
