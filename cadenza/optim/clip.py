@@ -18,14 +18,16 @@ import torch.distributed as dist
 
 try:
     from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.placement_types import Partial, Replicate, Shard
+    from torch.distributed.tensor.placement_types import Replicate
 except ImportError:  # pragma: no cover - torch without DTensor
     DTensor = None  # type: ignore[assignment,misc]
 
 
 def _group_key(grad: torch.Tensor) -> tuple:
     if DTensor is not None and isinstance(grad, DTensor):
-        dims = tuple(i for i, p in enumerate(grad.placements) if isinstance(p, Shard | Partial))
+        # After _without_partial, anything not replicated is split across that mesh dim: Shard and
+        # also _StridedShard (FSDP2 over an EP/TP DTensor), which is not a Shard subclass.
+        dims = tuple(i for i, p in enumerate(grad.placements) if not p.is_replicate())
         return (id(grad.device_mesh), dims)
     return (None, ())
 

@@ -1,0 +1,27 @@
+"""``cadenza pretrain CONFIG.toml``: continued pretraining on the dual mesh (launch with torchrun)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def pretrain(
+        config: Path = typer.Argument(..., help="TOML config (see README, section parallel)."),
+    ) -> None:
+        """Continued pretraining of an HF causal LM with dual-mesh FSDP2, EP and CP.
+
+        Multi-process: torchrun --nproc-per-node N -m cadenza pretrain CONFIG.toml
+        """
+        import json
+        import os
+
+        from cadenza.pretrain.config import load_config
+        from cadenza.pretrain.loop import run
+
+        summary = run(load_config(config))
+        if int(os.environ.get("RANK", "0")) == 0:
+            typer.echo(json.dumps(summary))

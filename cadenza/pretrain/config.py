@@ -1,0 +1,181 @@
+"""The pretraining config: one TOML file, one dataclass per section, unknown keys rejected.
+
+```toml
+[model]        path = "hf-model-dir"            # config.json + weights (+ tokenizer)
+[data]         files = ["corpus.jsonl"]; seq_len = 2048; text_field = "text"
+[parallel]     dp_replicate = 1; dp_shard = -1; cp = 1; ep = 8
+[train]        steps = 1000; global_batch = 64; lr = 3e-4; schedule = "wsd"; optimizer = "adamw"
+[checkpoint]   every = 100; keep = 2
+[output]       dir = "runs/pt1"
+```
+Relative paths are resolved against the config file's directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cadenza.errors import ConfigError
+from cadenza.parallel.dims import ParallelDims
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    path: str
+    tokenizer: str = ""  # defaults to the model path
+    param_dtype: str = "float32"
+    reduce_dtype: str = "float32"
+    activation_checkpointing: bool = False
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    files: list[str]
+    seq_len: int = 1024
+    text_field: str = "text"  # JSONL key / parquet column
+    seed: int = 0
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    steps: int
+    global_batch: int = 8  # sequences per optimizer step, split over the data-parallel ranks
+    micro_batch: int = 0  # sequences per forward on one rank (gradient accumulation); 0 = all at once
+    lr: float = 3e-4
+    min_lr_ratio: float = 0.1
+    warmup_steps: int = 0
+    schedule: str = "cosine"  # cosine | wsd | constant
+    decay_fraction: float = 0.2  # wsd: last fraction of steps spent decaying
+    optimizer: str = "adamw"
+    weight_decay: float = 0.1
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    max_grad_norm: float = 1.0
+    seed: int = 0
+
+
+@dataclass(kw_only=True)
+class CheckpointConfig:
+    every: int = 100
+    keep: int = 2
+    dir: str = ""  # defaults to <output.dir>/checkpoints
+
+
+@dataclass(kw_only=True)
+class OutputConfig:
+    dir: str = "runs/pretrain"
+    progress: bool = True
+
+
+@dataclass(kw_only=True)
+class PretrainConfig:
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig
+    parallel: ParallelDims = field(default_factory=ParallelDims)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    output: OutputConfig = field(default_factory=OutputConfig)
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return Path(self.checkpoint.dir) if self.checkpoint.dir else Path(self.output.dir) / "checkpoints"
+
+
+_SECTION_CLASSES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "parallel": ParallelDims,
+                    "checkpoint": CheckpointConfig, "output": OutputConfig}
+_SECTIONS = _SECTION_CLASSES
+_TYPES = {"str": str, "int": int, "float": (int, float), "bool": bool, "list[str]": list, "list[float]": list}
+
+
+def _section(cls: type, name: str, data: Any) -> Any:
+    if not isinstance(data, dict):
+        raise ConfigError(f"[{name}] must be a table")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown key(s) {unknown} in [{name}]; known: {sorted(fields)}")
+    for key, value in data.items():
+        want = _TYPES.get(str(fields[key].type))
+        ok = want is None or (isinstance(value, want) and not (want is not bool and isinstance(value, bool)))
+        if not ok:
+            raise ConfigError(f"{name}.{key} must be {fields[key].type}, got {value!r}")
+    missing = [f.name for f in fields.values()
+               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in data]
+    if missing:
+        raise ConfigError(f"[{name}] is missing {missing}")
+    return cls(**data)
+
+
+def load_config(path: str | Path) -> PretrainConfig:
+    """Parse and validate ``path``; every problem is a one-line ConfigError."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist")
+    try:
+        raw = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    unknown = sorted(set(raw) - set(_SECTIONS))
+    if unknown:
+        raise ConfigError(f"unknown section(s) {unknown} in {path}; known: {sorted(_SECTIONS)}")
+    for required in ("model", "data", "train"):
+        if required not in raw:
+            raise ConfigError(f"{path} needs a [{required}] section")
+    parts = {name: _section(cls, name, raw[name]) for name, cls in _SECTION_CLASSES.items() if name in raw}
+    cfg = PretrainConfig(**parts)
+    base = path.parent
+    cfg.model.path = str(_resolve(base, cfg.model.path))
+    if cfg.model.tokenizer:
+        cfg.model.tokenizer = str(_resolve(base, cfg.model.tokenizer))
+    cfg.data.files = [str(_resolve(base, f)) for f in cfg.data.files]
+    cfg.output.dir = str(_resolve(base, cfg.output.dir))
+    if cfg.checkpoint.dir:
+        cfg.checkpoint.dir = str(_resolve(base, cfg.checkpoint.dir))
+    validate(cfg)
+    return cfg
+
+
+def _resolve(base: Path, p: str) -> Path:
+    q = Path(p).expanduser()
+    return q if q.is_absolute() else (base / q)
+
+
+def validate(cfg: PretrainConfig) -> None:
+    """Checks that need no model and no process group."""
+    t, d = cfg.train, cfg.data
+    if t.steps < 1:
+        raise ConfigError(f"train.steps must be >= 1, got {t.steps}")
+    if t.global_batch < 1:
+        raise ConfigError(f"train.global_batch must be >= 1, got {t.global_batch}")
+    if t.micro_batch < 0:
+        raise ConfigError(f"train.micro_batch must be >= 0 (0 = no accumulation), got {t.micro_batch}")
+    if t.lr <= 0:
+        raise ConfigError(f"train.lr must be > 0, got {t.lr}")
+    if t.schedule not in ("cosine", "wsd", "constant"):
+        raise ConfigError(f"train.schedule must be cosine, wsd or constant, got {t.schedule!r}")
+    if not 0 <= t.min_lr_ratio <= 1 or not 0 < t.decay_fraction <= 1:
+        raise ConfigError("train.min_lr_ratio must be in [0, 1] and train.decay_fraction in (0, 1]")
+    if t.warmup_steps < 0 or t.warmup_steps >= t.steps:
+        raise ConfigError(f"train.warmup_steps must be in [0, steps), got {t.warmup_steps}")
+    from cadenza.pretrain.optimizers import OPTIMIZERS
+
+    if t.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"unknown train.optimizer {t.optimizer!r}; choose one of {sorted(OPTIMIZERS)}")
+    if len(t.betas) != 2:
+        raise ConfigError(f"train.betas must be two numbers, got {t.betas}")
+    if d.seq_len < 2:
+        raise ConfigError(f"data.seq_len must be >= 2, got {d.seq_len}")
+    if not d.files:
+        raise ConfigError("data.files is empty; list local .txt, .jsonl or .parquet files")
+    for f in d.files:
+        if not Path(f).is_file():
+            raise ConfigError(f"data file {f} does not exist")
+    if cfg.checkpoint.every < 1 or cfg.checkpoint.keep < 1:
+        raise ConfigError("checkpoint.every and checkpoint.keep must be >= 1")
+    if not Path(cfg.model.path).is_dir():
+        raise ConfigError(f"model.path {cfg.model.path} is not a directory (a Hugging Face model folder)")
+    if d.seq_len % (2 * cfg.parallel.cp):
+        raise ConfigError(f"data.seq_len={d.seq_len} is not divisible by 2·cp = {2 * cfg.parallel.cp}")
