@@ -1,0 +1,286 @@
+"""``cadenza tasks build``: many sources into one task set, in parallel, resumable.
+
+The core pipeline (:func:`cadenza.tasks.pipeline.iter_task_drafts`) yields validated drafts for
+one source; this module turns each draft into a published task (copy, scrub, light environment,
+leak scan, atomic publish) and runs sources in worker processes with a rich progress bar. A
+source that fails is one row with a one-line reason in the build report; a draft with leak
+findings is dropped, never published.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import inspect
+import json
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cadenza.errors import CadenzaError
+from cadenza.tasks.scan import Finding, scan_tasks
+from cadenza.tasks.scrub import scrub_env, scrub_workspace
+from cadenza.tasks.secret import derive_secret
+from cadenza.tasks.store import SourceReport, TaskStore
+from cadenza.tasks.task import GOLD_PATCH, WORKSPACE, Task, save_task
+
+ENV_DIR = "env"
+
+
+@dataclass(kw_only=True)
+class BuildConfig:
+    """Options of one build; ``params_key`` identifies them so a rerun resumes finished sources."""
+
+    out: Path
+    workers: int = 1
+    max_tasks: int | None = None  # per source
+    levels: tuple[int, ...] = (1, 2, 3)
+    seed: int = 0
+    statement_llm: str | None = None
+    progress: bool = True
+
+    def params_key(self) -> str:
+        key = {"max_tasks": self.max_tasks, "levels": sorted(self.levels), "seed": self.seed, "llm": self.statement_llm}
+        return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(kw_only=True)
+class BuildSummary:
+    out: Path
+    reports: list[SourceReport]
+    tasks: list[dict[str, Any]]
+    seconds: float
+    rejected: list[Finding] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
+class Published:
+    status: str  # added | exists | leak
+    task_id: str
+    findings: list[Finding] = field(default_factory=list)
+
+
+# --------------------------------------------------------------------------- one draft -> one task
+
+
+def _field(obj: Any, *names: str, default: Any = None) -> Any:
+    for name in names:
+        if isinstance(obj, dict) and name in obj:
+            return obj[name]
+        if hasattr(obj, name):
+            return getattr(obj, name)
+    return default
+
+
+def make_task_env(env_dir: Path, base_env: Path | None, import_dir: Path) -> None:
+    """A light venv: the base env's packages via ``site.addsitedir``, the workspace via a relative .pth.
+
+    The relative path keeps the task relocatable (the staging dir is renamed into place).
+    """
+    base_python = (Path(base_env) / "bin" / "python") if base_env else None
+    python = str(base_python) if base_python and base_python.exists() else "python3"
+    subprocess.run([python, "-m", "venv", "--without-pip", str(env_dir)], check=True, capture_output=True, timeout=120)
+    site = next(Path(env_dir).glob("lib/python*/site-packages"))
+    lines = []
+    if base_env:
+        for base_site in sorted(Path(base_env).resolve().glob("lib/python*/site-packages")):
+            lines.append(f"import site; site.addsitedir({str(base_site)!r})")
+    (site / "_cadenza_base.pth").write_text("\n".join(lines) + "\n" if lines else "")
+    (site / "_cadenza_workspace.pth").write_text(os.path.relpath(import_dir, site) + "\n")
+
+
+def publish_draft(store: TaskStore, draft: Any, spec: str | None = None) -> Published:
+    """Copy, scrub, give an environment, scan, and atomically publish one validated draft."""
+    task: Task = _field(draft, "task")
+    task.meta["spec"] = spec or task.meta.get("spec") or task.source
+    if store.has(task):
+        return Published(status="exists", task_id=task.id)
+    workspace = Path(_field(draft, "workspace", "workspace_dir"))
+    gold = _field(draft, "gold_patch", "patch", default="")
+    base_env = _field(draft, "base_env", "env_dir", default=None)
+    import_root = _field(draft, "import_root", default=None) or task.meta.get("import_root", ".")
+    with store.staging(task.id) as tmp:
+        ws = tmp / WORKSPACE
+        shutil.copytree(workspace, ws, symlinks=True)
+        (tmp / GOLD_PATCH).write_text(gold)
+        secret = derive_secret(task.id, ws, gold)
+        scrub_workspace(ws, secret)
+        make_task_env(tmp / ENV_DIR, Path(base_env) if base_env else None, ws / import_root)
+        scrub_env(tmp / ENV_DIR, task.package, secret)
+        task.env = ENV_DIR
+        save_task(tmp, task)  # last: a staged dir without task.json is never published
+        findings = scan_tasks([tmp])
+        if findings:
+            return Published(status="leak", task_id=task.id, findings=findings)
+        added = store.publish(tmp, task)
+    return Published(status="added" if added else "exists", task_id=task.id)
+
+
+# --------------------------------------------------------------------------- one source
+
+
+def _pipeline() -> Callable[..., Iterator[Any]]:
+    try:
+        from cadenza.tasks.pipeline import iter_task_drafts
+    except ModuleNotFoundError as exc:  # pragma: no cover - the core pipeline is a sibling module
+        raise CadenzaError(f"the task pipeline is not available ({exc}); reinstall cadenza") from None
+    return iter_task_drafts
+
+
+def _call_pipeline(fn: Callable[..., Any], spec: str, work_dir: Path, cfg: BuildConfig, known: set[str]) -> Any:
+    """Call the pipeline with the options it accepts (it may grow some)."""
+    wanted = {"levels": tuple(cfg.levels), "max_tasks": cfg.max_tasks, "seed": cfg.seed,
+              "statement_llm": cfg.statement_llm, "workers": cfg.workers, "skip_ids": known,
+              "env_cache": cfg.out / ".envs"}
+    params = inspect.signature(fn).parameters
+    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+    kwargs = {k: v for k, v in wanted.items() if k in params or (takes_kwargs and k in ("levels", "max_tasks", "seed"))}
+    return fn(spec, work_dir, **kwargs)
+
+
+def _stats_of(gen: Any, draft: Any | None) -> dict[str, int]:
+    stats = _field(gen, "stats", default=None) or _field(draft, "stats", default=None) or {}
+    if not isinstance(stats, dict):
+        stats = asdict(stats) if hasattr(stats, "__dataclass_fields__") else vars(stats)
+    return {"candidates": int(stats.get("candidates", 0)), "validated": int(stats.get("validated", 0)),
+            "suite_runs": int(stats.get("full_suite_runs", stats.get("suite_runs", 0)))}
+
+
+def build_source(spec: str, cfg: BuildConfig, events: Any = None) -> SourceReport:
+    """Build the tasks of one source into the set; never raises for a bad source."""
+    t0 = time.monotonic()
+    store = TaskStore(cfg.out)
+    rep = SourceReport(source=spec, status="done")
+    work = cfg.out / ".work" / hashlib.sha256(spec.encode()).hexdigest()[:12]
+    emit = events.put if events is not None else (lambda _msg: None)
+    last = None
+    gen = None
+    try:
+        known = {r["id"] for r in store.rows() if r["spec"] == spec}
+        have = len(known)
+        if cfg.max_tasks is not None and have >= cfg.max_tasks:
+            rep.emitted = 0
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+            gen = _call_pipeline(_pipeline(), spec, work, cfg, known)
+            for draft in gen:
+                last = draft
+                res = publish_draft(store, draft, spec)
+                if res.status == "added":
+                    rep.emitted += 1
+                    have += 1
+                    emit(("task", spec, res.task_id))
+                elif res.status == "leak":
+                    rep.rejected += 1
+                    emit(("leak", spec, res.task_id, [asdict(f) for f in res.findings[:3]]))
+                if cfg.max_tasks is not None and have >= cfg.max_tasks:
+                    break
+    except CadenzaError as exc:
+        rep.status, rep.reason = "skipped", str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    except Exception as exc:  # one bad source never stops the others
+        rep.status, rep.reason = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+    finally:
+        if gen is not None and hasattr(gen, "close"):
+            with contextlib.suppress(Exception):
+                gen.close()
+        shutil.rmtree(work, ignore_errors=True)
+    rep.__dict__.update(_stats_of(gen, last))
+    rep.seconds = round(time.monotonic() - t0, 2)
+    emit(("source", spec, asdict(rep)))
+    return rep
+
+
+def _worker(spec: str, cfg: BuildConfig, events: Any, build_id: int) -> SourceReport:
+    rep = build_source(spec, cfg, events)
+    TaskStore(cfg.out).record_source(build_id, cfg.params_key(), rep)
+    return rep
+
+
+# --------------------------------------------------------------------------- many sources
+
+
+def build_tasks(sources: Sequence[str], cfg: BuildConfig, *, console: Any = None) -> BuildSummary:
+    """Build every source into ``cfg.out``; finished sources of an earlier run are not redone."""
+    if not sources:
+        raise CadenzaError("no sources given; pass e.g. 'pypi:cachetools' or a path to a Python project")
+    if cfg.workers < 1:
+        raise CadenzaError(f"--workers must be at least 1, got {cfg.workers}")
+    bad = [lv for lv in cfg.levels if lv not in (1, 2, 3)]
+    if bad or not cfg.levels:
+        raise CadenzaError(f"--levels must be a subset of 1,2,3, got {','.join(map(str, cfg.levels)) or 'nothing'}")
+    if cfg.max_tasks is not None and cfg.max_tasks < 1:
+        raise CadenzaError(f"--max-tasks must be at least 1, got {cfg.max_tasks}")
+    t0 = time.monotonic()
+    cfg.out = Path(cfg.out).resolve()
+    store = TaskStore(cfg.out, create=True)
+    key = cfg.params_key()
+    build_id = store.start_build({**asdict(cfg), "out": str(cfg.out), "sources": list(sources)})
+    todo = [s for s in dict.fromkeys(sources) if not store.source_done(s, key)]
+    for s in dict.fromkeys(sources):
+        if s not in todo:
+            store.record_source(build_id, key, SourceReport(source=s, status="done", reason="resumed: built earlier"))
+    reports = _run_parallel(todo, cfg, build_id, console) if todo else []
+    store.finish_build(build_id)
+    del reports
+    return BuildSummary(out=cfg.out, reports=store.source_reports(build_id), tasks=store.rows(),
+                        seconds=round(time.monotonic() - t0, 2))
+
+
+def _run_parallel(todo: list[str], cfg: BuildConfig, build_id: int, console: Any) -> list[SourceReport]:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    ctx = mp.get_context("spawn")
+    manager = ctx.Manager()
+    events = manager.Queue()
+    per_source = cfg.max_tasks
+    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
+                        TimeElapsedColumn(), console=console, disable=not cfg.progress, transient=False)
+    reports: list[SourceReport] = []
+    with progress:
+        overall = progress.add_task("sources", total=len(todo), note="")
+        bars = {s: progress.add_task(s[-40:], total=per_source, note="") for s in todo}
+        stop = threading.Event()
+
+        def drain() -> None:
+            while not stop.is_set():
+                try:
+                    msg = events.get(timeout=0.2)
+                except (queue_mod.Empty, EOFError, OSError):
+                    continue
+                kind, spec = msg[0], msg[1]
+                if kind == "task":
+                    progress.advance(bars[spec])
+                elif kind == "leak":
+                    progress.update(bars[spec], note=f"[yellow]dropped {msg[2]} (leak)")
+                elif kind == "source":
+                    rep = msg[2]
+                    note = f"[green]{rep['emitted']} tasks" if rep["status"] == "done" else f"[red]{rep['status']}: {rep['reason'][:60]}"
+                    progress.update(bars[spec], total=max(rep["emitted"], 1) if per_source is None else per_source,
+                                    completed=rep["emitted"] if per_source is None or rep["status"] != "done" else per_source, note=note)
+                    progress.advance(overall)
+
+        drainer = threading.Thread(target=drain, daemon=True)
+        drainer.start()
+        try:
+            if cfg.workers == 1 or len(todo) == 1:
+                reports = [_worker(s, cfg, events, build_id) for s in todo]
+            else:
+                with ProcessPoolExecutor(max_workers=min(cfg.workers, len(todo)), mp_context=ctx) as pool:
+                    futures = [pool.submit(_worker, s, cfg, events, build_id) for s in todo]
+                    reports = [f.result() for f in futures]
+        finally:
+            time.sleep(0.3)
+            stop.set()
+            drainer.join(timeout=5)
+            manager.shutdown()
+    return reports
