@@ -212,7 +212,9 @@ def env_roots(env_dir: Path) -> list[Path]:
                 stdlib = _stdlib_dirs() | _env_stdlib(python)
                 for p in json.loads(res.stdout.strip().splitlines()[-1]):
                     real = os.path.realpath(p) if p else ""
-                    if real and os.path.isdir(real) and real not in stdlib and real != "/":
+                    in_stdlib = any(real == d or real.startswith(d + os.sep) for d in stdlib) and not (
+                        "site-packages" in real or "dist-packages" in real)
+                    if real and os.path.isdir(real) and not in_stdlib and real != "/":
                         queue.append(Path(real))
         except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
             pass
