@@ -11,27 +11,27 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import inspect
 import json
 import multiprocessing as mp
-import os
 import queue as queue_mod
 import shutil
-import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cadenza.errors import CadenzaError
 from cadenza.tasks.scan import Finding, scan_tasks
 from cadenza.tasks.scrub import scrub_env, scrub_workspace
 from cadenza.tasks.secret import derive_secret
 from cadenza.tasks.store import SourceReport, TaskStore
-from cadenza.tasks.task import GOLD_PATCH, WORKSPACE, Task, save_task
+from cadenza.tasks.task import GOLD_PATCH, WORKSPACE, save_task
+
+if TYPE_CHECKING:
+    from cadenza.tasks.pipeline import TaskDraft
 
 ENV_DIR = "env"
 
@@ -72,49 +72,22 @@ class Published:
 # --------------------------------------------------------------------------- one draft -> one task
 
 
-def _field(obj: Any, *names: str, default: Any = None) -> Any:
-    for name in names:
-        if isinstance(obj, dict) and name in obj:
-            return obj[name]
-        if hasattr(obj, name):
-            return getattr(obj, name)
-    return default
-
-
-def make_task_env(env_dir: Path, base_env: Path | None, import_dir: Path) -> None:
-    """A light venv: the base env's packages via ``site.addsitedir``, the workspace via a relative .pth.
-
-    The relative path keeps the task relocatable (the staging dir is renamed into place).
-    """
-    base_python = (Path(base_env) / "bin" / "python") if base_env else None
-    python = str(base_python) if base_python and base_python.exists() else "python3"
-    subprocess.run([python, "-m", "venv", "--without-pip", str(env_dir)], check=True, capture_output=True, timeout=120)
-    site = next(Path(env_dir).glob("lib/python*/site-packages"))
-    lines = []
-    if base_env:
-        for base_site in sorted(Path(base_env).resolve().glob("lib/python*/site-packages")):
-            lines.append(f"import site; site.addsitedir({str(base_site)!r})")
-    (site / "_cadenza_base.pth").write_text("\n".join(lines) + "\n" if lines else "")
-    (site / "_cadenza_workspace.pth").write_text(os.path.relpath(import_dir, site) + "\n")
-
-
-def publish_draft(store: TaskStore, draft: Any, spec: str | None = None) -> Published:
+def publish_draft(store: TaskStore, draft: TaskDraft, spec: str | None = None) -> Published:
     """Copy, scrub, give an environment, scan, and atomically publish one validated draft."""
-    task: Task = _field(draft, "task")
+    from cadenza.tasks.venv import make_task_env
+
+    task = draft.task
     task.meta["spec"] = spec or task.meta.get("spec") or task.source
     if store.has(task):
         return Published(status="exists", task_id=task.id)
-    workspace = Path(_field(draft, "workspace", "workspace_dir"))
-    gold = _field(draft, "gold_patch", "patch", default="")
-    base_env = _field(draft, "base_env", "env_dir", default=None)
-    import_root = _field(draft, "import_root", default=None) or task.meta.get("import_root", ".")
+    workspace, gold, base_env = Path(draft.workspace), draft.gold_patch, draft.base_env
     with store.staging(task.id) as tmp:
         ws = tmp / WORKSPACE
         shutil.copytree(workspace, ws, symlinks=True)
         (tmp / GOLD_PATCH).write_text(gold)
         secret = derive_secret(task.id, ws, gold)
         scrub_workspace(ws, secret)
-        make_task_env(tmp / ENV_DIR, Path(base_env) if base_env else None, ws / import_root)
+        make_task_env(base_env, ws, tmp / ENV_DIR)
         scrub_env(tmp / ENV_DIR, task.package, secret)
         task.env = ENV_DIR
         save_task(tmp, task)  # last: a staged dir without task.json is never published
@@ -128,31 +101,19 @@ def publish_draft(store: TaskStore, draft: Any, spec: str | None = None) -> Publ
 # --------------------------------------------------------------------------- one source
 
 
-def _pipeline() -> Callable[..., Iterator[Any]]:
-    try:
-        from cadenza.tasks.pipeline import iter_task_drafts
-    except ModuleNotFoundError as exc:  # pragma: no cover - the core pipeline is a sibling module
-        raise CadenzaError(f"the task pipeline is not available ({exc}); reinstall cadenza") from None
-    return iter_task_drafts
+def _drafts(spec: str, work_dir: Path, cfg: BuildConfig, stats: Any) -> Iterator[Any]:
+    from cadenza.tasks.pipeline import BuildConfig as SourceConfig
+    from cadenza.tasks.pipeline import iter_task_drafts
+
+    config = SourceConfig(levels=tuple(cfg.levels), max_tasks=cfg.max_tasks, seed=cfg.seed, llm_url=cfg.statement_llm)
+    return iter_task_drafts(spec, work_dir, levels=tuple(cfg.levels), max_tasks=cfg.max_tasks, seed=cfg.seed,
+                            config=config, stats=stats)
 
 
-def _call_pipeline(fn: Callable[..., Any], spec: str, work_dir: Path, cfg: BuildConfig, known: set[str]) -> Any:
-    """Call the pipeline with the options it accepts (it may grow some)."""
-    wanted = {"levels": tuple(cfg.levels), "max_tasks": cfg.max_tasks, "seed": cfg.seed,
-              "statement_llm": cfg.statement_llm, "workers": cfg.workers, "skip_ids": known,
-              "env_cache": cfg.out / ".envs"}
-    params = inspect.signature(fn).parameters
-    takes_kwargs = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
-    kwargs = {k: v for k, v in wanted.items() if k in params or (takes_kwargs and k in ("levels", "max_tasks", "seed"))}
-    return fn(spec, work_dir, **kwargs)
+def _new_stats(spec: str) -> Any:
+    from cadenza.tasks.pipeline import BuildStats
 
-
-def _stats_of(gen: Any, draft: Any | None) -> dict[str, int]:
-    stats = _field(gen, "stats", default=None) or _field(draft, "stats", default=None) or {}
-    if not isinstance(stats, dict):
-        stats = asdict(stats) if hasattr(stats, "__dataclass_fields__") else vars(stats)
-    return {"candidates": int(stats.get("candidates", 0)), "validated": int(stats.get("validated", 0)),
-            "suite_runs": int(stats.get("full_suite_runs", stats.get("suite_runs", 0)))}
+    return BuildStats(source=spec)
 
 
 def build_source(spec: str, cfg: BuildConfig, events: Any = None) -> SourceReport:
@@ -162,19 +123,17 @@ def build_source(spec: str, cfg: BuildConfig, events: Any = None) -> SourceRepor
     rep = SourceReport(source=spec, status="done")
     work = cfg.out / ".work" / hashlib.sha256(spec.encode()).hexdigest()[:12]
     emit = events.put if events is not None else (lambda _msg: None)
-    last = None
     gen = None
+    stats = _new_stats(spec)
     try:
-        known = {r["id"] for r in store.rows() if r["spec"] == spec}
-        have = len(known)
+        have = store.count(spec)
         if cfg.max_tasks is not None and have >= cfg.max_tasks:
             rep.emitted = 0
         else:
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
-            gen = _call_pipeline(_pipeline(), spec, work, cfg, known)
+            gen = _drafts(spec, work, cfg, stats)
             for draft in gen:
-                last = draft
                 res = publish_draft(store, draft, spec)
                 if res.status == "added":
                     rep.emitted += 1
@@ -194,7 +153,8 @@ def build_source(spec: str, cfg: BuildConfig, events: Any = None) -> SourceRepor
             with contextlib.suppress(Exception):
                 gen.close()
         shutil.rmtree(work, ignore_errors=True)
-    rep.__dict__.update(_stats_of(gen, last))
+    rep.candidates, rep.validated = stats.candidates, stats.validated
+    rep.suite_runs = round(stats.full_suite_runs, 2)
     rep.seconds = round(time.monotonic() - t0, 2)
     emit(("source", spec, asdict(rep)))
     return rep

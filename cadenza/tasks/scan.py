@@ -305,8 +305,61 @@ def match(secret: Secret, display: str, content: _Content) -> str | None:
     return None
 
 
-def scan_paths(targets: Iterable[tuple[Path, Secret]]) -> list[Finding]:
-    """Scan each (root, secret) pair; files reachable from several roots are read once."""
+@dataclass
+class _RootIndex:
+    """Everything in a shared root merged: a cheap prefilter before attributing hits to files."""
+
+    lines: set[str]
+    codes: set[tuple[str, bytes]]
+    stubs: set[tuple[str, str]]
+
+
+_ROOT_CACHE: dict[tuple[str, int], _RootIndex | None] = {}
+
+
+def _root_index(root: Path) -> _RootIndex | None:
+    """Merged content of a shared directory (base env site-packages), cached per process."""
+    real = os.path.realpath(root)
+    try:
+        key = (real, os.stat(real).st_mtime_ns)
+    except OSError:
+        return None
+    if key not in _ROOT_CACHE:
+        idx = _RootIndex(set(), set(), set())
+        for display, path in _walk_files(Path(real)):
+            if path is None:  # a repository: never summarised, always scanned in full
+                idx = None
+                break
+            try:
+                if path.stat().st_size > MAX_FILE_BYTES:
+                    continue
+                content = read_content(display, path.read_bytes())
+            except OSError:
+                continue
+            idx.lines |= content.lines
+            idx.codes |= content.codes
+            if display.endswith(".pyi"):
+                idx.stubs.update((Path(display).stem, q) for q in content.stub_defs)
+        _ROOT_CACHE[key] = idx
+    return _ROOT_CACHE[key]
+
+
+def _may_hold(idx: _RootIndex, secret: Secret) -> bool:
+    return bool(secret.needles & idx.lines or secret.codes & idx.codes
+                or any((s, q) in idx.stubs or ("__init__", q) in idx.stubs for s, q in secret.removed_names))
+
+
+def scan_paths(targets: Iterable[tuple[Path, Secret]], shared: Iterable[tuple[Path, Secret]] = ()) -> list[Finding]:
+    """Scan each (root, secret) pair; files reachable from several roots are read once.
+
+    ``shared`` roots (a base environment many tasks chain) are summarised once per process and
+    only searched file by file for the secrets their summary may hold.
+    """
+    targets = list(targets)
+    for root, secret in shared:
+        idx = _root_index(root)
+        if idx is None or _may_hold(idx, secret):
+            targets.append((root, secret))
     per_file: dict[str, tuple[str, Path | None, list[Secret]]] = {}
     for root, secret in targets:
         if secret.empty:
@@ -354,19 +407,23 @@ def task_env_dir(task_dir: Path, task: Task) -> Path:
 def scan_tasks(task_dirs: Iterable[Path]) -> list[Finding]:
     """Scan tasks' workspaces, environments and statements; shared env dirs are read once."""
     targets: list[tuple[Path, Secret]] = []
+    shared: list[tuple[Path, Secret]] = []
     findings: list[Finding] = []
     for task_dir in task_dirs:
         task = load_task(task_dir)
         secret = task_secret(task_dir, task)
         targets.append((Path(task_dir) / WORKSPACE, secret))
         env = task_env_dir(task_dir, task)
+        own = os.path.realpath(task_dir) + os.sep
         if env.is_dir():
-            targets.extend((root, secret) for root in env_roots(env))
+            for root in env_roots(env):
+                inside = (os.path.realpath(root) + os.sep).startswith(own)
+                (targets if inside else shared).append((root, secret))
         statement = _Content(_lines_of_text(task.statement), set(), set())
         evidence = match(secret, "task.json:statement", statement)
         if evidence:
             findings.append(Finding(task_id=task.id, path=str(Path(task_dir) / "task.json"), channel="statement", evidence=evidence))
-    return findings + scan_paths(targets)
+    return findings + scan_paths(targets, shared)
 
 
 def find_task_dirs(path: Path) -> list[Path]:

@@ -61,7 +61,7 @@ MIGRATIONS: list[str] = [
         validated INTEGER NOT NULL DEFAULT 0,
         emitted INTEGER NOT NULL DEFAULT 0,
         rejected INTEGER NOT NULL DEFAULT 0,
-        suite_runs INTEGER NOT NULL DEFAULT 0,
+        suite_runs REAL NOT NULL DEFAULT 0,
         seconds REAL NOT NULL DEFAULT 0,
         PRIMARY KEY (build_id, source)
     );
@@ -84,7 +84,7 @@ class SourceReport:
     validated: int = 0
     emitted: int = 0
     rejected: int = 0
-    suite_runs: int = 0
+    suite_runs: float = 0.0
     seconds: float = 0.0
 
 
