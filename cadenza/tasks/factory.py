@@ -59,7 +59,7 @@ class BuildSummary:
     reports: list[SourceReport]
     tasks: list[dict[str, Any]]
     seconds: float
-    rejected: list[Finding] = field(default_factory=list)
+    rejections: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)
@@ -116,7 +116,7 @@ def _new_stats(spec: str) -> Any:
     return BuildStats(source=spec)
 
 
-def build_source(spec: str, cfg: BuildConfig, events: Any = None) -> SourceReport:
+def build_source(spec: str, cfg: BuildConfig, events: Any = None, build_id: int | None = None) -> SourceReport:
     """Build the tasks of one source into the set; never raises for a bad source."""
     t0 = time.monotonic()
     store = TaskStore(cfg.out)
@@ -135,12 +135,17 @@ def build_source(spec: str, cfg: BuildConfig, events: Any = None) -> SourceRepor
             gen = _drafts(spec, work, cfg, stats)
             for draft in gen:
                 res = publish_draft(store, draft, spec)
+                shutil.rmtree(Path(draft.workspace).parent, ignore_errors=True)  # the candidate dir
                 if res.status == "added":
                     rep.emitted += 1
                     have += 1
                     emit(("task", spec, res.task_id))
                 elif res.status == "leak":
                     rep.rejected += 1
+                    if build_id is not None:
+                        f = res.findings[0]
+                        store.record_rejection(build_id, spec, res.task_id,
+                                               f"leak ({len(res.findings)} finding(s)): {f.channel} {f.path}: {f.evidence}")
                     emit(("leak", spec, res.task_id, [asdict(f) for f in res.findings[:3]]))
                 if cfg.max_tasks is not None and have >= cfg.max_tasks:
                     break
@@ -153,7 +158,7 @@ def build_source(spec: str, cfg: BuildConfig, events: Any = None) -> SourceRepor
             with contextlib.suppress(Exception):
                 gen.close()
         shutil.rmtree(work, ignore_errors=True)
-    rep.candidates, rep.validated = stats.candidates, stats.validated
+    rep.candidates, rep.validated = stats.tried, stats.validated
     rep.suite_runs = round(stats.full_suite_runs, 2)
     rep.seconds = round(time.monotonic() - t0, 2)
     emit(("source", spec, asdict(rep)))
@@ -161,7 +166,7 @@ def build_source(spec: str, cfg: BuildConfig, events: Any = None) -> SourceRepor
 
 
 def _worker(spec: str, cfg: BuildConfig, events: Any, build_id: int) -> SourceReport:
-    rep = build_source(spec, cfg, events)
+    rep = build_source(spec, cfg, events, build_id)
     TaskStore(cfg.out).record_source(build_id, cfg.params_key(), rep)
     return rep
 
@@ -189,11 +194,11 @@ def build_tasks(sources: Sequence[str], cfg: BuildConfig, *, console: Any = None
     for s in dict.fromkeys(sources):
         if s not in todo:
             store.record_source(build_id, key, SourceReport(source=s, status="done", reason="resumed: built earlier"))
-    reports = _run_parallel(todo, cfg, build_id, console) if todo else []
+    if todo:
+        _run_parallel(todo, cfg, build_id, console)
     store.finish_build(build_id)
-    del reports
     return BuildSummary(out=cfg.out, reports=store.source_reports(build_id), tasks=store.rows(),
-                        seconds=round(time.monotonic() - t0, 2))
+                        seconds=round(time.monotonic() - t0, 2), rejections=store.rejections(build_id))
 
 
 def _run_parallel(todo: list[str], cfg: BuildConfig, build_id: int, console: Any) -> list[SourceReport]:

@@ -33,7 +33,8 @@ def summary_rows(summary: Any) -> list[dict[str, Any]]:
 def print_summary(summary: Any, console: Console) -> None:
     table = Table(title=f"Task set {summary.out}")
     for col in ("source", "status", "L1", "L2", "L3", "tasks", "F2P", "P2P", "yield", "suite runs", "time"):
-        table.add_column(col, justify="left" if col in ("source", "status") else "right")
+        left = col in ("source", "status")
+        table.add_column(col, justify="left" if left else "right", overflow="fold", no_wrap=not left)
     rows = summary_rows(summary)
     for r in rows:
         status = "[green]done" if r["status"] == "done" else f"[red]{r['status']}: {r['reason']}"
@@ -49,6 +50,9 @@ def print_summary(summary: Any, console: Console) -> None:
                       str(tot("f2p")), str(tot("p2p")), f"{val}/{cand}" if cand else "-", str(tot("suite_runs")),
                       f"{summary.seconds:.1f}s")
     console.print(table)
+    console.print("yield = validated / candidates tried; suite runs = full-suite-equivalent pytest runs")
+    for rej in summary.rejections:
+        console.print(f"[yellow]not published[/] {rej['task_id']}: {rej['reason']}")
 
 
 def tasks_table(rows: list[dict[str, Any]]) -> Table:

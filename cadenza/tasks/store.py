@@ -65,6 +65,12 @@ MIGRATIONS: list[str] = [
         seconds REAL NOT NULL DEFAULT 0,
         PRIMARY KEY (build_id, source)
     );
+    CREATE TABLE rejections (
+        build_id INTEGER NOT NULL REFERENCES builds(id),
+        source TEXT NOT NULL,
+        task_id TEXT NOT NULL,
+        reason TEXT NOT NULL
+    );
     """,
 ]
 
@@ -225,6 +231,18 @@ class TaskStore:
                 (build_id, rep.source, params_key, rep.status, rep.reason, rep.candidates, rep.validated,
                  rep.emitted, rep.rejected, rep.suite_runs, rep.seconds),
             )
+
+    def record_rejection(self, build_id: int, source: str, task_id: str, reason: str) -> None:
+        """A validated draft that was not published (a leak the scrub could not close)."""
+        with self.db() as con:
+            con.execute("INSERT INTO rejections (build_id, source, task_id, reason) VALUES (?, ?, ?, ?)",
+                        (build_id, source, task_id, reason))
+
+    def rejections(self, build_id: int | None = None) -> list[dict[str, Any]]:
+        with self.db() as con:
+            if build_id is None:
+                return [dict(r) for r in con.execute("SELECT * FROM rejections ORDER BY rowid")]
+            return [dict(r) for r in con.execute("SELECT * FROM rejections WHERE build_id = ? ORDER BY rowid", (build_id,))]
 
     def source_done(self, source: str, params_key: str) -> bool:
         """True if an earlier build finished ``source`` with the same parameters (resume skips it)."""
