@@ -108,8 +108,13 @@ def register(app: typer.Typer) -> None:
         if not dirs:
             raise CadenzaError(f"{path} has no tasks to verify")
         results = [verify_task(d) for d in dirs]
-        Console().print(verify_table(results))
-        if not all(r.ok for r in results):
+        console = Console()
+        console.print(verify_table(results))
+        bad = [r for r in results if not r.ok]
+        for r in bad:
+            typer.echo(f"FAIL {r.task_id}: {r.reason}")
+        typer.echo(f"{len(results) - len(bad)} of {len(results)} task(s) verified")
+        if bad:
             raise typer.Exit(1)
 
     @tasks.command()

@@ -118,6 +118,7 @@ class Secret:
     needles: frozenset[str]
     codes: frozenset[tuple[str, bytes]] = frozenset()
     removed_names: frozenset[tuple[str, str]] = frozenset()  # (module file stem, qualname)
+    docstring_lines: frozenset[str] = frozenset()  # needles that come from removed docstrings
     candidates: frozenset[str] = field(default=frozenset(), repr=False)
 
     @property
@@ -157,16 +158,20 @@ def derive_secret(task_id: str, workspace: Path, patch_text: str) -> Secret:
     added: list[str] = []
     codes: set[tuple[str, bytes]] = set()
     names: set[tuple[str, str]] = set()
+    docs: set[str] = set()
+    patched: set[Path] = set()
     for pf in files:
         added.extend(ln[1:] for _, body in pf.hunks for ln in body if ln[0] == "+")
         if not pf.path.endswith(".py"):
             continue
         target = workspace / pf.path
+        patched.add(target.resolve())
         post = target.read_text(errors="replace") if target.is_file() and not pf.new_file else ""
         original = apply_hunks(post, pf)
         codes |= _code_fingerprints(original, pf.path) - _code_fingerprints(post, pf.path)
         stem = Path(pf.path).stem
         names |= {(stem, q) for q in _defined_names(original) - _defined_names(post)}
+        docs |= _docstring_lines(original) - _docstring_lines(post)
     cands = candidate_lines(added)
     common: set[str] = set()
     if cands:
@@ -176,11 +181,26 @@ def derive_secret(task_id: str, workspace: Path, patch_text: str) -> Secret:
             except OSError:
                 continue
             hits = cands & lines
-            if len(cands) >= 3 and len(hits) * 2 >= len(cands):
-                continue  # a copy of the deleted code, not reference material
+            if path.resolve() not in patched and len(cands) >= 3 and len(hits) * 2 >= len(cands):
+                continue  # a copy of the deleted code elsewhere, not reference material
             common |= hits
-    return Secret(task_id=task_id, needles=frozenset(cands - common), codes=frozenset(codes),
-                  removed_names=frozenset(names), candidates=frozenset(cands))
+    needles = frozenset(cands - common)
+    return Secret(task_id=task_id, needles=needles, codes=frozenset(codes), removed_names=frozenset(names),
+                  docstring_lines=needles & frozenset(docs), candidates=frozenset(cands))
+
+
+def _docstring_lines(source: str) -> set[str]:
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Module):
+            doc = ast.get_docstring(node, clean=False)
+            if doc:
+                out |= {ln.strip() for ln in doc.splitlines() if ln.strip()}
+    return out
 
 
 def _walk_code(code: types.CodeType) -> Iterator[types.CodeType]:

@@ -87,13 +87,27 @@ def gold_patch(tmp: Path) -> str:
     return patch
 
 
-def make_light_env(env_dir: Path, workspace: Path) -> None:
+def mini_base(dest: Path) -> Path:
+    """A small shared 'base env' site dir: pytest and its plugins linked from this interpreter."""
+    import pytest
+
+    site = Path(pytest.__file__).resolve().parent.parent
+    dest.mkdir(parents=True, exist_ok=True)
+    for entry in site.iterdir():
+        name = entry.name.lower()
+        if name.split("-")[0].split(".")[0] in ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pytest_timeout", "py", "pygments"):
+            (dest / entry.name).symlink_to(entry)
+    return dest
+
+
+def make_light_env(env_dir: Path, workspace: Path, base_site: Path | None = None) -> None:
     venv.EnvBuilder(with_pip=False, symlinks=True).create(env_dir)
     site = next(env_dir.glob("lib/python*/site-packages"))
-    (site / "task.pth").write_text(os.path.relpath(workspace, site) + "\n")
+    base = f"import site; site.addsitedir({str(base_site)!r})\n" if base_site else ""
+    (site / "task.pth").write_text(os.path.relpath(workspace, site) + "\n" + base)
 
 
-def make_task(tmp: Path, task_id: str = "minipkg-merge", with_env: bool = True) -> Path:
+def make_task(tmp: Path, task_id: str = "minipkg-merge", with_env: bool = True, base_site: Path | None = None) -> Path:
     """A complete task dir (task.json, workspace/, gold.patch, env/) under ``tmp/task_id``."""
     task_dir = tmp / task_id
     ws = task_dir / "workspace"
@@ -104,7 +118,7 @@ def make_task(tmp: Path, task_id: str = "minipkg-merge", with_env: bool = True) 
     git(ws, "commit", "-qm", "task")
     (task_dir / "gold.patch").write_text(patch)
     if with_env:
-        make_light_env(task_dir / "env", ws)
+        make_light_env(task_dir / "env", ws, base_site)
     task = Task(id=task_id, source=str(tmp / "src"), level=2, package="minipkg",
                 feature=Feature(qualname="minipkg.core.merge_counts", path="minipkg/core.py", kind="function"),
                 statement="Implement minipkg.core.merge_counts(first, second, *, floor=0).",
