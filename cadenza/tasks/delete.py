@@ -17,10 +17,11 @@ writes them. The :class:`Deletion` carries the gold patch (restores the original
 
 from __future__ import annotations
 
+import ast
 import difflib
 import re
 import stat
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -195,6 +196,8 @@ class _Fixup(cst.CSTTransformer):
                     self.unbound.add(_alias_local(alias))
             return cst.RemovalSentinel.REMOVE
         if isinstance(updated.names, cst.ImportStar):
+            # ``from mod import *`` re-exported the public names that are now gone.
+            self.unbound.update(n for n in self.removed.get(mod, set()) if not n.startswith("_"))
             return updated
         keep = []
         for alias in updated.names:
@@ -340,27 +343,33 @@ _TRIVIAL_LINE = re.compile(r"^[\W_]*$|^(return|pass|else|try|finally|break|conti
 
 
 def removed_snippets(removed_code: str, docstring: str | None, remaining_texts: Iterable[str], *,
-                     min_len: int = 12, limit: int = 24) -> list[str]:
+                     known_lines: Collection[str] = (), min_len: int = 12, limit: int = 24) -> list[str]:
     """Distinctive lines of ``removed_code`` (and its docstring) that no remaining file contains.
 
-    The definition line comes first; then the longest body lines. A line still present elsewhere
-    in the workspace (e.g. a level-1 signature, a common idiom) is not evidence of a leak.
+    Order: the definition line, the docstring's first paragraph, then body lines longest first.
+    A line still present elsewhere in the workspace (a level-1 signature, a common idiom) is not
+    evidence of a leak and is left out, and so is any line in ``known_lines`` (stripped lines of the
+    environment's site-packages, where a scanner would find generic lines such as ``def __init__(self):``);
+    when nothing of ``min_len`` is left, shorter lines are used.
     """
     remaining = list(remaining_texts)
-    candidates: list[str] = []
-    for line in removed_code.splitlines():
-        s = line.strip()
-        if s.startswith("#") or len(s) < min_len or _TRIVIAL_LINE.match(s) or s in candidates:
-            continue
-        candidates.append(s)
-    doc = (docstring or "").strip()
-    ordered = [c for c in candidates if c.startswith(("def ", "async def ", "class "))]
-    ordered += sorted((c for c in candidates if c not in ordered), key=len, reverse=True)
-    if len(doc) >= min_len:
-        first = doc.split("\n\n")[0].strip()
-        ordered.insert(1 if ordered else 0, first)
-    out = [c for c in ordered if not any(c in text for text in remaining)]
-    return out[:limit]
+    for length in (min_len, 6):
+        candidates: list[str] = []
+        for line in removed_code.splitlines():
+            s = line.strip()
+            if (s.startswith("#") or len(s) < length or _TRIVIAL_LINE.match(s) or s in candidates
+                    or s in known_lines):
+                continue
+            candidates.append(s)
+        ordered = [c for c in candidates if c.startswith(("def ", "async def ", "class "))]
+        doc = (docstring or "").strip().split("\n\n")[0].strip()
+        if len(doc) >= length:
+            ordered.append(doc)
+        ordered += sorted((c for c in candidates if c not in ordered), key=len, reverse=True)
+        out = [c for c in ordered if not any(c in text for text in remaining)]
+        if out:
+            return out[:limit]
+    return []
 
 
 # ----------------------------------------------------------------------------- planning
@@ -370,11 +379,13 @@ def _module_map(modules: dict[str, str]) -> dict[str, str]:
     return {mod: path for path, mod in modules.items()}
 
 
-def plan_deletion(root: Path, cand: Candidate, level: int, modules: dict[str, str]) -> Deletion:
+def plan_deletion(root: Path, cand: Candidate, level: int, modules: dict[str, str], *,
+                  known_lines: Collection[str] = ()) -> Deletion:
     """Compute the deletion of ``cand`` at ``level`` in the tree at ``root`` (nothing is written).
 
     ``modules`` maps root-relative module paths to dotted module names (all non-test modules of
-    the project); fix-ups are applied to those only, never to tests.
+    the project); fix-ups are applied to those only, never to tests. ``known_lines`` are lines that
+    never count as removed snippets (see :func:`removed_snippets`).
     """
     root = Path(root)
     path = cand.path
@@ -443,12 +454,13 @@ def plan_deletion(root: Path, cand: Candidate, level: int, modules: dict[str, st
             except cst.ParserSyntaxError as exc:  # pragma: no cover - an internal invariant
                 raise DeletionError(f"{p}: deletion produced invalid code ({exc.message})") from None
     changed = {p: t for p, t in changed.items() if t != before[p]}
+    _check_import_time_uses(changed, modules, removed, parts if cand.kind == "method" else None)
     modes = {p: stat.S_IMODE((root / p).stat().st_mode) | 0o100000 for p in changed}
     gold = unified_patch(((p, changed[p], before[p]) for p in changed), modes)
     remaining = _remaining_texts(root, changed)
     return Deletion(
         level=level, candidate=cand, changed=changed, original=before, gold_patch=gold, removed_code=removed_code,
-        removed_snippets=removed_snippets(removed_code, docstring, remaining), signature=signature,
+        removed_snippets=removed_snippets(removed_code, docstring, remaining, known_lines=known_lines), signature=signature,
         docstring=docstring, api=api, removed_names={k: sorted(v) for k, v in removed.items()},
     )
 
@@ -479,6 +491,62 @@ def _propagate(root: Path, modules: dict[str, str], changed: dict[str, str | Non
                 grew = True
         if not grew:
             return
+
+
+class _ImportTimeNames(ast.NodeVisitor):
+    """Names loaded while a module (or one class body) executes: skips function bodies and lambdas."""
+
+    def __init__(self) -> None:
+        self.loaded: set[str] = set()
+
+    def visit_Name(self, node: ast.Name) -> None:
+        if isinstance(node.ctx, ast.Load):
+            self.loaded.add(node.id)
+
+    def _visit_def(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        for d in node.decorator_list:
+            self.visit(d)
+        self.visit(node.args)  # defaults and annotations run at definition time
+        if node.returns is not None:
+            self.visit(node.returns)
+
+    visit_FunctionDef = _visit_def
+    visit_AsyncFunctionDef = _visit_def
+
+    def visit_Lambda(self, node: ast.Lambda) -> None:
+        self.visit(node.args)
+
+    def visit_arguments(self, node: ast.arguments) -> None:
+        for d in [*node.defaults, *node.kw_defaults]:
+            if d is not None:
+                self.visit(d)
+
+
+def _check_import_time_uses(changed: dict[str, str | None], modules: dict[str, str], removed: dict[str, set[str]],
+                            method_parts: list[str] | None) -> None:
+    """Refuse a deletion whose removed names are still needed while modules import (a cheap pre-filter)."""
+    for path, text in changed.items():
+        if text is None or path not in modules:
+            continue
+        tree = ast.parse(text)
+        if method_parts is not None:
+            node: ast.AST | None = tree
+            for name in method_parts[:-1]:
+                node = next((n for n in getattr(node, "body", []) if isinstance(n, ast.ClassDef) and n.name == name), None)
+            if node is None:
+                continue
+            visitor = _ImportTimeNames()
+            for stmt in node.body:  # type: ignore[attr-defined]
+                visitor.visit(stmt)
+            if method_parts[-1] in visitor.loaded:
+                raise DeletionError(f"{method_parts[-1]} is still used in its class body")
+            continue
+        gone = removed.get(modules[path], set())
+        visitor = _ImportTimeNames()
+        visitor.visit(tree)
+        used = sorted(gone & visitor.loaded)
+        if used:
+            raise DeletionError(f"{modules[path]} still uses {', '.join(used)} at import time")
 
 
 def _remaining_texts(root: Path, changed: dict[str, str | None]) -> list[str]:
@@ -518,3 +586,14 @@ def apply_deletion(workspace: Path, deletion: Deletion) -> None:
             target.unlink()
         else:
             target.write_text(text)
+
+
+def site_lines(site_packages: Path) -> frozenset[str]:
+    """Stripped lines of every ``.py`` file under ``site_packages`` (what an env-wide scan would see)."""
+    lines: set[str] = set()
+    for p in Path(site_packages).rglob("*.py"):
+        try:
+            lines.update(ln.strip() for ln in p.read_text(errors="replace").splitlines())
+        except OSError:
+            continue
+    return frozenset(lines)

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from cadenza.errors import SourceError
 from cadenza.tasks.baseline import Baseline, run_baseline
-from cadenza.tasks.delete import Deletion, DeletionError, plan_deletion
+from cadenza.tasks.delete import Deletion, DeletionError, plan_deletion, site_lines
 from cadenza.tasks.features import Candidate, FeatureMap, module_files
 from cadenza.tasks.runner import RunCounter, pytest_args_for
 from cadenza.tasks.source import SourceInfo, copy_tree, fetch_source
@@ -64,6 +64,7 @@ class BuildStats:
     validated: int = 0
     by_level: Counter = field(default_factory=Counter)
     rejected: Counter = field(default_factory=Counter)
+    rejections: list[tuple[str, int, str]] = field(default_factory=list)
     suite_size: int = 0
     excluded_tests: list[str] = field(default_factory=list)
     counter: RunCounter = field(default_factory=RunCounter)
@@ -181,6 +182,7 @@ def iter_task_drafts(
     ctx = ValidationContext(base_env=base, pristine=source.root, baseline=baseline, pytest_args=pytest_args,
                             importable=importable, timeout_s=cfg.timeout_s, per_test_timeout_s=cfg.per_test_timeout_s,
                             gold_check=cfg.gold_check, counter=stats.counter)
+    known_lines = site_lines(base.site_packages)
     ordered = order_candidates(fmap, baseline, levels, seed)
     stats.candidates = len(ordered)
     stats.seconds = time.monotonic() - start
@@ -191,7 +193,7 @@ def iter_task_drafts(
         if cfg.max_candidates is not None and stats.tried >= cfg.max_candidates:
             break
         try:
-            deletion = plan_deletion(source.root, cand, level, modules)
+            deletion = plan_deletion(source.root, cand, level, modules, known_lines=known_lines)
         except DeletionError as exc:
             stats.rejected[f"not deletable: {str(exc).split(':')[-1].strip()}"] += 1
             continue
@@ -205,6 +207,7 @@ def iter_task_drafts(
         stats.seconds = time.monotonic() - start
         if not result.ok:
             stats.rejected[result.reason.split(":")[0]] += 1
+            stats.rejections.append((cand.qualname, level, result.reason))
             shutil.rmtree(cand_dir, ignore_errors=True)
             continue
         stats.validated += 1

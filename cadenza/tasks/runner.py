@@ -95,7 +95,7 @@ SAFE_ADDOPTS_FLAGS = {"--doctest-modules", "--doctest-continue-on-failure", "--s
 
 @dataclass
 class RunCounter:
-    """Counts pytest invocations: full-suite runs and tests run in subset runs (for the benchmark)."""
+    """Counts pytest invocations: full-suite runs and tests executed in subset runs (for the benchmark)."""
 
     full_runs: int = 0
     subset_runs: int = 0
@@ -243,7 +243,8 @@ def run_pytest(
         (tmpd / f"{PLUGIN_NAME}.py").write_text(PLUGIN_SOURCE)
         report_path = tmpd / "report.jsonl"
         env = _clean_env({"CADENZA_REPORT": str(report_path), "PYTHONPATH": str(tmpd)})
-        args = ["-p", PLUGIN_NAME, "-p", "no:cacheprovider", "-q", "--tb=short", *(extra_args or [])]
+        args = ["-p", PLUGIN_NAME, "-p", "no:cacheprovider", "-q", "--tb=short", "--rootdir=.",
+                "--continue-on-collection-errors", *(extra_args or [])]
         if per_test_timeout_s:
             args.append(f"--timeout={per_test_timeout_s:g}")
         if node_ids is not None:
@@ -289,7 +290,7 @@ def run_pytest(
         counter.full_runs += 1
     else:
         counter.subset_runs += 1
-        counter.subset_tests += len(node_ids)
+        counter.subset_tests += len(outcomes)  # tests that actually ran (``-x`` may stop early)
     counter.seconds += duration
     return TestReport(outcomes=outcomes, requested=list(node_ids) if node_ids is not None else None,
                       exit_code=proc.returncode if not timed_out else -9, timed_out=timed_out,

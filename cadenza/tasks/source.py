@@ -128,16 +128,8 @@ def _fetch_pypi(req: str, dest: Path) -> None:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*(\s*==\s*[A-Za-z0-9.+!_-]+)?", req):
         raise SourceError(f"pypi source '{req}' is not NAME or NAME==VERSION; write e.g. pypi:cachetools==5.3.3")
     with tempfile.TemporaryDirectory(prefix="cadenza-sdist-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "--no-cache-dir", "-q", "-d", tmp, req.replace(" ", "")]
-        env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
-        except subprocess.TimeoutExpired:
-            raise SourceError(f"pypi:{req}: pip download timed out; check the network or use a local copy") from None
-        files = [p for p in Path(tmp).iterdir() if p.is_file()]
-        if proc.returncode != 0 or not files:
-            errs = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")]
-            reason = errs[0] if errs else "no sdist downloaded"
+        files, reason = _pip_download(req.replace(" ", ""), Path(tmp))
+        if not files:
             raise SourceError(f"pypi:{req}: cannot download an sdist ({reason}); check the name and version")
         archive = files[0]
         unpack = Path(tmp) / "unpacked"
@@ -158,6 +150,33 @@ def _fetch_pypi(req: str, dest: Path) -> None:
         entries = list(unpack.iterdir())
         top = entries[0] if len(entries) == 1 and entries[0].is_dir() else unpack
         copy_tree(top, dest)
+
+
+def _pip_download(req: str, dest: Path) -> tuple[list[Path], str]:
+    """Download the sdist of ``req`` into ``dest`` with pip, never through a cache.
+
+    pip prepares the sdist's metadata before saving it; without build isolation that is seconds
+    faster, so it is tried first (it works when this interpreter has the build backend) and the
+    isolated build is the fallback.
+    """
+    base = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "--no-cache-dir", "-q",
+            "-d", str(dest), req]
+    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    reason = "no sdist downloaded"
+    for extra in (["--no-build-isolation"], []):
+        try:
+            proc = subprocess.run(base + extra, capture_output=True, text=True, timeout=600, env=env)
+        except subprocess.TimeoutExpired:
+            reason = "pip download timed out"
+            continue
+        files = [p for p in dest.iterdir() if p.is_file()]
+        if proc.returncode == 0 and files:
+            return files, ""
+        errs = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")]
+        reason = errs[0] if errs else reason
+        if "No matching distribution" in reason or "Could not find a version" in reason:
+            break  # the name or version does not exist: no point building anything
+    return [], reason
 
 
 def _is_test_file(rel: Path) -> bool:

@@ -3,7 +3,8 @@
 Order (cheapest rejection first):
 
 1. the package's modules that imported at baseline still import;
-2. the tests covering the feature (from the coverage map) run; if none fails, reject (a partial run);
+2. the tests covering the feature (from the coverage map) run with ``-x``; if none fails, reject
+   (skipped when they are most of the suite: the full run below decides as cheaply);
 3. the whole suite runs: F2P = baseline-passing tests that now fail/error/go missing,
    P2P = baseline-passing tests that still pass; both must be non-empty;
 4. the gold patch is applied with ``git apply`` in a fresh copy of the post-deletion workspace;
@@ -113,8 +114,9 @@ def validate(ctx: ValidationContext, deletion: Deletion, workspace: Path, scratc
         return Validation(ok=False, reason="no passing test covers it")
     kw = dict(timeout_s=ctx.timeout_s, per_test_timeout_s=ctx.per_test_timeout_s, extra_args=ctx.pytest_args,
               counter=ctx.counter)
-    if len(covering) < len(passing):
-        probe = run_pytest(python, workspace, covering, **kw)
+    if len(covering) * 2 <= len(passing):
+        # Cheap rejection first: stop at the first failing covering test (-x).
+        probe = run_pytest(python, workspace, covering, **{**kw, "extra_args": [*ctx.pytest_args, "-x"]})
         if not probe.not_passing:
             return Validation(ok=False, reason="no covering test fails")
     full = run_pytest(python, workspace, None, **kw)
