@@ -32,7 +32,7 @@ def export_swebench(path: Path) -> Iterator[dict[str, Any]]:
             "test_patch": "",
             "FAIL_TO_PASS": list(task.fail_to_pass),
             "PASS_TO_PASS": list(task.pass_to_pass),
-            "version": str(task.meta.get("version", "")),
+            "version": str(task.meta.get("source_version", task.meta.get("version", ""))),
             "created_at": row["created"],
             "hints_text": "",
             "environment_setup_commit": "",

@@ -251,3 +251,15 @@ def test_task_set_scan_and_bad_paths(template, tmp_path):
     for bad in (tmp_path / "nope", tmp_path / "set" / "a" / "workspace"):
         res = subprocess.run([sys.executable, "-m", "cadenza", "tasks", "scan", str(bad)], capture_output=True, text=True)
         assert res.returncode == 2 and res.stderr.startswith("error:") and len(res.stderr.strip().splitlines()) == 1
+
+
+def test_statement_may_quote_docstring_but_not_code(task):
+    from cadenza.tasks.task import load_task, save_task
+
+    t = load_task(task)
+    t.statement += "\nMerge two count mappings, dropping totals at or below the floor.\n"
+    save_task(task, t)
+    assert scan_tasks([task]) == []
+    t.statement += "\n    survivors = {tok: n for tok, n in combined.items() if n > floor}\n    combined = Counter(first)\n"
+    save_task(task, t)
+    assert [f.channel for f in scan_tasks([task])] == ["statement"]
