@@ -177,7 +177,7 @@ def iter_task_drafts(
     stats.suite_size = baseline.suite_size
     stats.excluded_tests = list(baseline.excluded)
     modules = module_files(source)
-    importable = importable_modules(python, baseline_ws, sorted(set(modules.values())))
+    importable = importable_modules(python, baseline_ws, sorted({m for m in modules.values() if m.split(".")[-1] != "__main__"}))
     shutil.rmtree(baseline_ws, ignore_errors=True)
     ctx = ValidationContext(base_env=base, pristine=source.root, baseline=baseline, pytest_args=pytest_args,
                             importable=importable, timeout_s=cfg.timeout_s, per_test_timeout_s=cfg.per_test_timeout_s,
@@ -195,21 +195,29 @@ def iter_task_drafts(
         try:
             deletion = plan_deletion(source.root, cand, level, modules, known_lines=known_lines)
         except DeletionError as exc:
-            stats.rejected[f"not deletable: {str(exc).split(':')[-1].strip()}"] += 1
+            stats.rejected["not deletable"] += 1
+            stats.rejections.append((cand.qualname, level, f"not deletable: {exc}"))
+            continue
+        except (UnicodeDecodeError, RecursionError, OSError) as exc:
+            stats.rejected["unreadable"] += 1
+            stats.rejections.append((cand.qualname, level, f"unreadable: {type(exc).__name__}"))
             continue
         stats.tried += 1
         attempt += 1
         cand_dir = work_dir / f"cand-{attempt:04d}"
-        workspace = cand_dir / "workspace"
-        prepare_workspace(ctx, deletion, workspace)
-        result = validate(ctx, deletion, workspace, cand_dir / "scratch")
-        shutil.rmtree(cand_dir / "scratch", ignore_errors=True)
+        prepare_workspace(ctx, deletion, cand_dir / "run")
+        result = validate(ctx, deletion, cand_dir / "run", cand_dir / "scratch")
+        for sub in ("run", "scratch"):
+            shutil.rmtree(cand_dir / sub, ignore_errors=True)
         stats.seconds = time.monotonic() - start
         if not result.ok:
             stats.rejected[result.reason.split(":")[0]] += 1
             stats.rejections.append((cand.qualname, level, result.reason))
             shutil.rmtree(cand_dir, ignore_errors=True)
             continue
+        # The yielded workspace is rebuilt from the pristine copy: nothing the test runs wrote survives.
+        workspace = cand_dir / "workspace"
+        prepare_workspace(ctx, deletion, workspace)
         stats.validated += 1
         stats.by_level[level] += 1
         statement = write_statement(deletion, result.fail_to_pass, llm_url=cfg.llm_url, llm_model=cfg.llm_model)

@@ -66,8 +66,18 @@ def _ignore(_dir: str, names: list[str]) -> set[str]:
 
 
 def copy_tree(src: Path, dest: Path) -> None:
-    """Copy a source tree without caches, build outputs or VCS data (symlinks copied as links)."""
+    """Copy a source tree without caches, build outputs or VCS data.
+
+    Symlinks are copied as links, except those pointing outside the tree (dropped: a task must not
+    reach files beyond its workspace).
+    """
     shutil.copytree(src, dest, symlinks=True, ignore=_ignore)
+    root = Path(dest).resolve()
+    for p in list(Path(dest).rglob("*")):
+        if p.is_symlink():
+            target = (p.parent / os.readlink(p)).resolve()
+            if not target.is_relative_to(root):
+                p.unlink()
 
 
 def content_hash(root: Path) -> str:
@@ -173,9 +183,7 @@ def _pip_download(req: str, dest: Path) -> tuple[list[Path], str]:
         if proc.returncode == 0 and files:
             return files, ""
         errs = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")]
-        reason = errs[0] if errs else reason
-        if "No matching distribution" in reason or "Could not find a version" in reason:
-            break  # the name or version does not exist: no point building anything
+        reason = errs[-1] if errs else reason  # (a failed metadata build also reads "no matching distribution")
     return [], reason
 
 
