@@ -37,9 +37,7 @@ def print_summary(summary: Any, console: Console) -> None:
         table.add_column(col, justify="left" if left else "right", overflow="fold", no_wrap=not left)
     rows = summary_rows(summary)
     for r in rows:
-        status = "[green]done" if r["status"] == "done" else f"[red]{r['status']}: {r['reason']}"
-        if r["status"] == "done" and r["reason"]:
-            status = f"[green]done[/] ({r['reason']})"
+        status = "[green]done" if r["status"] == "done" else f"[red]{r['status']}"
         y = f"{r['validated']}/{r['candidates']}" if r["candidates"] else "-"
         table.add_row(r["source"], status, *(str(r["levels"][lv]) for lv in (1, 2, 3)), str(r["tasks"]),
                       str(r["f2p"]), str(r["p2p"]), y, str(r["suite_runs"]), f"{r['seconds']:.1f}s")
@@ -50,9 +48,12 @@ def print_summary(summary: Any, console: Console) -> None:
                       str(tot("f2p")), str(tot("p2p")), f"{val}/{cand}" if cand else "-", str(tot("suite_runs")),
                       f"{summary.seconds:.1f}s")
     console.print(table)
-    console.print("yield = validated / candidates tried; suite runs = full-suite-equivalent pytest runs")
+    console.print("yield = validated / candidates tried; suite runs = full-suite-equivalent pytest runs", soft_wrap=True)
+    for r in rows:
+        if r["reason"]:
+            console.print(f"{r['status']} {r['source']}: {r['reason']}", soft_wrap=True, markup=False, highlight=False)
     for rej in summary.rejections:
-        console.print(f"[yellow]not published[/] {rej['task_id']}: {rej['reason']}")
+        console.print(f"not published {rej['task_id']}: {rej['reason']}", soft_wrap=True, markup=False, highlight=False)
 
 
 def tasks_table(rows: list[dict[str, Any]]) -> Table:
