@@ -105,9 +105,10 @@ def _drafts(spec: str, work_dir: Path, cfg: BuildConfig, stats: Any) -> Iterator
     from cadenza.tasks.pipeline import BuildConfig as SourceConfig
     from cadenza.tasks.pipeline import iter_task_drafts
 
-    config = SourceConfig(levels=tuple(cfg.levels), max_tasks=cfg.max_tasks, seed=cfg.seed, llm_url=cfg.statement_llm)
-    return iter_task_drafts(spec, work_dir, levels=tuple(cfg.levels), max_tasks=cfg.max_tasks, seed=cfg.seed,
-                            config=config, stats=stats)
+    # No max_tasks here: drafts the scan rejects or the set already holds must not count, so the
+    # caller stops the generator once the set has enough tasks of this source.
+    config = SourceConfig(levels=tuple(cfg.levels), seed=cfg.seed, llm_url=cfg.statement_llm)
+    return iter_task_drafts(spec, work_dir, levels=tuple(cfg.levels), seed=cfg.seed, config=config, stats=stats)
 
 
 def _new_stats(spec: str) -> Any:

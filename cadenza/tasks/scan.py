@@ -34,6 +34,7 @@ from cadenza.tasks.task import GOLD_PATCH, WORKSPACE, Task, load_task
 
 MAX_FILE_BYTES = 256 << 20
 MAX_DEPTH = 4
+_SIGNATURE = re.compile(r"^(async\s+def|def|class)\s+\w+|^@")
 _PRINTABLE = re.compile(rb"[\t\n\r\x20-\x7e]{8,}")
 _ARCHIVE_SUFFIXES = (".whl", ".zip", ".egg", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".gz", ".jar")
 
@@ -420,9 +421,9 @@ def scan_tasks(task_dirs: Iterable[Path]) -> list[Finding]:
             for root in env_roots(env):
                 inside = (os.path.realpath(root) + os.sep).startswith(own)
                 (targets if inside else shared).append((root, secret))
-        # The statement may quote the docstring (levels 2-3 describe behaviour from it), never code.
-        code_only = dataclasses.replace(secret, needles=secret.needles - secret.docstring_lines, codes=frozenset(),
-                                        removed_names=frozenset())
+        # The statement may quote signatures and docstrings (what a developer could know), never bodies.
+        body = {n for n in secret.needles - secret.docstring_lines if not _SIGNATURE.match(n)}
+        code_only = dataclasses.replace(secret, needles=frozenset(body), codes=frozenset(), removed_names=frozenset())
         statement = _Content(_lines_of_text(task.statement), set(), set())
         evidence = match(code_only, "task.json:statement", statement)
         if evidence:

@@ -263,3 +263,7 @@ def test_statement_may_quote_docstring_but_not_code(task):
     t.statement += "\n    survivors = {tok: n for tok, n in combined.items() if n > floor}\n    combined = Counter(first)\n"
     save_task(task, t)
     assert [f.channel for f in scan_tasks([task])] == ["statement"]
+    t.statement = t.statement.replace("combined = Counter(first)", "def merge_counts(first, second, *, floor=0):")
+    t.statement = t.statement.replace("    survivors = {tok: n for tok, n in combined.items() if n > floor}\n", "")
+    save_task(task, t)
+    assert scan_tasks([task]) == []  # a signature is what the statement is meant to give
