@@ -180,7 +180,7 @@ def iter_task_drafts(
     importable = importable_modules(python, baseline_ws, sorted({m for m in modules.values() if m.split(".")[-1] != "__main__"}))
     shutil.rmtree(baseline_ws, ignore_errors=True)
     ctx = ValidationContext(base_env=base, pristine=source.root, baseline=baseline, pytest_args=pytest_args,
-                            importable=importable, timeout_s=cfg.timeout_s, per_test_timeout_s=cfg.per_test_timeout_s,
+                            importable=importable, test_paths=source.test_paths, timeout_s=cfg.timeout_s, per_test_timeout_s=cfg.per_test_timeout_s,
                             gold_check=cfg.gold_check, counter=stats.counter)
     known_lines = site_lines(base.site_packages)
     ordered = order_candidates(fmap, baseline, levels, seed)

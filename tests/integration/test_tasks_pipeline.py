@@ -15,6 +15,7 @@ from cadenza.tasks.pipeline import BuildConfig, BuildStats, iter_task_drafts
 from cadenza.tasks.runner import pytest_args_for, run_pytest
 from cadenza.tasks.source import fetch_source
 from cadenza.tasks.statement import leaks
+from cadenza.tasks.validate import recheck
 from cadenza.tasks.venv import ensure_base_env, make_task_env
 from tests.tasks_helpers import make_repo, shared_env_cache
 
@@ -75,6 +76,22 @@ def test_draft_workspace_fails_and_gold_patch_fixes_it(built, tmp_path: Path) ->
         fixed = run_pytest(env2, gold, t.fail_to_pass + t.pass_to_pass, timeout_s=120, per_test_timeout_s=5,
                            extra_args=t.pytest_args)
         assert fixed.passing == set(t.fail_to_pass + t.pass_to_pass), t.id
+
+
+def test_recheck_accepts_drafts_and_catches_a_wrong_gold_patch(built, tmp_path: Path) -> None:
+    _, drafts, _, _ = built
+    d = drafts[0]
+    t = d.task
+    kw = dict(workspace=d.workspace, fail_to_pass=t.fail_to_pass, pass_to_pass=t.pass_to_pass,
+              make_python=lambda w, e: make_task_env(d.base_env, w, e), pytest_args=t.pytest_args, timeout_s=120,
+              per_test_timeout_s=10)
+    assert recheck(gold_patch=d.gold_patch, scratch=tmp_path / "a", **kw).ok
+    # A "fix" that leaves the feature broken: an empty patch cannot apply; a no-op patch leaves F2P failing.
+    assert not recheck(gold_patch="", scratch=tmp_path / "b", **kw).ok
+    noop = "diff --git a/NOTES b/NOTES\nnew file mode 100644\n--- /dev/null\n+++ b/NOTES\n@@ -0,0 +1 @@\n+x\n"
+    res = recheck(gold_patch=noop, scratch=tmp_path / "c", **kw)
+    assert not res.ok and "gold patch leaves" in res.reason
+    assert not (d.workspace / "NOTES").exists()
 
 
 def test_base_env_holds_no_copy_of_the_package(built) -> None:
