@@ -138,3 +138,15 @@ def test_failing_install_is_a_source_error_naming_the_cause(tmp_path_factory, tm
     with pytest.raises(SourceError, match=r"cannot install the dependencies.*cadenza-no-such-dependency-xyz") as exc:
         list(iter_task_drafts(str(src), tmp_path / "w", config=cfg))
     assert "\n" not in str(exc.value)
+
+
+def test_source_that_the_tooling_depends_on_is_refused(tmp_path_factory, tmp_path: Path) -> None:
+    # pytest depends on `iniconfig`: a source of that name would find itself installed in its env.
+    src = make_repo(tmp_path / "r", pyproject='[project]\nname = "iniconfig"\nversion = "9"\ndependencies = []\n')
+    (src / "minilib").rename(src / "iniconfig")
+    for f in (src / "tests").glob("*.py"):
+        f.write_text(f.read_text().replace("minilib", "iniconfig"))
+    info = fetch_source(str(src), tmp_path / "copy")
+    assert info.packages == ["iniconfig"]
+    with pytest.raises(SourceError, match="installed copy of the package itself"):
+        ensure_base_env(info, shared_env_cache(tmp_path_factory))
