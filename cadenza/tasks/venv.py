@@ -134,7 +134,7 @@ def ensure_base_env(source: SourceInfo, cache_dir: Path | None = None) -> BaseEn
     """
     cache_dir = Path(cache_dir or default_cache_dir())
     cache_dir.mkdir(parents=True, exist_ok=True)
-    reqs = discover_requirements(source.root, [source.name, *source.packages])
+    reqs = discover_requirements(source.root, [source.name, *source.packages], source.test_paths)
     key_data = {"format": ENV_FORMAT, "python": sys.version, "base": sys.base_prefix,
                 "runtime": sorted(reqs.runtime), "test": sorted(reqs.test), "tooling": TOOLING}
     key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:16]

@@ -107,3 +107,23 @@ def test_requirements_from_pkg_info_extras(tmp_path: Path) -> None:
     )
     reqs = discover_requirements(root, ["foo"])
     assert reqs.runtime == ["idna"] and reqs.test == ["pytest-mock"]
+
+
+def test_plugins_the_tests_visibly_use_are_detected(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    (root / "tests").mkdir(parents=True)
+    (root / "tests" / "test_x.py").write_text(textwrap.dedent('''\
+        import pytest
+        import yaml
+        from hypothesis import given
+
+        @pytest.mark.asyncio
+        async def test_a(mocker):
+            pass
+
+        def test_b(some_unknown_fixture):
+            import leftpad_unknown
+        '''))
+    reqs = discover_requirements(root, ["x"], ["tests/test_x.py"])
+    assert sorted(reqs.test) == ["hypothesis", "pytest-asyncio", "pytest-mock", "pyyaml"]
+    assert "test code" in reqs.sources
