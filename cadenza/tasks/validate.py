@@ -164,6 +164,8 @@ def validate(ctx: ValidationContext, deletion: Deletion, workspace: Path, scratc
         if not probe.not_passing:
             return Validation(ok=False, reason="no covering test fails")
     full = run_pytest(python, workspace, None, **kw)
+    if full.timed_out:
+        return Validation(ok=False, reason=f"suite timed out after deletion (>{ctx.timeout_s:g}s)")
     f2p = sorted(t for t in passing if full.outcome(t) != "passed")
     p2p = sorted(t for t in passing if full.outcome(t) == "passed")
     if not f2p:
