@@ -344,11 +344,12 @@ _TRIVIAL_LINE = re.compile(r"^[\W_]*$|^(return|pass|else|try|finally|break|conti
 
 def removed_snippets(removed_code: str, docstring: str | None, remaining_texts: Iterable[str], *,
                      known_lines: Collection[str] = (), min_len: int = 12, limit: int = 24) -> list[str]:
-    """Distinctive lines of ``removed_code`` (and its docstring) that no remaining file contains.
+    """Distinctive lines of ``removed_code`` (and its docstring) that no remaining Python file contains.
 
     Order: the definition line, the docstring's first paragraph, then body lines longest first.
-    A line still present elsewhere in the workspace (a level-1 signature, a common idiom) is not
-    evidence of a leak and is left out, and so is any line in ``known_lines`` (stripped lines of the
+    A line still present in the workspace's code (a level-1 signature, a common idiom) is not
+    evidence of a leak and is left out (docs and text files are not consulted: a body copied into
+    the docs IS a leak), and so is any line in ``known_lines`` (stripped lines of the
     environment's site-packages, where a scanner would find generic lines such as ``def __init__(self):``);
     when nothing of ``min_len`` is left, shorter lines are used.
     """
@@ -553,7 +554,7 @@ def _remaining_texts(root: Path, changed: dict[str, str | None]) -> list[str]:
     texts = [t for t in changed.values() if t is not None]
     for p in root.rglob("*"):
         rel = p.relative_to(root).as_posix()
-        if rel in changed or not p.is_file() or p.suffix not in {".py", ".pyi", ".txt", ".rst", ".md", ".cfg", ".toml", ".ini"}:
+        if rel in changed or not p.is_file() or p.suffix not in {".py", ".pyi"}:
             continue
         try:
             texts.append(p.read_text())

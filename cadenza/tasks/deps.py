@@ -10,6 +10,7 @@ and they slow environment builds down.
 
 from __future__ import annotations
 
+import ast
 import configparser
 import json
 import os
@@ -203,7 +204,43 @@ def _pip_report(root: Path) -> tuple[list[str], dict[str, list[str]]]:
     return runtime, extras
 
 
-def discover_requirements(root: Path, own_names: list[str]) -> Requirements:
+#: Evidence in test code (fixture argument, marker, import) -> the distribution that provides it.
+PLUGIN_EVIDENCE = {
+    "fixture:mocker": "pytest-mock", "fixture:requests_mock": "requests-mock", "fixture:httpx_mock": "pytest-httpx",
+    "fixture:freezer": "pytest-freezer", "fixture:snapshot": "syrupy", "fixture:aioresponses": "aioresponses",
+    "mark:asyncio": "pytest-asyncio", "mark:trio": "pytest-trio", "mark:freeze_time": "pytest-freezer",
+    "mark:httpx_mock": "pytest-httpx", "import:hypothesis": "hypothesis", "import:yaml": "pyyaml",
+    "import:pytest_mock": "pytest-mock", "import:freezegun": "freezegun", "import:responses": "responses",
+    "import:mock": "mock", "import:attr": "attrs", "import:numpy": "numpy", "import:dateutil": "python-dateutil",
+    "import:pytz": "pytz", "import:trustme": "trustme", "import:toml": "toml", "import:tomli": "tomli",
+}
+
+
+def detect_plugins(root: Path, test_paths: list[str]) -> list[str]:
+    """Distributions the test code visibly relies on (curated evidence only: never guesses names)."""
+    found: list[str] = []
+    for rel in test_paths:
+        if not rel.endswith(".py"):
+            continue
+        try:
+            tree = ast.parse((root / rel).read_text())
+        except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
+            continue
+        evidence: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                evidence.update(f"fixture:{a.arg}" for a in node.args.args)
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "mark":
+                evidence.add(f"mark:{node.attr}")
+            elif isinstance(node, ast.Import):
+                evidence.update(f"import:{a.name.split('.')[0]}" for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                evidence.add(f"import:{node.module.split('.')[0]}")
+        found += [PLUGIN_EVIDENCE[e] for e in sorted(evidence) if e in PLUGIN_EVIDENCE]
+    return _dedupe(found)
+
+
+def discover_requirements(root: Path, own_names: list[str], test_paths: list[str] | None = None) -> Requirements:
     """Runtime + test requirements of the project at ``root`` (its own name(s) excluded)."""
     own = {re.sub(r"[-_.]+", "-", n).lower() for n in own_names}
     found = Requirements()
@@ -251,6 +288,10 @@ def discover_requirements(root: Path, own_names: list[str]) -> Requirements:
     if tox:
         test += tox
         found.sources.append("tox.ini")
+    plugins = detect_plugins(root, test_paths or [])
+    if plugins:
+        test += plugins
+        found.sources.append("test code")
     # Self-references such as ``pkg[test]`` pull in the extra's requirements, which we already have.
     found.runtime = _dedupe([r for r in (runtime or []) if _keep(r, own)])
     found.test = _dedupe([r for r in test if _keep(r, own) and req_name(r) not in {req_name(x) for x in found.runtime}])

@@ -168,10 +168,10 @@ def iter_task_drafts(
     t_env = time.monotonic()
     base = ensure_base_env(source, cfg.env_cache_dir)
     stats.env_seconds = time.monotonic() - t_env
-    pytest_args = pytest_args_for(source.root)
     baseline_ws = work_dir / "baseline"
     copy_tree(source.root, baseline_ws)
     python = make_task_env(base, baseline_ws, work_dir / "baseline-env")
+    pytest_args = pytest_args_for(baseline_ws, python)
     baseline, fmap = run_baseline(source, python, baseline_ws, pytest_args=pytest_args, timeout_s=cfg.timeout_s,
                                   per_test_timeout_s=cfg.per_test_timeout_s, counter=stats.counter)
     stats.suite_size = baseline.suite_size
@@ -180,7 +180,7 @@ def iter_task_drafts(
     importable = importable_modules(python, baseline_ws, sorted({m for m in modules.values() if m.split(".")[-1] != "__main__"}))
     shutil.rmtree(baseline_ws, ignore_errors=True)
     ctx = ValidationContext(base_env=base, pristine=source.root, baseline=baseline, pytest_args=pytest_args,
-                            importable=importable, timeout_s=cfg.timeout_s, per_test_timeout_s=cfg.per_test_timeout_s,
+                            importable=importable, test_paths=source.test_paths, timeout_s=cfg.timeout_s, per_test_timeout_s=cfg.per_test_timeout_s,
                             gold_check=cfg.gold_check, counter=stats.counter)
     known_lines = site_lines(base.site_packages)
     ordered = order_candidates(fmap, baseline, levels, seed)

@@ -12,6 +12,7 @@ import configparser
 import contextlib
 import json
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -177,31 +178,92 @@ def _ini_addopts(path: Path, section: str) -> list[str] | None:
     return shlex.split(cp.get(section, "addopts", fallback=""))
 
 
-def safe_addopts(opts: list[str]) -> list[str]:
-    """Keep only addopts that need no plugin (doctest, ignore, warnings, ``-p no:...``)."""
+#: Options that change which tests run, stop early, parallelise, write outside the run, or clash with ours.
+DENIED_ADDOPTS = {
+    "-x", "--exitfirst", "--maxfail", "-n", "--numprocesses", "--dist", "--maxprocesses", "--lf", "--last-failed",
+    "--ff", "--failed-first", "--nf", "--new-first", "--sw", "--stepwise", "--sw-skip", "--stepwise-skip", "--lfnf",
+    "--last-failed-no-failures", "--pdb", "--pdbcls", "--trace", "--junitxml", "--junit-xml", "--junitprefix",
+    "--basetemp", "--strict-config", "-c", "--config-file", "--rootdir", "--cache-clear", "--looponfail", "-f",
+    "--co", "--collect-only", "--setup-only", "--setup-plan", "--fixtures", "--markers", "--version", "-h",
+    "--help", "-o", "--override-ini", "--timeout", "--timeout-method", "--timeout_method", "--no-cov", "--count",
+    "--reruns", "--random-order", "--random-order-seed", "-P", "--debug", "--report-log", "--result-log",
+}
+DENIED_PREFIXES = ("--cov", "--benchmark", "--randomly", "--mypy", "--flake8", "--pycodestyle", "--pylint")
+
+
+def registered_options(python: Path, workspace: Path, timeout_s: float = 120.0) -> dict[str, bool]:
+    """Options pytest accepts in this env and workspace (plugins + conftests): name -> takes a value."""
+    code = ("import sys, pytest; sys.exit(pytest.main(['--help', '-p', 'no:cacheprovider', '-o', 'addopts=', "
+            "'-o', 'required_plugins=']))")
+    proc = run_python(python, code, cwd=workspace, timeout_s=timeout_s)
+    out: dict[str, bool] = {}
+    for line in proc.stdout.splitlines():
+        if not line.startswith("  -"):
+            continue
+        spec = re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]
+        for part in spec.split(", "):
+            m = re.match(r"(-{1,2}[\w-]+)([ =]\S+)?", part.strip())
+            if m:
+                out[m.group(1)] = bool(m.group(2))
+    return out
+
+
+def safe_addopts(opts: list[str], registered: dict[str, bool] | None = None) -> list[str]:
+    """The addopts that are safe to keep.
+
+    Without ``registered`` (see :func:`registered_options`): only core options that need no plugin
+    (doctest, ignore, warnings, ``-p no:...``). With it: any option pytest accepts in the env
+    (e.g. ``--asyncio-mode=auto`` when pytest-asyncio is installed), minus those in
+    :data:`DENIED_ADDOPTS` (early stop, xdist, coverage, ...). Unknown options are dropped with
+    their value.
+    """
     out: list[str] = []
     i = 0
     while i < len(opts):
         opt = opts[i]
         name, eq, _ = opt.partition("=")
-        if opt in SAFE_ADDOPTS_FLAGS or (name in SAFE_ADDOPTS_WITH_VALUE and eq):
+        nxt = opts[i + 1] if i + 1 < len(opts) else None
+        if opt == "-p" and nxt is not None:
+            if nxt.startswith("no:"):
+                out += [opt, nxt]
+            i += 2
+            continue
+        if opt.startswith("-W") and len(opt) > 2:
             out.append(opt)
-        elif opt in SAFE_ADDOPTS_WITH_VALUE and i + 1 < len(opts):
-            out += [opt, opts[i + 1]]
             i += 1
-        elif opt == "-p" and i + 1 < len(opts):
-            if opts[i + 1].startswith("no:"):
-                out += [opt, opts[i + 1]]
+            continue
+        if opt.startswith("-r") and len(opt) > 2 and not opt.startswith("--"):
+            out.append(opt)
             i += 1
-        elif opt.startswith("-W") and len(opt) > 2:
+            continue
+        if registered is None:
+            takes_value = name in SAFE_ADDOPTS_WITH_VALUE
+            keep = opt in SAFE_ADDOPTS_FLAGS or name in SAFE_ADDOPTS_WITH_VALUE
+        else:
+            takes_value = registered.get(name, bool(nxt) and not str(nxt).startswith("-"))
+            keep = name in registered and name not in DENIED_ADDOPTS and not name.startswith(DENIED_PREFIXES)
+        if not name.startswith("-"):
+            i += 1  # a stray value
+            continue
+        if takes_value and not eq and nxt is not None:
+            if keep:
+                out += [opt, nxt]
+            i += 2
+            continue
+        if keep:
             out.append(opt)
         i += 1
     return out
 
 
-def pytest_args_for(root: Path) -> list[str]:
-    """Arguments every run of this project uses: neutralised addopts, fixed rootdir, robust collection."""
-    safe = safe_addopts(read_addopts(root))
+def pytest_args_for(root: Path, python: Path | None = None) -> list[str]:
+    """Arguments every run of this project uses: neutralised addopts, fixed rootdir, robust collection.
+
+    With ``python`` (a task env for ``root``), options of installed plugins survive; without it only
+    plugin-free core options do.
+    """
+    registered = registered_options(python, root) if python is not None else None
+    safe = safe_addopts(read_addopts(root), registered)
     return ["-o", f"addopts={shlex.join(safe)}", "-o", "required_plugins=", "--rootdir=.",
             "--continue-on-collection-errors"]
 

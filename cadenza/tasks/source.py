@@ -259,8 +259,17 @@ def _candidates(base: Path) -> dict[str, str]:
         stem = entry.name[:-3] if entry.name.endswith(".py") else entry.name
         if stem in NON_PACKAGE_NAMES or stem.startswith((".", "_")) or not stem.isidentifier():
             continue
-        if (entry.is_dir() and (entry / "__init__.py").is_file()) or (entry.is_file() and entry.suffix == ".py" and not stem.startswith("test_") and not stem.endswith("_test")):
+        if (entry.is_dir() and (entry / "__init__.py").is_file()) or (
+            entry.is_file() and entry.suffix == ".py" and not stem.startswith("test_") and not stem.endswith("_test")
+        ):
             out[stem] = entry.name
+    if not out:
+        # PEP 420 namespace packages: a plain directory holding a regular package one level down.
+        for entry in sorted(base.iterdir()):
+            if (entry.is_dir() and entry.name.isidentifier() and entry.name not in NON_PACKAGE_NAMES
+                    and not entry.name.startswith((".", "_"))
+                    and any((sub / "__init__.py").is_file() for sub in entry.iterdir() if sub.is_dir())):
+                out[entry.name] = entry.name
     return out
 
 

@@ -115,6 +115,17 @@ def _own_copies(site: Path, packages: list[str], dist_name: str) -> list[str]:
     return found
 
 
+def _tooling_ok(root: Path) -> bool:
+    probe = subprocess.run([str(root / "bin" / "python"), "-c", "import pytest, coverage, pytest_timeout"],
+                           capture_output=True, env={"PATH": os.environ.get("PATH", "")})
+    return probe.returncode == 0
+
+
+def _leak_message(source: SourceInfo, what: str) -> str:
+    return (f"{source.name}: its environment would hold an installed copy of the package itself ({what}); "
+            "such a source cannot get a leak-free environment")
+
+
 def ensure_base_env(source: SourceInfo, cache_dir: Path | None = None) -> BaseEnv:
     """Build (or reuse) the deps-only base venv for ``source``; cached by requirements + Python.
 
@@ -123,7 +134,7 @@ def ensure_base_env(source: SourceInfo, cache_dir: Path | None = None) -> BaseEn
     """
     cache_dir = Path(cache_dir or default_cache_dir())
     cache_dir.mkdir(parents=True, exist_ok=True)
-    reqs = discover_requirements(source.root, [source.name, *source.packages])
+    reqs = discover_requirements(source.root, [source.name, *source.packages], source.test_paths)
     key_data = {"format": ENV_FORMAT, "python": sys.version, "base": sys.base_prefix,
                 "runtime": sorted(reqs.runtime), "test": sorted(reqs.test), "tooling": TOOLING}
     key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:16]
@@ -139,21 +150,19 @@ def ensure_base_env(source: SourceInfo, cache_dir: Path | None = None) -> BaseEn
                 venv.EnvBuilder(with_pip=False, symlinks=True, clear=True).create(tmp)
                 skipped = _install(tmp / "bin" / "python", reqs)
                 site = _site_packages(tmp)
-                copies = _own_copies(site, source.packages, source.name)
-                if copies:
+                if _own_copies(site, source.packages, source.name):
+                    # A dependency dragged the package itself in: remove it if the tooling survives that.
                     _pip(tmp / "bin" / "python", "uninstall", "-y", source.name)
-                    copies = _own_copies(site, source.packages, source.name)
-                    probe = subprocess.run([str(tmp / "bin" / "python"), "-c", "import pytest"], capture_output=True)
-                    if copies or probe.returncode != 0:
-                        raise SourceError(
-                            f"a dependency pulls in an installed copy of {source.name} itself ({', '.join(copies) or 'needed by pytest'}); "
-                            "such a source cannot get a leak-free environment"
-                        )
+                    if _own_copies(site, source.packages, source.name) or not _tooling_ok(tmp):
+                        raise SourceError(_leak_message(source, "the test tooling needs it"))
                 (tmp / "cadenza-env.json").write_text(json.dumps({**key_data, "skipped": skipped}, indent=1))
                 tmp.rename(root)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
+    copies = _own_copies(_site_packages(root), source.packages, source.name)
+    if copies:  # e.g. a cached env whose dependencies include a package of this very name
+        raise SourceError(_leak_message(source, ", ".join(copies)))
     info = json.loads(info_path.read_text())
     return BaseEnv(
         root=root, site_packages=_site_packages(root), dist_name=source.name, version=source.version,

@@ -15,6 +15,7 @@ from cadenza.tasks.pipeline import BuildConfig, BuildStats, iter_task_drafts
 from cadenza.tasks.runner import pytest_args_for, run_pytest
 from cadenza.tasks.source import fetch_source
 from cadenza.tasks.statement import leaks
+from cadenza.tasks.validate import recheck
 from cadenza.tasks.venv import ensure_base_env, make_task_env
 from tests.tasks_helpers import make_repo, shared_env_cache
 
@@ -77,6 +78,22 @@ def test_draft_workspace_fails_and_gold_patch_fixes_it(built, tmp_path: Path) ->
         assert fixed.passing == set(t.fail_to_pass + t.pass_to_pass), t.id
 
 
+def test_recheck_accepts_drafts_and_catches_a_wrong_gold_patch(built, tmp_path: Path) -> None:
+    _, drafts, _, _ = built
+    d = drafts[0]
+    t = d.task
+    kw = dict(workspace=d.workspace, fail_to_pass=t.fail_to_pass, pass_to_pass=t.pass_to_pass,
+              make_python=lambda w, e: make_task_env(d.base_env, w, e), pytest_args=t.pytest_args, timeout_s=120,
+              per_test_timeout_s=10)
+    assert recheck(gold_patch=d.gold_patch, scratch=tmp_path / "a", **kw).ok
+    # A "fix" that leaves the feature broken: an empty patch cannot apply; a no-op patch leaves F2P failing.
+    assert not recheck(gold_patch="", scratch=tmp_path / "b", **kw).ok
+    noop = "diff --git a/NOTES b/NOTES\nnew file mode 100644\n--- /dev/null\n+++ b/NOTES\n@@ -0,0 +1 @@\n+x\n"
+    res = recheck(gold_patch=noop, scratch=tmp_path / "c", **kw)
+    assert not res.ok and "gold patch leaves" in res.reason
+    assert not (d.workspace / "NOTES").exists()
+
+
 def test_base_env_holds_no_copy_of_the_package(built) -> None:
     _, drafts, _, _ = built
     site = drafts[0].base_env.site_packages
@@ -121,3 +138,15 @@ def test_failing_install_is_a_source_error_naming_the_cause(tmp_path_factory, tm
     with pytest.raises(SourceError, match=r"cannot install the dependencies.*cadenza-no-such-dependency-xyz") as exc:
         list(iter_task_drafts(str(src), tmp_path / "w", config=cfg))
     assert "\n" not in str(exc.value)
+
+
+def test_source_that_the_tooling_depends_on_is_refused(tmp_path_factory, tmp_path: Path) -> None:
+    # pytest depends on `iniconfig`: a source of that name would find itself installed in its env.
+    src = make_repo(tmp_path / "r", pyproject='[project]\nname = "iniconfig"\nversion = "9"\ndependencies = []\n')
+    (src / "minilib").rename(src / "iniconfig")
+    for f in (src / "tests").glob("*.py"):
+        f.write_text(f.read_text().replace("minilib", "iniconfig"))
+    info = fetch_source(str(src), tmp_path / "copy")
+    assert info.packages == ["iniconfig"]
+    with pytest.raises(SourceError, match="installed copy of the package itself"):
+        ensure_base_env(info, shared_env_cache(tmp_path_factory))

@@ -201,3 +201,17 @@ def test_star_reexport_propagates_and_import_time_use_is_refused(tmp_path: Path)
     core.write_text(core.read_text() + "\n\nREGISTRY = {'stack': Stack, 'peek': Stack.peek}\n")
     with pytest.raises(DeletionError, match="at import time"):
         plan_deletion(root, _cand("minilib.core.Stack", "class"), 3, mods)
+
+
+def test_broken_test_files_are_predicted_from_test_imports(repo: Path) -> None:
+    from cadenza.tasks.validate import broken_test_files
+
+    mods = _modules(repo)
+    tests = ["tests/test_core.py", "tests/test_text.py"]
+    l2 = plan_deletion(repo, _cand("minilib.core.add", "function"), 2, mods)
+    assert broken_test_files(l2, repo, tests, ".") == {"tests/test_core.py"}
+    l1 = plan_deletion(repo, _cand("minilib.core.add", "function"), 1, mods)
+    assert broken_test_files(l1, repo, tests, ".") == set()
+    (repo / "tests/test_text.py").write_text("from minilib.textutil import shout\n" + (repo / "tests/test_text.py").read_text())
+    l3 = plan_deletion(repo, _cand("minilib.textutil", "module", "minilib/textutil.py", "minilib.textutil"), 3, mods)
+    assert broken_test_files(l3, repo, tests, ".") == {"tests/test_text.py"}

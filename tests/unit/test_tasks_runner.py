@@ -124,3 +124,29 @@ def test_flaky_test_is_excluded_by_two_real_runs(tmp_path: Path) -> None:
     base = combine_runs(*runs)
     assert base.passing == ["test_f.py::test_stable"]
     assert base.excluded == ["test_f.py::test_broken", "test_f.py::test_flaky"]
+
+
+def test_addopts_of_installed_plugins_and_conftests_survive(tmp_path: Path) -> None:
+    ws = _ws(tmp_path, {
+        "pytest.ini": "[pytest]\naddopts = --my-mode fast --runslow -x --maxfail=2 --nonexistent-plugin-opt=3 -m 'not net' -p no:warnings\n",
+        "conftest.py": """
+            def pytest_addoption(parser):
+                parser.addoption("--my-mode", default="slow")
+                parser.addoption("--runslow", action="store_true")
+        """,
+        "test_o.py": """
+            import pytest
+            def test_mode(request):
+                assert request.config.getoption("--my-mode") == "fast" and request.config.getoption("--runslow")
+            @pytest.mark.net
+            def test_net(): pass
+            def test_fails(): assert 0
+            def test_after(): pass
+        """,
+    })
+    args = pytest_args_for(ws, PY)
+    assert args[:2] == ["-o", "addopts=--my-mode fast --runslow -m 'not net' -p no:warnings"]
+    rep = run_pytest(PY, ws, None, timeout_s=120, per_test_timeout_s=None, extra_args=args)
+    # Custom options reached the tests, -x/--maxfail did not stop the run, the marker expression still applies.
+    assert rep.outcomes == {"test_o.py::test_mode": "passed", "test_o.py::test_fails": "failed",
+                            "test_o.py::test_after": "passed"}

@@ -107,3 +107,33 @@ def test_requirements_from_pkg_info_extras(tmp_path: Path) -> None:
     )
     reqs = discover_requirements(root, ["foo"])
     assert reqs.runtime == ["idna"] and reqs.test == ["pytest-mock"]
+
+
+def test_plugins_the_tests_visibly_use_are_detected(tmp_path: Path) -> None:
+    root = tmp_path / "r"
+    (root / "tests").mkdir(parents=True)
+    (root / "tests" / "test_x.py").write_text(textwrap.dedent('''\
+        import pytest
+        import yaml
+        from hypothesis import given
+
+        @pytest.mark.asyncio
+        async def test_a(mocker):
+            pass
+
+        def test_b(some_unknown_fixture):
+            import leftpad_unknown
+        '''))
+    reqs = discover_requirements(root, ["x"], ["tests/test_x.py"])
+    assert sorted(reqs.test) == ["hypothesis", "pytest-asyncio", "pytest-mock", "pyyaml"]
+    assert "test code" in reqs.sources
+
+
+def test_namespace_package_in_src(tmp_path: Path) -> None:
+    root = tmp_path / "ns"
+    (root / "src" / "acme" / "widgets").mkdir(parents=True)
+    (root / "src" / "acme" / "widgets" / "__init__.py").write_text("def spin():\n    return 1\n")
+    (root / "tests").mkdir()
+    (root / "tests" / "test_w.py").write_text("from acme.widgets import spin\ndef test_spin():\n    assert spin() == 1\n")
+    info = fetch_source(str(root), tmp_path / "copy")
+    assert (info.packages, info.package_dirs, info.layout) == (["acme"], {"acme": "src/acme"}, "src")

@@ -28,7 +28,7 @@ def _serve(answer: str):
     seen: list[dict] = []
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self):  # noqa: N802 - http.server API
+        def do_POST(self):
             seen.append(json.loads(self.rfile.read(int(self.headers["Content-Length"]))))
             body = json.dumps({"choices": [{"message": {"role": "assistant", "content": answer}}]}).encode()
             self.send_response(200)
