@@ -23,9 +23,9 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from cadenza.tasks.demo import DEMO_MAX_TASKS, DEMO_SOURCE, build_demo_tasks
-        from cadenza.tasks.report import print_summary
+        from cadenza.tasks.report import out_console, print_summary
 
-        console = Console()
+        console = out_console()
         summary = build_demo_tasks(out, source=source or DEMO_SOURCE, max_tasks=max_tasks or DEMO_MAX_TASKS,
                                    console=Console(stderr=True))
         print_summary(summary, console)

@@ -37,22 +37,20 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from cadenza.tasks.factory import BuildConfig, build_tasks
-        from cadenza.tasks.report import print_summary
+        from cadenza.tasks.report import out_console, print_summary
 
         console = Console(stderr=True)
         cfg = BuildConfig(out=out, workers=workers, max_tasks=max_tasks, levels=_levels(levels), seed=seed,
                           statement_llm=statement_llm, progress=not quiet)
         summary = build_tasks(sources, cfg, console=console)
-        print_summary(summary, Console())
+        print_summary(summary, out_console())
         if not summary.tasks:
             raise typer.Exit(1)
 
     @tasks.command()
     def scan(path: Path = typer.Argument(..., help="A task dir or a task set.")) -> None:
         """Search everything a task can reach for its deleted code; exit 1 on findings."""
-        from rich.console import Console
-
-        from cadenza.tasks.report import findings_table
+        from cadenza.tasks.report import findings_table, out_console
         from cadenza.tasks.scan import find_task_dirs, scan_tasks
 
         if not path.exists():
@@ -61,7 +59,7 @@ def register(app: typer.Typer) -> None:
         if not dirs:
             raise CadenzaError(f"{path} holds no tasks (no task.json); pass a task dir or a task set")
         findings = scan_tasks(dirs)
-        console = Console()
+        console = out_console()
         if findings:
             console.print(findings_table(findings))
             console.print(f"[red]{len(findings)} finding(s) in {len({f.task_id for f in findings})} of {len(dirs)} task(s)")
@@ -71,35 +69,29 @@ def register(app: typer.Typer) -> None:
     @tasks.command("list")
     def list_(path: Path = typer.Argument(..., help="Task set."), as_json: bool = typer.Option(False, "--json")) -> None:
         """List the tasks of a set."""
-        from rich.console import Console
-
-        from cadenza.tasks.report import tasks_table
+        from cadenza.tasks.report import out_console, tasks_table
         from cadenza.tasks.store import TaskStore
 
         rows = TaskStore(path).rows()
         if as_json:
             typer.echo(json.dumps(rows, indent=2))
         else:
-            Console().print(tasks_table(rows))
+            out_console().print(tasks_table(rows))
 
     @tasks.command()
     def show(path: Path = typer.Argument(..., help="Task set."), task_id: str = typer.Argument(..., metavar="ID")) -> None:
         """Show one task: feature, level, statement, tests."""
-        from rich.console import Console
-
-        from cadenza.tasks.report import print_task
+        from cadenza.tasks.report import out_console, print_task
         from cadenza.tasks.store import TaskStore
         from cadenza.tasks.task import load_task
 
         task_dir = TaskStore(path).task_dir(task_id)
-        print_task(task_dir, load_task(task_dir), Console())
+        print_task(task_dir, load_task(task_dir), out_console())
 
     @tasks.command()
     def verify(path: Path = typer.Argument(..., help="Task set."), task: str | None = typer.Option(None, "--task", help="Only this task ID.")) -> None:
         """Re-validate tasks in clean copies (F2P fail, P2P pass, gold patch passes all) and leak-scan them."""
-        from rich.console import Console
-
-        from cadenza.tasks.report import verify_table
+        from cadenza.tasks.report import out_console, verify_table
         from cadenza.tasks.store import TaskStore
         from cadenza.tasks.verify import verify_task
 
@@ -108,7 +100,7 @@ def register(app: typer.Typer) -> None:
         if not dirs:
             raise CadenzaError(f"{path} has no tasks to verify")
         results = [verify_task(d) for d in dirs]
-        console = Console()
+        console = out_console()
         console.print(verify_table(results))
         bad = [r for r in results if not r.ok]
         for r in bad:

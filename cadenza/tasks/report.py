@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,14 @@ from rich.panel import Panel
 from rich.table import Table
 
 from cadenza.tasks.task import Task
+
+
+def out_console() -> Console:
+    """stdout console; when piped (logs, CI) wide enough that tables keep their columns."""
+    console = Console()
+    if not console.is_terminal and "COLUMNS" not in os.environ:
+        return Console(width=140)
+    return console
 
 
 def summary_rows(summary: Any) -> list[dict[str, Any]]:
@@ -34,7 +43,8 @@ def print_summary(summary: Any, console: Console) -> None:
     table = Table(title=f"Task set {summary.out}")
     for col in ("source", "status", "L1", "L2", "L3", "tasks", "F2P", "P2P", "yield", "suite runs", "time"):
         left = col in ("source", "status")
-        table.add_column(col, justify="left" if left else "right", overflow="fold", no_wrap=not left)
+        table.add_column(col, justify="left" if left else "right", overflow="fold", no_wrap=True,
+                         min_width=min(len(max((r.source for r in summary.reports), key=len, default="")), 40) if col == "source" else None)
     rows = summary_rows(summary)
     for r in rows:
         status = "[green]done" if r["status"] == "done" else f"[red]{r['status']}"

@@ -82,12 +82,17 @@ def remove_junk(workspace: Path, report: ScrubReport) -> None:
 
 def scrub_stubs(workspace: Path, secret: Secret, report: ScrubReport) -> None:
     """Remove ``.pyi`` definitions of names the task deleted (other stubs stay)."""
+    for rel in secret.removed_files:  # a module deleted whole takes its stub with it
+        stub = (workspace / rel).with_suffix(".pyi")
+        if stub.is_file():
+            stub.unlink()
+            report.removed.append(str(stub.relative_to(workspace)))
     stems = {s for s, _ in secret.removed_names}
     for stub in workspace.rglob("*.pyi"):
         if stub.stem not in stems and stub.stem != "__init__":
             continue
         text = stub.read_text(errors="replace")
-        spans = sorted(span for q, span in stub_definitions(text).items()
+        spans = sorted(span for q, spans in stub_definitions(text).items() for span in spans
                        if any(q == name and (s == stub.stem or stub.stem == "__init__") for s, name in secret.removed_names))
         if not spans:
             continue
@@ -160,7 +165,7 @@ def scrub_workspace(workspace: Path, secret: Secret) -> ScrubReport:
     workspace = Path(workspace)
     report = ScrubReport()
     remove_junk(workspace, report)
-    if secret.removed_names:
+    if secret.removed_names or secret.removed_files:
         scrub_stubs(workspace, secret, report)
     scrub_docs(workspace, secret, report)
     fresh_git(workspace)

@@ -119,6 +119,7 @@ class Secret:
     codes: frozenset[tuple[str, bytes]] = frozenset()
     removed_names: frozenset[tuple[str, str]] = frozenset()  # (module file stem, qualname)
     docstring_lines: frozenset[str] = frozenset()  # needles that come from removed docstrings
+    removed_files: frozenset[str] = frozenset()  # workspace-relative .py files deleted whole
     candidates: frozenset[str] = field(default=frozenset(), repr=False)
 
     @property
@@ -160,10 +161,13 @@ def derive_secret(task_id: str, workspace: Path, patch_text: str) -> Secret:
     names: set[tuple[str, str]] = set()
     docs: set[str] = set()
     patched: set[Path] = set()
+    removed_files: set[str] = set()
     for pf in files:
         added.extend(ln[1:] for _, body in pf.hunks for ln in body if ln[0] == "+")
         if not pf.path.endswith(".py"):
             continue
+        if pf.new_file:
+            removed_files.add(pf.path)
         target = workspace / pf.path
         patched.add(target.resolve())
         post = target.read_text(errors="replace") if target.is_file() and not pf.new_file else ""
@@ -186,7 +190,8 @@ def derive_secret(task_id: str, workspace: Path, patch_text: str) -> Secret:
             common |= hits
     needles = frozenset(cands - common)
     return Secret(task_id=task_id, needles=needles, codes=frozenset(codes), removed_names=frozenset(names),
-                  docstring_lines=needles & frozenset(docs), candidates=frozenset(cands))
+                  docstring_lines=needles & frozenset(docs), removed_files=frozenset(removed_files),
+                  candidates=frozenset(cands))
 
 
 def _docstring_lines(source: str) -> set[str]:
@@ -246,19 +251,22 @@ def _defined_names(source: str) -> set[str]:
     return out
 
 
-def stub_definitions(source: str) -> dict[str, tuple[int, int]]:
-    """Qualified names defined in a ``.pyi`` (or ``.py``) file and their line spans (1-based)."""
+def stub_definitions(source: str) -> dict[str, list[tuple[int, int]]]:
+    """Qualified names defined in a ``.pyi`` (or ``.py``) file and their line spans (1-based).
+
+    A name can have several spans (``@overload`` variants, conditional definitions).
+    """
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return {}
-    out: dict[str, tuple[int, int]] = {}
+    out: dict[str, list[tuple[int, int]]] = {}
 
     def visit(body: list[ast.stmt], prefix: str) -> None:
         for node in body:
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
                 start = min([node.lineno] + [d.lineno for d in node.decorator_list])
-                out[prefix + node.name] = (start, node.end_lineno or node.lineno)
+                out.setdefault(prefix + node.name, []).append((start, node.end_lineno or node.lineno))
                 if isinstance(node, ast.ClassDef):
                     visit(node.body, f"{prefix}{node.name}.")
             elif isinstance(node, ast.If | ast.Try):
