@@ -1,21 +1,21 @@
-"""Re-validate a published task in a clean copy: the check a grader's trust rests on.
+"""Re-validate a published task in clean copies (the core's ``recheck``) and leak-scan it.
 
-The task dir (workspace + light env, which finds its workspace through a relative path) is copied
-to a temp dir, so nothing the tests write lands in the set. In the copy: every FAIL_TO_PASS test
-must fail and every PASS_TO_PASS test pass; after ``git apply gold.patch`` every one of them must
-pass (a test missing from a report counts as failed). Then the task is leak-scanned.
+``recheck`` copies the workspace twice (as is, and with ``gold.patch`` applied) and asks for a
+python per copy; :func:`clone_env` gives it one by cloning the task's light env and pointing its
+relative workspace ``.pth`` entries at the copy. Nothing the tests write lands in the task set.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
-import subprocess
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cadenza.tasks.scan import scan_tasks
-from cadenza.tasks.task import GOLD_PATCH, WORKSPACE, load_task, task_python
+from cadenza.tasks.scan import scan_tasks, task_env_dir
+from cadenza.tasks.task import GOLD_PATCH, WORKSPACE, load_task
 
 
 @dataclass(kw_only=True)
@@ -28,13 +28,26 @@ class VerifyResult:
     seconds: float = 0.0
 
 
-def _ignore_caches(_d: str, names: list[str]) -> set[str]:
-    return {n for n in names if n in ("__pycache__", ".pytest_cache")}
+def clone_env(env_dir: Path, workspace: Path, new_workspace: Path, dest: Path) -> Path:
+    """Copy a task env to ``dest`` so that it imports from ``new_workspace`` instead of ``workspace``."""
+    shutil.copytree(env_dir, dest, symlinks=True)
+    old_ws = os.path.realpath(workspace)
+    for old_site in Path(env_dir).glob("lib/python*/site-packages"):
+        new_site = dest / old_site.relative_to(env_dir)
+        for pth in new_site.glob("*.pth"):
+            lines = []
+            for line in pth.read_text().splitlines():
+                target = os.path.realpath(old_site / line) if line.strip() and not line.startswith(("#", "import")) else ""
+                if target == old_ws or target.startswith(old_ws + os.sep):
+                    line = os.path.relpath(Path(new_workspace) / os.path.relpath(target, old_ws), new_site)
+                lines.append(line)
+            pth.write_text("\n".join(lines) + "\n")
+    return dest / "bin" / "python"
 
 
 def verify_task(task_dir: Path) -> VerifyResult:
-    """Re-run the task's tests before and after the gold patch, in a throwaway copy."""
-    from cadenza.tasks.runner import run_pytest
+    """F2P fail and P2P pass on a copy; everything passes on a gold-patched copy; no leak finding."""
+    from cadenza.tasks.validate import recheck
 
     task_dir = Path(task_dir)
     task = load_task(task_dir)
@@ -42,38 +55,22 @@ def verify_task(task_dir: Path) -> VerifyResult:
     if not task.fail_to_pass or not task.pass_to_pass:
         res.reason = "needs at least one FAIL_TO_PASS and one PASS_TO_PASS test"
         return res
-    with tempfile.TemporaryDirectory(prefix=f"cadenza-verify-{task.id}-") as tmp:
-        copy = Path(tmp) / "task"
-        shutil.copytree(task_dir, copy, symlinks=True, ignore=_ignore_caches)
-        python = task_python(copy, task)
-        ws = copy / WORKSPACE
-        ids = list(task.fail_to_pass) + list(task.pass_to_pass)
-        kwargs = {"per_test_timeout_s": task.test_timeout_s, "extra_args": list(task.pytest_args)}
-        before = run_pytest(python, ws, ids, **kwargs)
-        res.seconds += before.duration_s
-        passing_f2p = [t for t in task.fail_to_pass if before.passed(t)]
-        failing_p2p = [t for t in task.pass_to_pass if not before.passed(t)]
-        if passing_f2p:
-            res.reason = f"FAIL_TO_PASS test passes without the feature: {passing_f2p[0]}"
-            return res
-        if failing_p2p:
-            res.reason = f"PASS_TO_PASS test fails before the patch: {failing_p2p[0]} ({before.outcome(failing_p2p[0])})"
-            return res
-        applied = subprocess.run(["git", "apply", "--whitespace=nowarn", str(copy / GOLD_PATCH)], cwd=ws,
-                                 capture_output=True, text=True, stdin=subprocess.DEVNULL)
-        if applied.returncode != 0:
-            res.reason = f"gold.patch does not apply: {applied.stderr.strip().splitlines()[0] if applied.stderr.strip() else 'git apply failed'}"
-            return res
-        after = run_pytest(python, ws, ids, **kwargs)
-        res.seconds += after.duration_s
-        failing = [t for t in ids if not after.passed(t)]
-        if failing:
-            res.reason = f"with the gold patch {failing[0]} does not pass ({after.outcome(failing[0])})"
-            return res
+    ws, env = task_dir / WORKSPACE, task_env_dir(task_dir, task)
+    if not (env / "bin" / "python").exists():
+        res.reason = f"environment {env} has no bin/python; rebuild the task"
+        return res
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="cadenza-verify-") as tmp:
+        check = recheck(workspace=ws, gold_patch=(task_dir / GOLD_PATCH).read_text(), fail_to_pass=list(task.fail_to_pass),
+                        pass_to_pass=list(task.pass_to_pass), make_python=lambda w, e: clone_env(env, ws, w, e),
+                        scratch=Path(tmp), pytest_args=list(task.pytest_args), per_test_timeout_s=task.test_timeout_s)
+    res.seconds = round(time.monotonic() - t0, 2)
+    if not check.ok:
+        res.reason = check.reason
+        return res
     findings = scan_tasks([task_dir])
     if findings:
         res.reason = f"leak: {findings[0].channel} {findings[0].path}: {findings[0].evidence}"
         return res
     res.ok = True
-    res.seconds = round(res.seconds, 2)
     return res

@@ -141,7 +141,7 @@ def test_verify_passes_and_catches_broken_tasks(task_set, tmp_path):
     save_task(broken / "minipkg-b", t)
     res = cli("verify", str(broken))
     assert res.returncode == 1
-    assert "FAIL minipkg-a: with the gold patch" in res.stdout and "FAIL minipkg-b:" in res.stdout
+    assert "FAIL minipkg-a: gold patch leaves" in res.stdout and "FAIL minipkg-b:" in res.stdout
     assert "test_does_not_exist" in res.stdout and "0 of 2 task(s) verified" in res.stdout
 
 
