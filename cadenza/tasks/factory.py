@@ -191,10 +191,14 @@ def build_tasks(sources: Sequence[str], cfg: BuildConfig, *, console: Any = None
     store = TaskStore(cfg.out, create=True)
     key = cfg.params_key()
     build_id = store.start_build({**asdict(cfg), "out": str(cfg.out), "sources": list(sources)})
-    todo = [s for s in dict.fromkeys(sources) if not store.source_done(s, key)]
+    todo = []
     for s in dict.fromkeys(sources):
-        if s not in todo:
-            store.record_source(build_id, key, SourceReport(source=s, status="done", reason="resumed: built earlier"))
+        earlier = store.source_done(s, key)
+        if earlier is None:
+            todo.append(s)
+        else:
+            earlier.reason = "resumed: built earlier (numbers from that build)"
+            store.record_source(build_id, key, earlier)
     if todo:
         _run_parallel(todo, cfg, build_id, console)
     store.finish_build(build_id)

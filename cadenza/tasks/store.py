@@ -244,12 +244,14 @@ class TaskStore:
                 return [dict(r) for r in con.execute("SELECT * FROM rejections ORDER BY rowid")]
             return [dict(r) for r in con.execute("SELECT * FROM rejections WHERE build_id = ? ORDER BY rowid", (build_id,))]
 
-    def source_done(self, source: str, params_key: str) -> bool:
-        """True if an earlier build finished ``source`` with the same parameters (resume skips it)."""
+    def source_done(self, source: str, params_key: str) -> SourceReport | None:
+        """The report of an earlier build that finished ``source`` with the same parameters (resume skips it)."""
         with self.db() as con:
-            row = con.execute("SELECT 1 FROM build_sources WHERE source = ? AND params_key = ? AND status = 'done'",
-                              (source, params_key)).fetchone()
-        return row is not None
+            row = con.execute("SELECT * FROM build_sources WHERE source = ? AND params_key = ? AND status = 'done'"
+                              " ORDER BY reason LIKE 'resumed%', build_id DESC LIMIT 1", (source, params_key)).fetchone()
+        if row is None:
+            return None
+        return SourceReport(**{k: v for k, v in dict(row).items() if k not in ("build_id", "params_key")})
 
     def source_reports(self, build_id: int | None = None) -> list[SourceReport]:
         with self.db() as con:
