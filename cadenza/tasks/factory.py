@@ -13,6 +13,7 @@ import contextlib
 import hashlib
 import json
 import multiprocessing as mp
+import os
 import queue as queue_mod
 import shutil
 import threading
@@ -27,13 +28,14 @@ from cadenza.errors import CadenzaError
 from cadenza.tasks.scan import Finding, scan_tasks
 from cadenza.tasks.scrub import scrub_env, scrub_workspace
 from cadenza.tasks.secret import derive_secret
-from cadenza.tasks.store import SourceReport, TaskStore
+from cadenza.tasks.store import SourceReport, TaskStore, pid_alive
 from cadenza.tasks.task import GOLD_PATCH, WORKSPACE, save_task
 
 if TYPE_CHECKING:
     from cadenza.tasks.pipeline import TaskDraft
 
 ENV_DIR = "env"
+WORK = ".work"  # pristine source copies and candidates while a source builds; never left behind
 
 
 @dataclass(kw_only=True)
@@ -122,7 +124,7 @@ def build_source(spec: str, cfg: BuildConfig, events: Any = None, build_id: int 
     t0 = time.monotonic()
     store = TaskStore(cfg.out)
     rep = SourceReport(source=spec, status="done")
-    work = cfg.out / ".work" / hashlib.sha256(spec.encode()).hexdigest()[:12]
+    work = cfg.out / WORK / f"{hashlib.sha256(spec.encode()).hexdigest()[:12]}.{os.getpid()}"
     emit = events.put if events is not None else (lambda _msg: None)
     gen = None
     stats = _new_stats(spec)
@@ -175,6 +177,16 @@ def _worker(spec: str, cfg: BuildConfig, events: Any, build_id: int) -> SourceRe
 # --------------------------------------------------------------------------- many sources
 
 
+def sweep_work(out: Path) -> None:
+    """Remove work dirs of dead builds: they hold the original source, which must not outlive a build."""
+    work = Path(out) / WORK
+    if work.is_dir():
+        for d in work.iterdir():
+            pid = d.name.rsplit(".", 1)[-1]
+            if not (pid.isdigit() and pid_alive(int(pid))):
+                shutil.rmtree(d, ignore_errors=True)
+
+
 def build_tasks(sources: Sequence[str], cfg: BuildConfig, *, console: Any = None) -> BuildSummary:
     """Build every source into ``cfg.out``; finished sources of an earlier run are not redone."""
     if not sources:
@@ -189,6 +201,7 @@ def build_tasks(sources: Sequence[str], cfg: BuildConfig, *, console: Any = None
     t0 = time.monotonic()
     cfg.out = Path(cfg.out).resolve()
     store = TaskStore(cfg.out, create=True)
+    sweep_work(cfg.out)
     key = cfg.params_key()
     build_id = store.start_build({**asdict(cfg), "out": str(cfg.out), "sources": list(sources)})
     todo = []

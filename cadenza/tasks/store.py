@@ -156,7 +156,7 @@ class TaskStore:
         if staging.is_dir():
             for leftover in staging.iterdir():
                 owner = leftover.name.rsplit(".", 2)
-                if len(owner) == 3 and owner[1].isdigit() and _alive(int(owner[1])):
+                if len(owner) == 3 and owner[1].isdigit() and pid_alive(int(owner[1])):
                     continue  # another live build is assembling this one
                 shutil.rmtree(leftover, ignore_errors=True)
         on_disk = {p.parent.name: p.parent for p in self.root.glob(f"*/{TASK_JSON}") if not p.parent.name.startswith(".")}
@@ -288,7 +288,8 @@ def _check_id(task_id: str) -> None:
         raise CadenzaError(f"invalid task id {task_id!r}: ids are plain names such as 'cachetools-0001'")
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (owners of staging and work dirs)."""
     if pid == os.getpid():
         return True
     try:

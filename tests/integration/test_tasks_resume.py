@@ -63,6 +63,7 @@ def test_sigkill_mid_build_then_resume(tmp_path, tmp_path_factory):
         assert (out / tid / "gold.patch").read_text().startswith("diff --git")
         assert (out / tid / "env" / "bin" / "python").exists() and task.fail_to_pass and task.pass_to_pass
     assert not any((out / ".staging").iterdir())
+    assert not any((out / ".work").iterdir())  # the killed build's copy of the original source is gone
     # a third run has nothing left to do and changes nothing
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0 and [r["id"] for r in TaskStore(out).rows()] == ids
