@@ -69,7 +69,7 @@ def print_summary(summary: Any, console: Console) -> None:
 def tasks_table(rows: list[dict[str, Any]]) -> Table:
     table = Table(title=f"{len(rows)} task(s)")
     for col in ("id", "level", "kind", "qualname", "F2P", "P2P", "source"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold", no_wrap=col in ("level", "F2P", "P2P"))
     for r in rows:
         table.add_row(r["id"], str(r["level"]), r["kind"], r["qualname"], str(r["f2p"]), str(r["p2p"]), r["source"])
     return table
