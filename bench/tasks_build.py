@@ -41,9 +41,15 @@ def bench_one(spec: str, root: Path, max_tasks: int) -> dict:
     store = TaskStore(root / "set", create=True)
     stats = BuildStats(source=spec)
     cpu0, wall0 = cpu_seconds(), time.monotonic()
-    published = 0
+    published, publish_s, cpu_publish, rejected = 0, 0.0, 0.0, []
     for draft in iter_task_drafts(spec, root / "work", max_tasks=max_tasks, config=BuildConfig(max_tasks=max_tasks), stats=stats):
-        published += publish_draft(store, draft, spec).status == "added"
+        t, c = time.monotonic(), cpu_seconds()
+        res = publish_draft(store, draft, spec)
+        publish_s, cpu_publish = publish_s + time.monotonic() - t, cpu_publish + cpu_seconds() - c
+        published += res.status == "added"
+        if res.status == "leak":
+            f = res.findings[0]
+            rejected.append(f"{res.task_id}: {f.channel} {Path(f.path).name}: {f.evidence}"[:200])
     cpu, wall = cpu_seconds() - cpu0, time.monotonic() - wall0
     validated = stats.validated
     return {
@@ -53,6 +59,7 @@ def bench_one(spec: str, root: Path, max_tasks: int) -> dict:
         "full_suite_runs_per_task": round(stats.full_suite_runs / validated, 2) if validated else None,
         "suite_size": stats.suite_size, "by_level": dict(stats.by_level),
         "pytest_seconds": round(stats.counter.seconds, 1), "cpu_seconds": round(cpu, 1), "wall_seconds": round(wall, 1),
+        "publish_cpu_seconds": round(cpu_publish, 1), "publish_wall_seconds": round(publish_s, 1), "rejected": rejected,
     }
 
 
