@@ -153,7 +153,7 @@ def read_content(name: str, data: bytes, depth: int = 0) -> _Content:
                 out.lines |= _lines_of_text(s)
         except (ValueError, RecursionError):
             pass
-    if low.endswith((".pyi", ".py")):
+    if low.endswith(".pyi"):
         out.stub_defs = set(stub_definitions(text))
     return out
 
@@ -207,12 +207,15 @@ def env_roots(env_dir: Path) -> list[Path]:
     queue = list(env_dir.glob("lib*/python*/site-packages"))
     python = env_dir / "bin" / "python"
     if python.exists():
+        code = ("import sys, json, sysconfig; p = sysconfig.get_paths();"
+                " print(json.dumps([sys.path, [p['stdlib'], p['platstdlib']]]))")
         try:
-            res = subprocess.run([str(python), "-c", "import sys, json; print(json.dumps(sys.path))"],
-                                 capture_output=True, text=True, timeout=60, cwd="/", stdin=subprocess.DEVNULL)
+            res = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60, cwd="/",
+                                 stdin=subprocess.DEVNULL)
             if res.returncode == 0:
-                stdlib = _stdlib_dirs() | _env_stdlib(python)
-                for p in json.loads(res.stdout.strip().splitlines()[-1]):
+                path, env_std = json.loads(res.stdout.strip().splitlines()[-1])
+                stdlib = _stdlib_dirs() | {os.path.realpath(p) for p in env_std}
+                for p in path:
                     real = os.path.realpath(p) if p else ""
                     in_stdlib = any(real == d or real.startswith(d + os.sep) for d in stdlib) and not (
                         "site-packages" in real or "dist-packages" in real)
@@ -237,15 +240,6 @@ def env_roots(env_dir: Path) -> list[Path]:
         for finder in Path(real).glob("__editable__*.py"):
             queue.extend(Path(s) for s in _string_constants(finder) if s.startswith("/") and os.path.isdir(s))
     return roots
-
-
-def _env_stdlib(python: Path) -> set[str]:
-    try:
-        res = subprocess.run([str(python), "-c", "import sysconfig; p = sysconfig.get_paths(); print(p['stdlib']); print(p['platstdlib'])"],
-                             capture_output=True, text=True, timeout=60, cwd="/", stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired):
-        return set()
-    return {os.path.realpath(p) for p in res.stdout.split("\n") if p.strip()}
 
 
 def _string_constants(path: Path) -> list[str]:
