@@ -416,7 +416,7 @@ def scan_tasks(task_dirs: Iterable[Path]) -> list[Finding]:
                 inside = (os.path.realpath(root) + os.sep).startswith(own)
                 (targets if inside else shared).append((root, secret))
         # The statement may quote signatures and docstrings (what a developer could know), never bodies.
-        body = {n for n in secret.needles - secret.docstring_lines if not _SIGNATURE.match(n)}
+        body = {n for n in secret.needles - secret.docstring_lines - secret.signature_lines if not _SIGNATURE.match(n)}
         code_only = dataclasses.replace(secret, needles=frozenset(body), codes=frozenset(), removed_names=frozenset())
         statement = _Content(_lines_of_text(task.statement), set(), set())
         evidence = match(code_only, "task.json:statement", statement)

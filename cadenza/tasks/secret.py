@@ -23,6 +23,7 @@ JUNK_DIRS = frozenset({
 })
 MIN_NEEDLE_LEN = 10
 # A line this common in Python code is no evidence on its own.
+_IMPORT = re.compile(r"^(import\s|from\s+\S+\s+import\s|if __name__ == |if TYPE_CHECKING:|raise NotImplementedError|super\(\)\.__init__\()")
 _GENERIC = re.compile(
     r"^(return|pass|else:|try:|finally:|raise|continue|break|yield|\)|\]|\}|\"\"\"|'''|#)"
     r"(\s*(None|True|False|self|cls|result|value|key|\w{1,3}))?[\s:,)\]}]*$"
@@ -119,6 +120,7 @@ class Secret:
     codes: frozenset[tuple[str, bytes]] = frozenset()
     removed_names: frozenset[tuple[str, str]] = frozenset()  # (module file stem, qualname)
     docstring_lines: frozenset[str] = frozenset()  # needles that come from removed docstrings
+    signature_lines: frozenset[str] = frozenset()  # needles that are def/class header lines
     removed_files: frozenset[str] = frozenset()  # workspace-relative .py files deleted whole
     candidates: frozenset[str] = field(default=frozenset(), repr=False)
 
@@ -142,7 +144,7 @@ def candidate_lines(added: Iterable[str]) -> set[str]:
     out = set()
     for line in added:
         s = line.strip()
-        if len(s) >= MIN_NEEDLE_LEN and re.search(r"[A-Za-z0-9]", s) and not _GENERIC.match(s):
+        if len(s) >= MIN_NEEDLE_LEN and re.search(r"[A-Za-z0-9]", s) and not _GENERIC.match(s) and not _IMPORT.match(s):
             out.add(s)
     return out
 
@@ -162,6 +164,7 @@ def derive_secret(task_id: str, workspace: Path, patch_text: str) -> Secret:
     docs: set[str] = set()
     patched: set[Path] = set()
     removed_files: set[str] = set()
+    headers: set[str] = set()
     for pf in files:
         added.extend(ln[1:] for _, body in pf.hunks for ln in body if ln[0] == "+")
         if not pf.path.endswith(".py"):
@@ -176,6 +179,7 @@ def derive_secret(task_id: str, workspace: Path, patch_text: str) -> Secret:
         stem = Path(pf.path).stem
         names |= {(stem, q) for q in _defined_names(original) - _defined_names(post)}
         docs |= _docstring_lines(original) - _docstring_lines(post)
+        headers |= _header_lines(original) - _header_lines(post)
     cands = candidate_lines(added)
     common: set[str] = set()
     if cands:
@@ -190,7 +194,8 @@ def derive_secret(task_id: str, workspace: Path, patch_text: str) -> Secret:
             common |= hits
     needles = frozenset(cands - common)
     return Secret(task_id=task_id, needles=needles, codes=frozenset(codes), removed_names=frozenset(names),
-                  docstring_lines=needles & frozenset(docs), removed_files=frozenset(removed_files),
+                  docstring_lines=needles & frozenset(docs), signature_lines=needles & frozenset(headers),
+                  removed_files=frozenset(removed_files),
                   candidates=frozenset(cands))
 
 
@@ -205,6 +210,22 @@ def _docstring_lines(source: str) -> set[str]:
             doc = ast.get_docstring(node, clean=False)
             if doc:
                 out |= {ln.strip() for ln in doc.splitlines() if ln.strip()}
+    return out
+
+
+def _header_lines(source: str) -> set[str]:
+    """Lines of def/class headers (decorators through the colon), however they are wrapped."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return set()
+    lines = source.splitlines()
+    out: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and node.body:
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            end = max(node.body[0].lineno - 1, node.lineno)
+            out |= {ln.strip() for ln in lines[start - 1:end] if ln.strip()}
     return out
 
 

@@ -269,3 +269,19 @@ def test_statement_may_quote_docstring_but_not_code(task):
     t.statement = t.statement.replace("    survivors = {tok: n for tok, n in combined.items() if n > floor}\n", "")
     save_task(task, t)
     assert scan_tasks([task]) == []  # a signature is what the statement is meant to give
+
+
+def test_needles_skip_generic_lines_and_know_wrapped_signatures(tmp_path):
+    from cadenza.tasks.secret import candidate_lines, derive_secret
+
+    assert candidate_lines(["import types", "from typing import Any", "    return None", "if __name__ == '__main__':",
+                            "    total = first_value + second_value"]) == {"total = first_value + second_value"}
+    ws = tmp_path / "ws"
+    (ws / "pkg").mkdir(parents=True)
+    (ws / "pkg" / "m.py").write_text("X = 1\n")
+    patch = ("diff --git a/pkg/m.py b/pkg/m.py\n--- a/pkg/m.py\n+++ b/pkg/m.py\n@@ -1 +1,8 @@\n X = 1\n"
+             "+def update_many(\n+    self,\n+    updates: Iterable[Tuple[Mapping, QueryLike]],\n+) -> List[int]:\n"
+             "+    applied = [self._apply(u) for u in updates]\n+    self._journal.extend(applied)\n+    return applied\n")
+    secret = derive_secret("t", ws, patch)
+    assert "updates: Iterable[Tuple[Mapping, QueryLike]]," in secret.signature_lines
+    assert "self._journal.extend(applied)" in secret.needles - secret.signature_lines
