@@ -202,6 +202,11 @@ def iter_task_drafts(
             stats.rejected["unreadable"] += 1
             stats.rejections.append((cand.qualname, level, f"unreadable: {type(exc).__name__}"))
             continue
+        if not deletion.removed_snippets:
+            # Nothing distinctive was removed (e.g. ``return self``): trivial, and no leak scan could check it.
+            stats.rejected["not deletable"] += 1
+            stats.rejections.append((cand.qualname, level, "not deletable: nothing distinctive removed"))
+            continue
         stats.tried += 1
         attempt += 1
         cand_dir = work_dir / f"cand-{attempt:04d}"
