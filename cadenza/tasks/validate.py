@@ -122,6 +122,16 @@ def broken_test_files(deletion: Deletion, root: Path, test_paths: list[str], imp
     return broken
 
 
+def _under_broken(test_file: str, broken: set[str]) -> bool:
+    """A test fails to collect if its file, or a conftest.py in one of its directories, does."""
+    if test_file in broken:
+        return True
+    parts = Path(test_file).parts[:-1]
+    return any(
+        "/".join((*parts[:i], "conftest.py")) in broken for i in range(len(parts) + 1)
+    )
+
+
 def _apply_patch(workspace: Path, patch: str) -> str | None:
     with tempfile.NamedTemporaryFile("w", suffix=".patch", delete=False) as fh:
         fh.write(patch)
@@ -147,7 +157,7 @@ def validate(ctx: ValidationContext, deletion: Deletion, workspace: Path, scratc
     if not covering:
         return Validation(ok=False, reason="no passing test covers it")
     broken = broken_test_files(deletion, ctx.pristine, ctx.test_paths, ctx.base_env.import_root)
-    if {t for t in passing if t.split("::", 1)[0] in broken} | set(covering) >= passing:
+    if {t for t in passing if _under_broken(t.split("::", 1)[0], broken)} | set(covering) >= passing:
         return Validation(ok=False, reason="no test still passes after deletion (predicted from test imports)")
     scratch.mkdir(parents=True, exist_ok=True)
     python = make_task_env(ctx.base_env, workspace, scratch / "env")

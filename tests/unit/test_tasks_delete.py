@@ -215,3 +215,13 @@ def test_broken_test_files_are_predicted_from_test_imports(repo: Path) -> None:
     (repo / "tests/test_text.py").write_text("from minilib.textutil import shout\n" + (repo / "tests/test_text.py").read_text())
     l3 = plan_deletion(repo, _cand("minilib.textutil", "module", "minilib/textutil.py", "minilib.textutil"), 3, mods)
     assert broken_test_files(l3, repo, tests, ".") == {"tests/test_text.py"}
+
+
+def test_a_broken_conftest_breaks_every_test_below_it(repo: Path) -> None:
+    from cadenza.tasks.validate import _under_broken, broken_test_files
+
+    (repo / "tests/conftest.py").write_text("from minilib.core import plus\n")
+    d = plan_deletion(repo, _cand("minilib.core.add", "function"), 2, _modules(repo))
+    broken = broken_test_files(d, repo, ["tests/conftest.py", "tests/test_core.py", "tests/test_text.py"], ".")
+    assert broken == {"tests/conftest.py", "tests/test_core.py"}
+    assert _under_broken("tests/test_text.py", broken) and not _under_broken("other/test_x.py", broken)
