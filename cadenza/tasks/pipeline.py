@@ -50,6 +50,7 @@ class BuildConfig:
     per_test_timeout_s: float | None = 30.0
     env_cache_dir: Path | None = None
     gold_check: GoldCheck = "f2p"
+    probe: bool = False
     llm_url: str | None = None
     llm_model: str = "default"
 
@@ -181,7 +182,7 @@ def iter_task_drafts(
     shutil.rmtree(baseline_ws, ignore_errors=True)
     ctx = ValidationContext(base_env=base, pristine=source.root, baseline=baseline, pytest_args=pytest_args,
                             importable=importable, test_paths=source.test_paths, timeout_s=cfg.timeout_s, per_test_timeout_s=cfg.per_test_timeout_s,
-                            gold_check=cfg.gold_check, counter=stats.counter)
+                            gold_check=cfg.gold_check, probe=cfg.probe, counter=stats.counter)
     known_lines = site_lines(base.site_packages)
     ordered = order_candidates(fmap, baseline, levels, seed)
     stats.candidates = len(ordered)

@@ -32,7 +32,7 @@ def built(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pipeline")
     src = make_repo(tmp / "minilib")
     stats = BuildStats(source=str(src))
-    cfg = BuildConfig(env_cache_dir=shared_env_cache(tmp_path_factory), per_test_timeout_s=10)
+    cfg = BuildConfig(env_cache_dir=shared_env_cache(tmp_path_factory), per_test_timeout_s=10, probe=True)
     drafts = list(iter_task_drafts(str(src), tmp / "work", levels=(1, 2, 3), max_tasks=4, seed=1, config=cfg,
                                    stats=stats))
     return src, drafts, stats, tmp
