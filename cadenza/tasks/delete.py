@@ -478,6 +478,9 @@ def _propagate(root: Path, modules: dict[str, str], changed: dict[str, str | Non
             text = changed.get(path)
             if text is None:
                 text = (root / path).read_text()
+            words = {n for names in removed.values() for n in names} | {m.rsplit(".", 1)[-1] for m in deleted_modules}
+            if not removed.get(mod) and "import *" not in text and not any(w in text for w in words):
+                continue  # cannot reference anything that is gone: skip the (slow) libcst parse
             try:
                 tree = cst.parse_module(text)
             except cst.ParserSyntaxError:
