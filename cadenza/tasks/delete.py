@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import re
 import stat
 from collections.abc import Collection, Iterable, Sequence
@@ -58,6 +59,12 @@ class Deletion:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+@functools.lru_cache(maxsize=128)
+def _parse(text: str) -> cst.Module:
+    """libcst parse, memoised: candidates of one source re-read the same modules (trees are immutable)."""
+    return cst.parse_module(text)
 
 
 def _docstring_stmt(body: Sequence[cst.BaseStatement]) -> cst.SimpleStatementLine | None:
@@ -392,7 +399,7 @@ def plan_deletion(root: Path, cand: Candidate, level: int, modules: dict[str, st
     path = cand.path
     original_text = (root / path).read_text()
     try:
-        tree = cst.parse_module(original_text)
+        tree = _parse(original_text)
     except cst.ParserSyntaxError as exc:
         raise DeletionError(f"{path}: libcst cannot parse it ({exc.message})") from None
     parts = cand.local.split(".") if cand.local else []
@@ -451,9 +458,9 @@ def plan_deletion(root: Path, cand: Candidate, level: int, modules: dict[str, st
     for p, text in changed.items():
         if text is not None:
             try:
-                cst.parse_module(text)
-            except cst.ParserSyntaxError as exc:  # pragma: no cover - an internal invariant
-                raise DeletionError(f"{p}: deletion produced invalid code ({exc.message})") from None
+                ast.parse(text)
+            except SyntaxError as exc:  # pragma: no cover - an internal invariant
+                raise DeletionError(f"{p}: deletion produced invalid code ({exc.msg})") from None
     changed = {p: t for p, t in changed.items() if t != before[p]}
     _check_import_time_uses(changed, modules, removed, parts if cand.kind == "method" else None)
     modes = {p: stat.S_IMODE((root / p).stat().st_mode) | 0o100000 for p in changed}
@@ -482,7 +489,7 @@ def _propagate(root: Path, modules: dict[str, str], changed: dict[str, str | Non
             if not removed.get(mod) and "import *" not in text and not any(w in text for w in words):
                 continue  # cannot reference anything that is gone: skip the (slow) libcst parse
             try:
-                tree = cst.parse_module(text)
+                tree = _parse(text)
             except cst.ParserSyntaxError:
                 continue
             fix = _Fixup(mod, Path(path).name == "__init__.py", removed.get(mod, set()), removed, deleted_modules)
