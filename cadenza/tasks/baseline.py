@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cadenza.errors import SourceError
 from cadenza.tasks.features import FeatureMap, map_features
-from cadenza.tasks.runner import RunCounter, TestReport, run_pytest
+from cadenza.tasks.runner import RunCounter, TestReport, run_pytest, run_python
 from cadenza.tasks.source import SourceInfo
 
 
@@ -70,9 +70,16 @@ def run_baseline(
                         per_test_timeout_s=per_test_timeout_s, counter=counter)
     baseline = combine_runs(plain, fmap.report)
     if not baseline.passing:
+        proc = run_python(python, "".join(f"import {p}\n" for p in source.packages), cwd=workspace)
+        if proc.returncode != 0:
+            err = (proc.stderr.strip().splitlines() or ["?"])[-1][:160]
+            raise SourceError(
+                f"{source.spec}: no test passes because the package does not import from its source tree ({err}); "
+                "sources needing a build step (C extensions, generated files) are not supported"
+            )
         raise SourceError(
             f"{source.spec}: no test passes at baseline ({len(baseline.excluded)} failing or flaky); "
-            "the environment is probably missing a dependency"
+            "the environment is probably missing a test dependency"
         )
     passing = set(baseline.passing)
     for cand in fmap.candidates:
