@@ -505,10 +505,15 @@ def _propagate(root: Path, modules: dict[str, str], changed: dict[str, str | Non
 
 
 class _ImportTimeNames(ast.NodeVisitor):
-    """Names loaded while a module (or one class body) executes: skips function bodies and lambdas."""
+    """Names loaded while a module (or one class body) executes: skips function bodies and lambdas.
 
-    def __init__(self) -> None:
+    Annotations count unless the module has ``from __future__ import annotations`` (then they are
+    strings that never run).
+    """
+
+    def __init__(self, lazy_annotations: bool = False) -> None:
         self.loaded: set[str] = set()
+        self.lazy = lazy_annotations
 
     def visit_Name(self, node: ast.Name) -> None:
         if isinstance(node.ctx, ast.Load):
@@ -517,8 +522,8 @@ class _ImportTimeNames(ast.NodeVisitor):
     def _visit_def(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         for d in node.decorator_list:
             self.visit(d)
-        self.visit(node.args)  # defaults and annotations run at definition time
-        if node.returns is not None:
+        self.visit(node.args)  # defaults (and annotations) run at definition time
+        if node.returns is not None and not self.lazy:
             self.visit(node.returns)
 
     visit_FunctionDef = _visit_def
@@ -531,6 +536,21 @@ class _ImportTimeNames(ast.NodeVisitor):
         for d in [*node.defaults, *node.kw_defaults]:
             if d is not None:
                 self.visit(d)
+        if not self.lazy:
+            for a in [*node.posonlyargs, *node.args, *node.kwonlyargs, node.vararg, node.kwarg]:
+                if a is not None and a.annotation is not None:
+                    self.visit(a.annotation)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        if not self.lazy:
+            self.visit(node.annotation)
+        if node.value is not None:
+            self.visit(node.value)
+
+
+def _lazy_annotations(tree: ast.Module) -> bool:
+    return any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and any(a.name == "annotations" for a in n.names)
+               for n in tree.body)
 
 
 def _check_import_time_uses(changed: dict[str, str | None], modules: dict[str, str], removed: dict[str, set[str]],
@@ -546,14 +566,14 @@ def _check_import_time_uses(changed: dict[str, str | None], modules: dict[str, s
                 node = next((n for n in getattr(node, "body", []) if isinstance(n, ast.ClassDef) and n.name == name), None)
             if node is None:
                 continue
-            visitor = _ImportTimeNames()
+            visitor = _ImportTimeNames(_lazy_annotations(tree))
             for stmt in node.body:  # type: ignore[attr-defined]
                 visitor.visit(stmt)
             if method_parts[-1] in visitor.loaded:
                 raise DeletionError(f"{method_parts[-1]} is still used in its class body")
             continue
         gone = removed.get(modules[path], set())
-        visitor = _ImportTimeNames()
+        visitor = _ImportTimeNames(_lazy_annotations(tree))
         visitor.visit(tree)
         used = sorted(gone & visitor.loaded)
         if used:

@@ -225,3 +225,17 @@ def test_a_broken_conftest_breaks_every_test_below_it(repo: Path) -> None:
     broken = broken_test_files(d, repo, ["tests/conftest.py", "tests/test_core.py", "tests/test_text.py"], ".")
     assert broken == {"tests/conftest.py", "tests/test_core.py"}
     assert _under_broken("tests/test_text.py", broken) and not _under_broken("other/test_x.py", broken)
+
+
+@pytest.mark.parametrize(("future", "refused"), [("", True), ("from __future__ import annotations\n", False)])
+def test_annotations_count_as_import_time_use_unless_lazy(tmp_path: Path, future: str, refused: bool) -> None:
+    root = make_repo(tmp_path / "r")
+    (root / "minilib/typed.py").write_text(f'{future}from minilib.core import Stack\n\n\ndef size(s: Stack) -> int:\n    return len(s._items)\n')
+    mods = _modules(root)
+    cand = _cand("minilib.core.Stack", "class")
+    if refused:
+        with pytest.raises(DeletionError, match="at import time"):
+            plan_deletion(root, cand, 3, mods)
+    else:
+        d = plan_deletion(root, cand, 3, mods)
+        assert "from minilib.core import Stack" not in d.changed["minilib/typed.py"]
