@@ -262,9 +262,12 @@ class _Fixup(cst.CSTTransformer):
         if isinstance(value, (cst.List, cst.Tuple, cst.Set)):
             keep = [e for e in value.elements if not self._gone(_string_value(e.value) or "")]
             if len(keep) != len(value.elements):
-                if keep and isinstance(value, (cst.List, cst.Set)):
-                    last = value.elements[-1]
-                    keep[-1] = keep[-1].with_changes(comma=last.comma)
+                if keep:
+                    keep[-1] = keep[-1].with_changes(comma=value.elements[-1].comma)
+                if len(keep) == 1 and isinstance(value, cst.Tuple):
+                    keep[0] = keep[0].with_changes(comma=cst.Comma())  # ("a",) stays a tuple
+                if not keep and isinstance(value, cst.Tuple) and not value.lpar:
+                    return value.with_changes(elements=[], lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
                 return value.with_changes(elements=keep)
         if isinstance(value, cst.BinaryOperation):
             return value.with_changes(left=self._strip_all(value.left), right=self._strip_all(value.right))

@@ -239,3 +239,24 @@ def test_annotations_count_as_import_time_use_unless_lazy(tmp_path: Path, future
     else:
         d = plan_deletion(root, cand, 3, mods)
         assert "from minilib.core import Stack" not in d.changed["minilib/typed.py"]
+
+
+@pytest.mark.parametrize(
+    ("all_src", "expected"),
+    [
+        ('__all__ = ("add", "mul")\n', "('mul',)"),
+        ('__all__ = "add", "mul"\n', "('mul',)"),
+        ('__all__ = ["mul", "add"]\n__all__ += ["plus"]\n', "['mul']"),
+        ('__all__ = ("add",)\n', "()"),
+        ('__all__ = ["mul"]\n__all__.append("add")\n__all__.extend(("Stack", "plus"))\n', "['mul', 'Stack']"),
+    ],
+)
+def test_all_variants_stay_valid(tmp_path: Path, all_src: str, expected: str) -> None:
+    root = make_repo(tmp_path / "r")
+    core = root / "minilib/core.py"
+    core.write_text(core.read_text() + "\n" + all_src)
+    d = plan_deletion(root, _cand("minilib.core.add", "function"), 2, _modules(root))
+    apply_deletion(root, d)
+    proc = _imports(root, "import minilib.core as c; print(repr(c.__all__))")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == expected
