@@ -8,7 +8,7 @@ Order (cheapest rejection first):
    probe mostly costs one more pytest start per task;
 3. the whole suite runs: F2P = baseline-passing tests that now fail/error/go missing,
    P2P = baseline-passing tests that still pass; both must be non-empty;
-4. the gold patch is applied with ``git apply`` in a fresh copy of the post-deletion workspace;
+4. the gold patch is applied with ``git apply`` in a fresh post-deletion copy (pristine + deletion);
    the restored files must equal the originals byte for byte and the F2P tests must pass there
    (``gold_check="full"`` reruns F2P + P2P instead: P2P already passed twice on that identical
    tree in the baseline, so by default it is not paid for again).
@@ -185,7 +185,7 @@ def validate(ctx: ValidationContext, deletion: Deletion, workspace: Path, scratc
     if not p2p:
         return Validation(ok=False, reason="no test still passes after deletion")
     gold = scratch / "gold"
-    shutil.copytree(workspace, gold, symlinks=True)
+    prepare_workspace(ctx, deletion, gold)  # fresh: nothing the runs above wrote is carried over
     err = _apply_patch(gold, deletion.gold_patch)
     if err:
         return Validation(ok=False, reason=f"gold patch does not apply: {err}")
