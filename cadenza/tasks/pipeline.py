@@ -109,11 +109,13 @@ def task_id(source: SourceInfo, qualname: str, level: int) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{source.name}-{source.version}__{qualname}__L{level}") + f"-{digest}"
 
 
-def order_candidates(fmap: FeatureMap, baseline: Baseline, levels: tuple[int, ...], seed: int) -> list[tuple[int, Candidate]]:
+def order_candidates(fmap: FeatureMap, baseline: Baseline, levels: tuple[int, ...], seed: int,
+                     top_level: frozenset[str] = frozenset()) -> list[tuple[int, Candidate]]:
     """Candidates likely to validate, shuffled per level by ``seed`` and interleaved across levels.
 
     Pruned: no passing test covers it (nothing would fail), every passing test covers it (nothing
-    would be left as PASS_TO_PASS), a package ``__init__`` module, names defined twice.
+    would be left as PASS_TO_PASS), a package ``__init__`` module or a top-level single-module
+    package (``top_level``: deleting it deletes the project), names defined twice.
     """
     n_pass = len(baseline.passing)
     per_level: dict[int, list[Candidate]] = {}
@@ -123,7 +125,7 @@ def order_candidates(fmap: FeatureMap, baseline: Baseline, levels: tuple[int, ..
         for c in fmap.candidates:
             if c.kind not in LEVEL_KINDS.get(level, ()) or not c.tests or len(c.tests) >= n_pass:
                 continue
-            if names[(c.path, c.local)] > 1 or (c.kind == "module" and c.path.endswith("__init__.py")):
+            if names[(c.path, c.local)] > 1 or (c.kind == "module" and (c.path.endswith("__init__.py") or c.module in top_level)):
                 continue
             pool.append(c)
         rng = random.Random(f"{seed}:{level}")
@@ -184,7 +186,7 @@ def iter_task_drafts(
                             importable=importable, test_paths=source.test_paths, timeout_s=cfg.timeout_s, per_test_timeout_s=cfg.per_test_timeout_s,
                             gold_check=cfg.gold_check, probe=cfg.probe, counter=stats.counter)
     known_lines = site_lines(base.site_packages)
-    ordered = order_candidates(fmap, baseline, levels, seed)
+    ordered = order_candidates(fmap, baseline, levels, seed, frozenset(source.packages))
     stats.candidates = len(ordered)
     stats.seconds = time.monotonic() - start
     attempt = 0
