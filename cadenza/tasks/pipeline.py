@@ -180,11 +180,12 @@ def iter_task_drafts(
     stats.suite_size = baseline.suite_size
     stats.excluded_tests = list(baseline.excluded)
     modules = module_files(source)
-    importable = importable_modules(python, baseline_ws, sorted({m for m in modules.values() if m.split(".")[-1] != "__main__"}))
+    importable = importable_modules(
+        python, baseline_ws, sorted({m for m in modules.values() if m.split(".")[-1] != "__main__"}))
     shutil.rmtree(baseline_ws, ignore_errors=True)
     ctx = ValidationContext(base_env=base, pristine=source.root, baseline=baseline, pytest_args=pytest_args,
-                            importable=importable, test_paths=source.test_paths, timeout_s=cfg.timeout_s, per_test_timeout_s=cfg.per_test_timeout_s,
-                            gold_check=cfg.gold_check, probe=cfg.probe, counter=stats.counter)
+                            importable=importable, test_paths=source.test_paths, timeout_s=cfg.timeout_s,
+                            per_test_timeout_s=cfg.per_test_timeout_s, gold_check=cfg.gold_check, probe=cfg.probe, counter=stats.counter)
     known_lines = site_lines(base.site_packages)
     ordered = order_candidates(fmap, baseline, levels, seed, frozenset(source.packages))
     stats.candidates = len(ordered)
@@ -204,6 +205,10 @@ def iter_task_drafts(
         except (UnicodeDecodeError, RecursionError, OSError) as exc:
             stats.rejected["unreadable"] += 1
             stats.rejections.append((cand.qualname, level, f"unreadable: {type(exc).__name__}"))
+            continue
+        except Exception as exc:  # a libcst corner case must cost one candidate, not the whole source
+            stats.rejected["deletion failed"] += 1
+            stats.rejections.append((cand.qualname, level, f"deletion failed: {type(exc).__name__}: {exc}"[:300]))
             continue
         if not deletion.removed_snippets:
             # Nothing distinctive was removed (e.g. ``return self``): trivial, and no leak scan could check it.
@@ -246,7 +251,8 @@ def iter_task_drafts(
             meta={
                 "source_name": source.name, "source_version": source.version, "content_hash": source.content_hash,
                 "layout": source.layout, "import_root": source.import_root, "packages": source.packages,
-                "changed_files": sorted(deletion.changed), "deleted_files": sorted(p for p, t in deletion.changed.items() if t is None),
+                "changed_files": sorted(deletion.changed),
+                "deleted_files": sorted(p for p, t in deletion.changed.items() if t is None),
                 "removed_names": deletion.removed_names, "signature": deletion.signature, "gold_check": cfg.gold_check,
             },
         )
