@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cadenza.errors import SourceError
 from cadenza.tasks.features import FeatureMap, map_features
-from cadenza.tasks.runner import RunCounter, TestReport, run_pytest
+from cadenza.tasks.runner import RunCounter, TestReport, run_pytest, run_python
 from cadenza.tasks.source import SourceInfo
 
 
@@ -46,6 +46,16 @@ def combine_runs(first: TestReport, second: TestReport) -> Baseline:
     return Baseline(passing=passing, excluded=excluded, skipped=skipped, reports=[first, second])
 
 
+def _raise_if_unimportable(source: SourceInfo, python: Path, workspace: Path) -> None:
+    proc = run_python(python, "".join(f"import {p}\n" for p in source.packages), cwd=workspace)
+    if proc.returncode != 0:
+        err = (proc.stderr.strip().splitlines() or ["?"])[-1][:160]
+        raise SourceError(
+            f"{source.spec}: no test can pass because the package does not import from its source tree ({err}); "
+            "sources needing a build step (C extensions, generated files) are not supported"
+        )
+
+
 def run_baseline(
     source: SourceInfo,
     python: Path,
@@ -64,15 +74,17 @@ def run_baseline(
             f"{source.spec}: the test suite did not finish within {timeout_s:g}s; raise the suite timeout or pick a faster suite"
         )
     if not plain.outcomes:
+        _raise_if_unimportable(source, python, workspace)
         tail = " ".join(plain.output_tail.strip().splitlines()[-2:])[:200]
         raise SourceError(f"{source.spec}: pytest collected no tests ({tail or 'no output'}); check the test layout")
     fmap = map_features(source, python, workspace, passing=set(), pytest_args=pytest_args, timeout_s=timeout_s,
                         per_test_timeout_s=per_test_timeout_s, counter=counter)
     baseline = combine_runs(plain, fmap.report)
     if not baseline.passing:
+        _raise_if_unimportable(source, python, workspace)
         raise SourceError(
             f"{source.spec}: no test passes at baseline ({len(baseline.excluded)} failing or flaky); "
-            "the environment is probably missing a dependency"
+            "the environment is probably missing a test dependency"
         )
     passing = set(baseline.passing)
     for cand in fmap.candidates:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import functools
 import re
 import stat
 from collections.abc import Collection, Iterable, Sequence
@@ -58,6 +59,12 @@ class Deletion:
 
 
 # ----------------------------------------------------------------------------- helpers
+
+
+@functools.lru_cache(maxsize=128)
+def _parse(text: str) -> cst.Module:
+    """libcst parse, memoised: candidates of one source re-read the same modules (trees are immutable)."""
+    return cst.parse_module(text)
 
 
 def _docstring_stmt(body: Sequence[cst.BaseStatement]) -> cst.SimpleStatementLine | None:
@@ -255,9 +262,12 @@ class _Fixup(cst.CSTTransformer):
         if isinstance(value, (cst.List, cst.Tuple, cst.Set)):
             keep = [e for e in value.elements if not self._gone(_string_value(e.value) or "")]
             if len(keep) != len(value.elements):
-                if keep and isinstance(value, (cst.List, cst.Set)):
-                    last = value.elements[-1]
-                    keep[-1] = keep[-1].with_changes(comma=last.comma)
+                if keep:
+                    keep[-1] = keep[-1].with_changes(comma=value.elements[-1].comma)
+                if len(keep) == 1 and isinstance(value, cst.Tuple):
+                    keep[0] = keep[0].with_changes(comma=cst.Comma())  # ("a",) stays a tuple
+                if not keep and isinstance(value, cst.Tuple) and not value.lpar:
+                    return value.with_changes(elements=[], lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
                 return value.with_changes(elements=keep)
         if isinstance(value, cst.BinaryOperation):
             return value.with_changes(left=self._strip_all(value.left), right=self._strip_all(value.right))
@@ -392,7 +402,7 @@ def plan_deletion(root: Path, cand: Candidate, level: int, modules: dict[str, st
     path = cand.path
     original_text = (root / path).read_text()
     try:
-        tree = cst.parse_module(original_text)
+        tree = _parse(original_text)
     except cst.ParserSyntaxError as exc:
         raise DeletionError(f"{path}: libcst cannot parse it ({exc.message})") from None
     parts = cand.local.split(".") if cand.local else []
@@ -451,9 +461,9 @@ def plan_deletion(root: Path, cand: Candidate, level: int, modules: dict[str, st
     for p, text in changed.items():
         if text is not None:
             try:
-                cst.parse_module(text)
-            except cst.ParserSyntaxError as exc:  # pragma: no cover - an internal invariant
-                raise DeletionError(f"{p}: deletion produced invalid code ({exc.message})") from None
+                ast.parse(text)
+            except SyntaxError as exc:  # pragma: no cover - an internal invariant
+                raise DeletionError(f"{p}: deletion produced invalid code ({exc.msg})") from None
     changed = {p: t for p, t in changed.items() if t != before[p]}
     _check_import_time_uses(changed, modules, removed, parts if cand.kind == "method" else None)
     modes = {p: stat.S_IMODE((root / p).stat().st_mode) | 0o100000 for p in changed}
@@ -478,8 +488,11 @@ def _propagate(root: Path, modules: dict[str, str], changed: dict[str, str | Non
             text = changed.get(path)
             if text is None:
                 text = (root / path).read_text()
+            words = {n for names in removed.values() for n in names} | {m.rsplit(".", 1)[-1] for m in deleted_modules}
+            if not removed.get(mod) and "import *" not in text and not any(w in text for w in words):
+                continue  # cannot reference anything that is gone: skip the (slow) libcst parse
             try:
-                tree = cst.parse_module(text)
+                tree = _parse(text)
             except cst.ParserSyntaxError:
                 continue
             fix = _Fixup(mod, Path(path).name == "__init__.py", removed.get(mod, set()), removed, deleted_modules)
@@ -495,10 +508,15 @@ def _propagate(root: Path, modules: dict[str, str], changed: dict[str, str | Non
 
 
 class _ImportTimeNames(ast.NodeVisitor):
-    """Names loaded while a module (or one class body) executes: skips function bodies and lambdas."""
+    """Names loaded while a module (or one class body) executes: skips function bodies and lambdas.
 
-    def __init__(self) -> None:
+    Annotations count unless the module has ``from __future__ import annotations`` (then they are
+    strings that never run).
+    """
+
+    def __init__(self, lazy_annotations: bool = False) -> None:
         self.loaded: set[str] = set()
+        self.lazy = lazy_annotations
 
     def visit_Name(self, node: ast.Name) -> None:
         if isinstance(node.ctx, ast.Load):
@@ -507,8 +525,8 @@ class _ImportTimeNames(ast.NodeVisitor):
     def _visit_def(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         for d in node.decorator_list:
             self.visit(d)
-        self.visit(node.args)  # defaults and annotations run at definition time
-        if node.returns is not None:
+        self.visit(node.args)  # defaults (and annotations) run at definition time
+        if node.returns is not None and not self.lazy:
             self.visit(node.returns)
 
     visit_FunctionDef = _visit_def
@@ -521,6 +539,21 @@ class _ImportTimeNames(ast.NodeVisitor):
         for d in [*node.defaults, *node.kw_defaults]:
             if d is not None:
                 self.visit(d)
+        if not self.lazy:
+            for a in [*node.posonlyargs, *node.args, *node.kwonlyargs, node.vararg, node.kwarg]:
+                if a is not None and a.annotation is not None:
+                    self.visit(a.annotation)
+
+    def visit_AnnAssign(self, node: ast.AnnAssign) -> None:
+        if not self.lazy:
+            self.visit(node.annotation)
+        if node.value is not None:
+            self.visit(node.value)
+
+
+def _lazy_annotations(tree: ast.Module) -> bool:
+    return any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and any(a.name == "annotations" for a in n.names)
+               for n in tree.body)
 
 
 def _check_import_time_uses(changed: dict[str, str | None], modules: dict[str, str], removed: dict[str, set[str]],
@@ -536,14 +569,14 @@ def _check_import_time_uses(changed: dict[str, str | None], modules: dict[str, s
                 node = next((n for n in getattr(node, "body", []) if isinstance(n, ast.ClassDef) and n.name == name), None)
             if node is None:
                 continue
-            visitor = _ImportTimeNames()
+            visitor = _ImportTimeNames(_lazy_annotations(tree))
             for stmt in node.body:  # type: ignore[attr-defined]
                 visitor.visit(stmt)
             if method_parts[-1] in visitor.loaded:
                 raise DeletionError(f"{method_parts[-1]} is still used in its class body")
             continue
         gone = removed.get(modules[path], set())
-        visitor = _ImportTimeNames()
+        visitor = _ImportTimeNames(_lazy_annotations(tree))
         visitor.visit(tree)
         used = sorted(gone & visitor.loaded)
         if used:

@@ -50,6 +50,7 @@ class BuildConfig:
     per_test_timeout_s: float | None = 30.0
     env_cache_dir: Path | None = None
     gold_check: GoldCheck = "f2p"
+    probe: bool = False
     llm_url: str | None = None
     llm_model: str = "default"
 
@@ -108,11 +109,13 @@ def task_id(source: SourceInfo, qualname: str, level: int) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{source.name}-{source.version}__{qualname}__L{level}") + f"-{digest}"
 
 
-def order_candidates(fmap: FeatureMap, baseline: Baseline, levels: tuple[int, ...], seed: int) -> list[tuple[int, Candidate]]:
+def order_candidates(fmap: FeatureMap, baseline: Baseline, levels: tuple[int, ...], seed: int,
+                     top_level: frozenset[str] = frozenset()) -> list[tuple[int, Candidate]]:
     """Candidates likely to validate, shuffled per level by ``seed`` and interleaved across levels.
 
     Pruned: no passing test covers it (nothing would fail), every passing test covers it (nothing
-    would be left as PASS_TO_PASS), a package ``__init__`` module, names defined twice.
+    would be left as PASS_TO_PASS), a package ``__init__`` module or a top-level single-module
+    package (``top_level``: deleting it deletes the project), names defined twice.
     """
     n_pass = len(baseline.passing)
     per_level: dict[int, list[Candidate]] = {}
@@ -122,7 +125,7 @@ def order_candidates(fmap: FeatureMap, baseline: Baseline, levels: tuple[int, ..
         for c in fmap.candidates:
             if c.kind not in LEVEL_KINDS.get(level, ()) or not c.tests or len(c.tests) >= n_pass:
                 continue
-            if names[(c.path, c.local)] > 1 or (c.kind == "module" and c.path.endswith("__init__.py")):
+            if names[(c.path, c.local)] > 1 or (c.kind == "module" and (c.path.endswith("__init__.py") or c.module in top_level)):
                 continue
             pool.append(c)
         rng = random.Random(f"{seed}:{level}")
@@ -177,13 +180,14 @@ def iter_task_drafts(
     stats.suite_size = baseline.suite_size
     stats.excluded_tests = list(baseline.excluded)
     modules = module_files(source)
-    importable = importable_modules(python, baseline_ws, sorted({m for m in modules.values() if m.split(".")[-1] != "__main__"}))
+    importable = importable_modules(
+        python, baseline_ws, sorted({m for m in modules.values() if m.split(".")[-1] != "__main__"}))
     shutil.rmtree(baseline_ws, ignore_errors=True)
     ctx = ValidationContext(base_env=base, pristine=source.root, baseline=baseline, pytest_args=pytest_args,
-                            importable=importable, test_paths=source.test_paths, timeout_s=cfg.timeout_s, per_test_timeout_s=cfg.per_test_timeout_s,
-                            gold_check=cfg.gold_check, counter=stats.counter)
+                            importable=importable, test_paths=source.test_paths, timeout_s=cfg.timeout_s,
+                            per_test_timeout_s=cfg.per_test_timeout_s, gold_check=cfg.gold_check, probe=cfg.probe, counter=stats.counter)
     known_lines = site_lines(base.site_packages)
-    ordered = order_candidates(fmap, baseline, levels, seed)
+    ordered = order_candidates(fmap, baseline, levels, seed, frozenset(source.packages))
     stats.candidates = len(ordered)
     stats.seconds = time.monotonic() - start
     attempt = 0
@@ -201,6 +205,15 @@ def iter_task_drafts(
         except (UnicodeDecodeError, RecursionError, OSError) as exc:
             stats.rejected["unreadable"] += 1
             stats.rejections.append((cand.qualname, level, f"unreadable: {type(exc).__name__}"))
+            continue
+        except Exception as exc:  # a libcst corner case must cost one candidate, not the whole source
+            stats.rejected["deletion failed"] += 1
+            stats.rejections.append((cand.qualname, level, f"deletion failed: {type(exc).__name__}: {exc}"[:300]))
+            continue
+        if not deletion.removed_snippets:
+            # Nothing distinctive was removed (e.g. ``return self``): trivial, and no leak scan could check it.
+            stats.rejected["not deletable"] += 1
+            stats.rejections.append((cand.qualname, level, "not deletable: nothing distinctive removed"))
             continue
         stats.tried += 1
         attempt += 1
@@ -238,7 +251,8 @@ def iter_task_drafts(
             meta={
                 "source_name": source.name, "source_version": source.version, "content_hash": source.content_hash,
                 "layout": source.layout, "import_root": source.import_root, "packages": source.packages,
-                "changed_files": sorted(deletion.changed), "deleted_files": sorted(p for p, t in deletion.changed.items() if t is None),
+                "changed_files": sorted(deletion.changed),
+                "deleted_files": sorted(p for p, t in deletion.changed.items() if t is None),
                 "removed_names": deletion.removed_names, "signature": deletion.signature, "gold_check": cfg.gold_check,
             },
         )

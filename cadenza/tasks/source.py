@@ -38,6 +38,7 @@ NON_PACKAGE_NAMES = {
     "scripts", "tools", "ci", "setup", "conftest", "noxfile", "tasks", "fabfile", "build", "dist", "site",
 }
 TEST_DIR_NAMES = {"test", "tests", "testing"}
+SDIST_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip")
 
 
 @dataclass(kw_only=True)
@@ -94,7 +95,8 @@ def fetch_source(spec: str, dest: Path) -> SourceInfo:
     """Copy ``spec`` into ``dest`` (which must not exist yet) and describe it.
 
     ``spec`` is a local directory, a local git repository (the committed tree of ``HEAD`` is copied,
-    never ``.git``), or ``pypi:NAME[==VERSION]`` (the sdist, downloaded with pip without any cache).
+    never ``.git``), a local sdist archive, or ``pypi:NAME[==VERSION]`` (the sdist, downloaded with
+    pip without any cache).
     Raises :class:`SourceError` for a nonexistent path, a tree with no tests, or a non-Python tree.
     """
     dest = Path(dest)
@@ -107,8 +109,14 @@ def fetch_source(spec: str, dest: Path) -> SourceInfo:
         src = Path(spec).expanduser()
         if not src.exists():
             raise SourceError(f"source {spec} does not exist; pass a directory, a git repository or pypi:NAME")
+        if src.is_file() and src.name.endswith(SDIST_SUFFIXES):
+            _unpack(src, dest, f"source {spec}")
+            return describe_source(spec, dest)
         if not src.is_dir():
-            raise SourceError(f"source {spec} is not a directory; pass a directory, a git repository or pypi:NAME")
+            raise SourceError(
+                f"source {spec} is not a directory or an sdist archive; pass a directory, a git repository, "
+                "an sdist (.tar.gz/.zip) or pypi:NAME"
+            )
         if (src / ".git").exists():
             _fetch_git(src, dest)
         else:
@@ -141,22 +149,28 @@ def _fetch_pypi(req: str, dest: Path) -> None:
         files, reason = _pip_download(req.replace(" ", ""), Path(tmp))
         if not files:
             raise SourceError(f"pypi:{req}: cannot download an sdist ({reason}); check the name and version")
-        archive = files[0]
-        unpack = Path(tmp) / "unpacked"
-        unpack.mkdir()
+        _unpack(files[0], dest, f"pypi:{req}")
+
+
+def _unpack(archive: Path, dest: Path, label: str) -> None:
+    """Extract an sdist (``.tar.gz``/``.tgz``/``.tar.bz2``/``.zip``) safely; copy its single top dir to ``dest``."""
+    with tempfile.TemporaryDirectory(prefix="cadenza-unpack-") as tmp:
+        unpack = Path(tmp)
         if archive.name.endswith(".zip"):
-            with zipfile.ZipFile(archive) as zf:
-                for member in zf.namelist():
-                    target = (unpack / member).resolve()
-                    if not str(target).startswith(str(unpack.resolve())):
-                        raise SourceError(f"pypi:{req}: sdist has unsafe path {member}")
-                zf.extractall(unpack)
+            try:
+                with zipfile.ZipFile(archive) as zf:
+                    for member in zf.namelist():
+                        if not (unpack / member).resolve().is_relative_to(unpack.resolve()):
+                            raise SourceError(f"{label}: archive has an unsafe path {member}; refusing to unpack it")
+                    zf.extractall(unpack)
+            except zipfile.BadZipFile as exc:
+                raise SourceError(f"{label}: {archive.name} cannot be unpacked ({exc})") from None
         else:
             try:
                 with tarfile.open(archive) as tar:
                     tar.extractall(unpack, filter="data")
             except (tarfile.TarError, OSError) as exc:
-                raise SourceError(f"pypi:{req}: sdist {archive.name} cannot be unpacked ({exc})") from None
+                raise SourceError(f"{label}: {archive.name} cannot be unpacked ({exc})") from None
         entries = list(unpack.iterdir())
         top = entries[0] if len(entries) == 1 and entries[0].is_dir() else unpack
         copy_tree(top, dest)

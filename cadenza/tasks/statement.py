@@ -38,10 +38,16 @@ def template_statement(deletion: Deletion, fail_to_pass: list[str]) -> str:
             f"The module `{cand.qualname}` (file `{cand.path}`) is missing from the package. "
             "Recreate it, and wire it back into the package wherever it is imported, so the failing tests pass."
         )
-    else:
+    elif cand.kind == "method":
         lines.append(
-            f"The {kind} `{cand.qualname}`{owner} is missing from `{cand.path}`. "
-            "Add it back (and re-export it wherever the package exposes it) so the failing tests pass."
+            f"The method `{cand.qualname}`{owner} is missing from `{cand.path}`. "
+            "Add it back to the class so the failing tests pass."
+        )
+    else:
+        what = "Recreate it with its methods" if cand.kind == "class" else "Add it back"
+        lines.append(
+            f"The {kind} `{cand.qualname}` is missing from `{cand.path}`. "
+            f"{what}, and export it again wherever the package exposed it, so the failing tests pass."
         )
     if cand.kind != "module":
         lines += ["", "Signature:", "", "```python", deletion.signature, "```"]

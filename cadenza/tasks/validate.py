@@ -3,11 +3,12 @@
 Order (cheapest rejection first):
 
 1. the package's modules that imported at baseline still import;
-2. the tests covering the feature (from the coverage map) run with ``-x``; if none fails, reject
-   (skipped when they are most of the suite: the full run below decides as cheaply);
+2. optionally (``probe=True``) the tests covering the feature run with ``-x``; if none fails,
+   reject. Off by default: deletions of covered code nearly always break a covering test, so the
+   probe mostly costs one more pytest start per task;
 3. the whole suite runs: F2P = baseline-passing tests that now fail/error/go missing,
    P2P = baseline-passing tests that still pass; both must be non-empty;
-4. the gold patch is applied with ``git apply`` in a fresh copy of the post-deletion workspace;
+4. the gold patch is applied with ``git apply`` in a fresh post-deletion copy (pristine + deletion);
    the restored files must equal the originals byte for byte and the F2P tests must pass there
    (``gold_check="full"`` reruns F2P + P2P instead: P2P already passed twice on that identical
    tree in the baseline, so by default it is not paid for again).
@@ -55,6 +56,7 @@ class ValidationContext:
     timeout_s: float = 600.0
     per_test_timeout_s: float | None = 30.0
     gold_check: GoldCheck = "f2p"
+    probe: bool = False
     counter: RunCounter | None = None
 
 
@@ -122,6 +124,16 @@ def broken_test_files(deletion: Deletion, root: Path, test_paths: list[str], imp
     return broken
 
 
+def _under_broken(test_file: str, broken: set[str]) -> bool:
+    """A test fails to collect if its file, or a conftest.py in one of its directories, does."""
+    if test_file in broken:
+        return True
+    parts = Path(test_file).parts[:-1]
+    return any(
+        "/".join((*parts[:i], "conftest.py")) in broken for i in range(len(parts) + 1)
+    )
+
+
 def _apply_patch(workspace: Path, patch: str) -> str | None:
     with tempfile.NamedTemporaryFile("w", suffix=".patch", delete=False) as fh:
         fh.write(patch)
@@ -147,7 +159,7 @@ def validate(ctx: ValidationContext, deletion: Deletion, workspace: Path, scratc
     if not covering:
         return Validation(ok=False, reason="no passing test covers it")
     broken = broken_test_files(deletion, ctx.pristine, ctx.test_paths, ctx.base_env.import_root)
-    if {t for t in passing if t.split("::", 1)[0] in broken} | set(covering) >= passing:
+    if {t for t in passing if _under_broken(t.split("::", 1)[0], broken)} | set(covering) >= passing:
         return Validation(ok=False, reason="no test still passes after deletion (predicted from test imports)")
     scratch.mkdir(parents=True, exist_ok=True)
     python = make_task_env(ctx.base_env, workspace, scratch / "env")
@@ -158,7 +170,7 @@ def validate(ctx: ValidationContext, deletion: Deletion, workspace: Path, scratc
         return Validation(ok=False, reason=f"import broken: {err}")
     kw = dict(timeout_s=ctx.timeout_s, per_test_timeout_s=ctx.per_test_timeout_s, extra_args=ctx.pytest_args,
               counter=ctx.counter)
-    if len(covering) * 2 <= len(passing):
+    if ctx.probe and len(covering) * 2 <= len(passing):
         # Cheap rejection first: stop at the first failing covering test (-x).
         probe = run_pytest(python, workspace, covering, **{**kw, "extra_args": [*ctx.pytest_args, "-x"]})
         if not probe.not_passing:
@@ -173,7 +185,7 @@ def validate(ctx: ValidationContext, deletion: Deletion, workspace: Path, scratc
     if not p2p:
         return Validation(ok=False, reason="no test still passes after deletion")
     gold = scratch / "gold"
-    shutil.copytree(workspace, gold, symlinks=True)
+    prepare_workspace(ctx, deletion, gold)  # fresh: nothing the runs above wrote is carried over
     err = _apply_patch(gold, deletion.gold_patch)
     if err:
         return Validation(ok=False, reason=f"gold patch does not apply: {err}")

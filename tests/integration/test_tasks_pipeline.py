@@ -32,7 +32,7 @@ def built(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pipeline")
     src = make_repo(tmp / "minilib")
     stats = BuildStats(source=str(src))
-    cfg = BuildConfig(env_cache_dir=shared_env_cache(tmp_path_factory), per_test_timeout_s=10)
+    cfg = BuildConfig(env_cache_dir=shared_env_cache(tmp_path_factory), per_test_timeout_s=10, probe=True)
     drafts = list(iter_task_drafts(str(src), tmp / "work", levels=(1, 2, 3), max_tasks=4, seed=1, config=cfg,
                                    stats=stats))
     return src, drafts, stats, tmp
@@ -150,3 +150,12 @@ def test_source_that_the_tooling_depends_on_is_refused(tmp_path_factory, tmp_pat
     assert info.packages == ["iniconfig"]
     with pytest.raises(SourceError, match="installed copy of the package itself"):
         ensure_base_env(info, shared_env_cache(tmp_path_factory))
+
+
+def test_package_that_does_not_import_from_source_is_named(tmp_path_factory, tmp_path: Path) -> None:
+    src = make_repo(tmp_path / "r")
+    core = src / "minilib" / "core.py"
+    core.write_text("from minilib._speedups import fast_add  # a C extension, never built\n" + core.read_text())
+    cfg = BuildConfig(env_cache_dir=shared_env_cache(tmp_path_factory))
+    with pytest.raises(SourceError, match=r"does not import from its source tree \(ModuleNotFoundError"):
+        list(iter_task_drafts(str(src), tmp_path / "w", config=cfg))

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 CASES = [
     # spec, levels, expected layout, a test dependency the env must provide (None: none needed)
     ("pypi:cachetools==8.0.2", (1,), "src", None),
-    ("pypi:toolz==1.2.0", (2, 3), "tests-inside-package", None),
+    ("pypi:voluptuous==0.16.0", (2, 3), "tests-inside-package", None),
     ("pypi:tinydb==4.9.0", (1, 2), "flat", "yaml"),
 ]
 

@@ -215,3 +215,48 @@ def test_broken_test_files_are_predicted_from_test_imports(repo: Path) -> None:
     (repo / "tests/test_text.py").write_text("from minilib.textutil import shout\n" + (repo / "tests/test_text.py").read_text())
     l3 = plan_deletion(repo, _cand("minilib.textutil", "module", "minilib/textutil.py", "minilib.textutil"), 3, mods)
     assert broken_test_files(l3, repo, tests, ".") == {"tests/test_text.py"}
+
+
+def test_a_broken_conftest_breaks_every_test_below_it(repo: Path) -> None:
+    from cadenza.tasks.validate import _under_broken, broken_test_files
+
+    (repo / "tests/conftest.py").write_text("from minilib.core import plus\n")
+    d = plan_deletion(repo, _cand("minilib.core.add", "function"), 2, _modules(repo))
+    broken = broken_test_files(d, repo, ["tests/conftest.py", "tests/test_core.py", "tests/test_text.py"], ".")
+    assert broken == {"tests/conftest.py", "tests/test_core.py"}
+    assert _under_broken("tests/test_text.py", broken) and not _under_broken("other/test_x.py", broken)
+
+
+@pytest.mark.parametrize(("future", "refused"), [("", True), ("from __future__ import annotations\n", False)])
+def test_annotations_count_as_import_time_use_unless_lazy(tmp_path: Path, future: str, refused: bool) -> None:
+    root = make_repo(tmp_path / "r")
+    (root / "minilib/typed.py").write_text(f'{future}from minilib.core import Stack\n\n\ndef size(s: Stack) -> int:\n    return len(s._items)\n')
+    mods = _modules(root)
+    cand = _cand("minilib.core.Stack", "class")
+    if refused:
+        with pytest.raises(DeletionError, match="at import time"):
+            plan_deletion(root, cand, 3, mods)
+    else:
+        d = plan_deletion(root, cand, 3, mods)
+        assert "from minilib.core import Stack" not in d.changed["minilib/typed.py"]
+
+
+@pytest.mark.parametrize(
+    ("all_src", "expected"),
+    [
+        ('__all__ = ("add", "mul")\n', "('mul',)"),
+        ('__all__ = "add", "mul"\n', "('mul',)"),
+        ('__all__ = ["mul", "add"]\n__all__ += ["plus"]\n', "['mul']"),
+        ('__all__ = ("add",)\n', "()"),
+        ('__all__ = ["mul"]\n__all__.append("add")\n__all__.extend(("Stack", "plus"))\n', "['mul', 'Stack']"),
+    ],
+)
+def test_all_variants_stay_valid(tmp_path: Path, all_src: str, expected: str) -> None:
+    root = make_repo(tmp_path / "r")
+    core = root / "minilib/core.py"
+    core.write_text(core.read_text() + "\n" + all_src)
+    d = plan_deletion(root, _cand("minilib.core.add", "function"), 2, _modules(root))
+    apply_deletion(root, d)
+    proc = _imports(root, "import minilib.core as c; print(repr(c.__all__))")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == expected

@@ -137,3 +137,25 @@ def test_namespace_package_in_src(tmp_path: Path) -> None:
     (root / "tests" / "test_w.py").write_text("from acme.widgets import spin\ndef test_spin():\n    assert spin() == 1\n")
     info = fetch_source(str(root), tmp_path / "copy")
     assert (info.packages, info.package_dirs, info.layout) == (["acme"], {"acme": "src/acme"}, "src")
+
+
+def test_local_sdist_archive_and_unsafe_archives(tmp_path: Path) -> None:
+    import tarfile
+    import zipfile
+
+    src = make_repo(tmp_path / "minilib-0.3.1")
+    archive = tmp_path / "minilib-0.3.1.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(src, arcname="minilib-0.3.1")
+    info = fetch_source(str(archive), tmp_path / "copy")
+    assert (info.name, info.packages, info.layout) == ("minilib", ["minilib"], "flat")
+    assert (info.root / "tests" / "test_core.py").is_file()
+    evil = tmp_path / "evil.zip"
+    with zipfile.ZipFile(evil, "w") as zf:
+        zf.writestr("../outside.py", "x = 1\n")
+    with pytest.raises(SourceError, match="unsafe path"):
+        fetch_source(str(evil), tmp_path / "copy2")
+    assert not (tmp_path / "outside.py").exists()
+    (tmp_path / "notes.txt").write_text("hi")
+    with pytest.raises(SourceError, match="not a directory or an sdist"):
+        fetch_source(str(tmp_path / "notes.txt"), tmp_path / "copy3")
