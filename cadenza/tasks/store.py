@@ -105,6 +105,8 @@ class TaskStore:
             self.root.mkdir(parents=True)
         if not self.root.is_dir():
             raise CadenzaError(f"{self.root} is not a directory; pass a task set directory")
+        if create and not (self.root / INDEX).is_file() and any(self.root.iterdir()):
+            raise CadenzaError(f"{self.root} is not empty and not a task set; pass a new or empty directory to --out")
         if not create and not (self.root / INDEX).is_file():
             raise CadenzaError(f"{self.root} is not a task set (no {INDEX}); build one with 'cadenza tasks build SOURCE --out {self.root}'")
         self._migrate()

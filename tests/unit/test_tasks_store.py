@@ -95,6 +95,10 @@ def test_schema_version_and_bad_index(tmp_path):
         TaskStore(tmp_path / "junk")
     with pytest.raises(CadenzaError, match="does not exist"):
         TaskStore(tmp_path / "missing")
+    (tmp_path / "busy").mkdir()
+    (tmp_path / "busy" / "notes.txt").write_text("mine")
+    with pytest.raises(CadenzaError, match="not empty and not a task set"):
+        TaskStore(tmp_path / "busy", create=True)
     with pytest.raises(CadenzaError, match="invalid task id"):
         store.task_dir("../etc")
 
