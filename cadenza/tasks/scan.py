@@ -22,6 +22,7 @@ import marshal
 import os
 import re
 import subprocess
+import sys
 import tarfile
 import types
 import zipfile
@@ -250,6 +251,11 @@ def _string_constants(path: Path) -> list[str]:
     return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
 
 
+def _is_interpreter_file(real: str) -> bool:
+    prefixes = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)}
+    return any(real.startswith(p + os.sep) for p in prefixes) and "-packages" not in real
+
+
 def _walk_files(root: Path) -> Iterator[tuple[str, Path | None]]:
     """(display path, real file) for every file under root; git dirs yield a virtual entry."""
     stack = [Path(root)]
@@ -276,6 +282,8 @@ def _walk_files(root: Path) -> Iterator[tuple[str, Path | None]]:
                 if e.is_dir():  # follows symlinks: a link out of the workspace is reachable
                     stack.append(p)
                 elif e.is_file():
+                    if e.is_symlink() and _is_interpreter_file(os.path.realpath(p)):
+                        continue  # bin/python -> the base interpreter: not the project's code
                     yield (str(p), p)
             except OSError:
                 continue
