@@ -305,8 +305,10 @@ def run_pytest(
         (tmpd / f"{PLUGIN_NAME}.py").write_text(PLUGIN_SOURCE)
         report_path = tmpd / "report.jsonl"
         env = _clean_env({"CADENZA_REPORT": str(report_path), "PYTHONPATH": str(tmpd)})
-        args = ["-p", PLUGIN_NAME, "-p", "no:cacheprovider", "-q", "--tb=short", "--rootdir=.",
-                "--continue-on-collection-errors", *(extra_args or [])]
+        # --tb=no last so it wins: formatting hundreds of tracebacks (a deletion that breaks many
+        # tests) costs ~15x the CPU of the run itself, and outcomes come from the plugin anyway.
+        args = ["-p", PLUGIN_NAME, "-p", "no:cacheprovider", "-q", "--rootdir=.",
+                "--continue-on-collection-errors", *(extra_args or []), "--tb=no"]
         if per_test_timeout_s:
             args.append(f"--timeout={per_test_timeout_s:g}")
         if node_ids is not None:
