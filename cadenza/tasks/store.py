@@ -161,8 +161,8 @@ class TaskStore:
                 if len(owner) == 3 and owner[1].isdigit() and pid_alive(int(owner[1])):
                     continue  # another live build is assembling this one
                 shutil.rmtree(leftover, ignore_errors=True)
-        on_disk = {p.parent.name: p.parent for p in self.root.glob(f"*/{TASK_JSON}") if not p.parent.name.startswith(".")}
-        with self.db() as con:
+        with self.db() as con:  # list dirs under the write lock: publish() renames under it too
+            on_disk = {p.parent.name: p.parent for p in self.root.glob(f"*/{TASK_JSON}") if not p.parent.name.startswith(".")}
             indexed = {r["id"] for r in con.execute("SELECT id FROM tasks")}
             for gone in indexed - set(on_disk):
                 con.execute("DELETE FROM tasks WHERE id = ?", (gone,))
