@@ -154,3 +154,24 @@ def test_bad_input_is_one_line(task_set, tmp_path, args):
     argv = [a.format(missing=tmp_path / "missing", set=task_set) for a in args]
     res = cli(*argv)
     assert res.returncode == 2 and res.stderr.startswith("error:") and len(res.stderr.strip().splitlines()) == 1, res.stderr
+
+
+def _publish_copy(args: tuple[str, str]) -> bool:
+    root, template = args
+    store = TaskStore(root)
+    task = load_task(template)
+    with store.staging(task.id) as tmp:
+        shutil.rmtree(tmp)
+        shutil.copytree(template, tmp, symlinks=True)
+        return store.publish(tmp, task)
+
+
+def test_concurrent_publishers_add_exactly_once(tmp_path, template):
+    import multiprocessing as mp
+
+    root = tmp_path / "set"
+    TaskStore(root, create=True)
+    with mp.get_context("spawn").Pool(4) as pool:
+        results = pool.map(_publish_copy, [(str(root), str(template))] * 4)
+    assert sorted(results) == [False, False, False, True]
+    assert TaskStore(root).count() == 1 and not any((root / STAGING).iterdir())
