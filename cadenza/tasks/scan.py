@@ -52,7 +52,7 @@ class Finding:
 class _Content:
     lines: set[str]
     codes: set[tuple[str, bytes]]
-    stub_defs: set[str]
+    stub_defs: set[tuple[str, str]]  # (stub file stem, qualified name) defined in .pyi files
 
 
 def channel_of(path: str) -> str:
@@ -155,13 +155,14 @@ def read_content(name: str, data: bytes, depth: int = 0) -> _Content:
         except (ValueError, RecursionError):
             pass
     if low.endswith(".pyi"):
-        out.stub_defs = set(stub_definitions(text))
+        out.stub_defs = {(Path(name).stem, q) for q in stub_definitions(text)}
     return out
 
 
 def _merge(into: _Content, other: _Content) -> None:
     into.lines |= other.lines
     into.codes |= other.codes
+    into.stub_defs |= other.stub_defs
 
 
 def _git_objects(repo: Path) -> bytes:
@@ -301,11 +302,9 @@ def match(secret: Secret, display: str, content: _Content) -> str | None:
     codes = secret.codes & content.codes
     if codes:
         return f"compiled code of {sorted(codes)[0][0]}"
-    if display.endswith(".pyi") and content.stub_defs:
-        stem = Path(display.split("!")[-1]).stem
-        found = sorted(q for s, q in secret.removed_names if (s == stem or stem == "__init__") and q in content.stub_defs)
-        if found:
-            return f"stub of removed {found[0]}"
+    found = sorted(q for s, q in secret.removed_names if (s, q) in content.stub_defs or ("__init__", q) in content.stub_defs)
+    if found:
+        return f"stub of removed {found[0]}"
     return None
 
 
@@ -342,8 +341,7 @@ def _root_index(root: Path) -> _RootIndex | None:
                 continue
             idx.lines |= content.lines
             idx.codes |= content.codes
-            if display.endswith(".pyi"):
-                idx.stubs.update((Path(display).stem, q) for q in content.stub_defs)
+            idx.stubs |= content.stub_defs
         _ROOT_CACHE[key] = idx
     return _ROOT_CACHE[key]
 

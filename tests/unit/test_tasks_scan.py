@@ -168,6 +168,14 @@ def plant_stub(t: Path, tmp: Path) -> None:
         "def top_token(counts: Mapping[str, int]) -> str: ...\n")
 
 
+def plant_stub_wheel(t: Path, tmp: Path) -> None:
+    """A stubs-only wheel (no source at all) dropped into the environment."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("minipkg-stubs/core.pyi", "def merge_counts(first: dict, second: dict, *, floor: int = ...) -> dict: ...\n")
+    (t / "env" / "minipkg_stubs-1.0-py3-none-any.whl").write_bytes(buf.getvalue())
+
+
 def plant_symlink_out(t: Path, tmp: Path) -> None:
     outside = original_tree(tmp / "linked")
     (t / "workspace" / "vendor").symlink_to(outside)
@@ -181,7 +189,7 @@ CHANNELS = {
     "build-dir": (plant_build_copy, "build-dir"), "site-packages": (plant_site_packages, "site-packages"),
     "pip-cache-wheel": (plant_pip_cache_wheel, "pip-cache"), "pip-cache-sdist": (plant_pip_cache_sdist, "pip-cache"),
     "pth-target": (plant_pth_target, None), "docs": (plant_docs, "docs"), "stub": (plant_stub, "stub"),
-    "symlink-out": (plant_symlink_out, None),
+    "symlink-out": (plant_symlink_out, None), "stub-in-wheel": (plant_stub_wheel, "archive"),
 }
 
 
