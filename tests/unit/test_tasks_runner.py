@@ -66,15 +66,15 @@ def test_hung_suite_is_killed_with_its_process_group(tmp_path: Path) -> None:
         def test_first(): pass
         def test_hang():
             # A grandchild that would outlive a naive kill and then write a marker.
-            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(4); open({str(marker)!r}, 'w')"])
+            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3); open({str(marker)!r}, 'w')"])
             time.sleep(600)
     """})
     start = time.monotonic()
-    rep = run_pytest(PY, ws, None, timeout_s=3, per_test_timeout_s=None)
+    rep = run_pytest(PY, ws, None, timeout_s=2.5, per_test_timeout_s=None)
     assert rep.timed_out and time.monotonic() - start < 30
     assert rep.outcome("test_hang.py::test_first") == "passed"
     assert rep.outcome("test_hang.py::test_hang") == "missing"
-    time.sleep(4.5)
+    time.sleep(max(0.0, start + 6.0 - time.monotonic()))  # the grandchild started before the kill (<= 2.5 s) + 3 s
     assert not marker.exists(), "the grandchild survived the kill"
 
 
