@@ -3,7 +3,8 @@
 A *turn* is one assistant message (and the tool results that answer it). ``TurnMeta.message_index``
 points at that assistant message in ``messages``. ``error_kind`` is machine-readable so the
 feedback stage can key on it (``tool_not_found``, ``invalid_arguments``, ``path_outside_workspace``,
-``tool_error``, ``timeout``; ``None`` when the call worked).
+``tool_error``, ``timeout``, ``no_tool_call`` for an assistant message without a tool call; ``None`` when
+the call worked).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 
 from cadenza.jsonio import atomic_write_text
 
-ERROR_KINDS = ("tool_not_found", "invalid_arguments", "path_outside_workspace", "tool_error", "timeout")
+ERROR_KINDS = ("tool_not_found", "invalid_arguments", "path_outside_workspace", "tool_error", "timeout", "no_tool_call")
 
 
 @dataclass(kw_only=True)

@@ -1,0 +1,90 @@
+"""Task factory throughput on three real PyPI packages; prints ONE JSON object.
+
+Per package: validated tasks per core-minute (CPU seconds of this process and every pytest/git
+child, base env already cached), yield (validated / candidates tried) and full-suite-equivalent
+pytest runs per validated task. Targets: <= 2 full-suite runs per validated task and >= 10
+validated tasks per core-minute on suites that run in under 3 s.
+
+    python bench/tasks_build.py [--max-tasks 8] [--packages pypi:a,pypi:b,pypi:c]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+PACKAGES = ["pypi:cachetools==8.0.2", "pypi:toolz==1.2.0", "pypi:tinydb==4.9.0"]
+
+
+def cpu_seconds() -> float:
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def bench_one(spec: str, root: Path, max_tasks: int) -> dict:
+    from cadenza.tasks.factory import publish_draft
+    from cadenza.tasks.pipeline import BuildConfig, BuildStats, iter_task_drafts
+    from cadenza.tasks.source import fetch_source
+    from cadenza.tasks.store import TaskStore
+    from cadenza.tasks.venv import ensure_base_env
+
+    ensure_base_env(fetch_source(spec, root / "warm"))  # env cost is per requirement set, not per task
+    store = TaskStore(root / "set", create=True)
+    stats = BuildStats(source=spec)
+    cpu0, wall0 = cpu_seconds(), time.monotonic()
+    published, publish_s, cpu_publish, rejected = 0, 0.0, 0.0, []
+    for draft in iter_task_drafts(spec, root / "work", max_tasks=max_tasks, config=BuildConfig(max_tasks=max_tasks), stats=stats):
+        t, c = time.monotonic(), cpu_seconds()
+        res = publish_draft(store, draft, spec)
+        publish_s, cpu_publish = publish_s + time.monotonic() - t, cpu_publish + cpu_seconds() - c
+        published += res.status == "added"
+        if res.status == "leak":
+            f = res.findings[0]
+            rejected.append(f"{res.task_id}: {f.channel} {Path(f.path).name}: {f.evidence}"[:200])
+    cpu, wall = cpu_seconds() - cpu0, time.monotonic() - wall0
+    validated = stats.validated
+    return {
+        "validated": validated, "published": published, "tried": stats.tried,
+        "yield": round(validated / stats.tried, 3) if stats.tried else None,
+        "tasks_per_core_minute": round(published / (cpu / 60), 2) if cpu else None,
+        "full_suite_runs_per_task": round(stats.full_suite_runs / validated, 2) if validated else None,
+        "suite_size": stats.suite_size, "by_level": dict(stats.by_level),
+        "pytest_seconds": round(stats.counter.seconds, 1), "cpu_seconds": round(cpu, 1), "wall_seconds": round(wall, 1),
+        "publish_cpu_seconds": round(cpu_publish, 1), "publish_wall_seconds": round(publish_s, 1), "rejected": rejected,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--max-tasks", type=int, default=8)
+    ap.add_argument("--packages", default=",".join(PACKAGES))
+    args = ap.parse_args()
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="cadenza-bench-") as tmp:
+        for i, spec in enumerate(args.packages.split(",")):
+            root = Path(tmp) / f"p{i}"
+            root.mkdir()
+            results[spec] = bench_one(spec, root, args.max_tasks)
+            shutil.rmtree(root, ignore_errors=True)
+    vals = [r for r in results.values() if r["validated"]]
+    print(json.dumps({
+        "benchmark": "tasks_build", "max_tasks": args.max_tasks, "cores": os.cpu_count(), "packages": results,
+        "targets": {"full_suite_runs_per_task_max": 2, "tasks_per_core_minute_min": 10},
+        "met": {
+            "full_suite_runs_per_task": all(r["full_suite_runs_per_task"] <= 2 for r in vals) if vals else False,
+            "tasks_per_core_minute": all((r["tasks_per_core_minute"] or 0) >= 10 for r in vals) if vals else False,
+        },
+    }))
+
+
+if __name__ == "__main__":
+    main()

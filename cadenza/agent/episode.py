@@ -1,0 +1,230 @@
+"""One agent episode on one task: a fresh workspace copy, sandboxed tools, a recorded trajectory.
+
+``reset()`` copies the task workspace to a temporary directory outside the task set and returns the
+initial messages; ``step()`` executes one tool call; ``finish()`` grades the workspace, runs the
+reward-hacking monitor (when installed) and sets the outcome and reward. A flagged trajectory gets
+reward 0 and keeps its flags.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cadenza.agent.diff import compare
+from cadenza.agent.env import StepResult, ToolCall
+from cadenza.agent.grade import GradeResult, grade, task_env_dir
+from cadenza.agent.prompt import initial_messages
+from cadenza.agent.tools import TOOL_NAMES, Toolbox, ToolsConfig
+from cadenza.agent.trajectory import Flag, Trajectory, TurnMeta
+from cadenza.errors import CadenzaError, ConfigError
+from cadenza.sandbox import Sandbox, SandboxConfig, hidden_roots
+from cadenza.tasks.task import WORKSPACE, load_task
+
+NO_TOOL_CALL = f"Error: no tool call found. Call one of the tools ({', '.join(TOOL_NAMES)}); call submit when done."
+
+
+@dataclass(kw_only=True)
+class EpisodeConfig:
+    max_turns: int = 50
+    time_budget_s: float = 1800.0
+    token_budget: int | None = None
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)
+    keep_workspace: bool = False
+    judge: Any = None  # optional LLM judge handed to the monitor
+
+    def __post_init__(self) -> None:
+        if self.max_turns <= 0 or self.time_budget_s < 0 or (self.token_budget is not None and self.token_budget <= 0):
+            raise ConfigError("episode max_turns and token_budget must be positive and time_budget_s not negative")
+
+
+class Episode:
+    """Implements :class:`cadenza.agent.env.Env` for a task directory."""
+
+    def __init__(self, task_dir: str | os.PathLike[str], config: EpisodeConfig | None = None) -> None:
+        self.task_dir = Path(task_dir).absolute()
+        self.task = load_task(self.task_dir)
+        self.config = config or EpisodeConfig()
+        self.trajectory: Trajectory | None = None
+        self.workspace: Path | None = None
+        self.grade_result: GradeResult | None = None
+        self._tmp: str | None = None
+        self._toolbox: Toolbox | None = None
+        self._start = 0.0
+        self._tokens = 0
+        self.done = False
+        self.end_reason: str | None = None
+
+    # -- Env protocol ------------------------------------------------------------------------------------
+    def tools(self) -> list[dict[str, Any]]:
+        from cadenza.agent.tools import TOOL_SCHEMAS
+
+        return TOOL_SCHEMAS
+
+    def reset(self) -> list[dict[str, Any]]:
+        self.close()
+        pristine = self.task_dir / WORKSPACE
+        if not pristine.is_dir():
+            raise CadenzaError(f"task {self.task.id} has no {WORKSPACE}/ directory; rebuild the task")
+        self._tmp = tempfile.mkdtemp(prefix=f"cadenza-ep-{_safe(self.task.id)}-")
+        if Path(self._tmp).resolve().is_relative_to(self.task_dir.parent.resolve()):
+            raise CadenzaError(f"the temporary directory {self._tmp} lies inside the task set; set TMPDIR elsewhere")
+        self.workspace = Path(self._tmp) / WORKSPACE
+        shutil.copytree(pristine, self.workspace, symlinks=True)
+        sandbox = Sandbox(self.workspace, env_dir=task_env_dir(self.task_dir, self.task), config=self.config.sandbox,
+                          hidden=hidden_roots(self.task_dir), path_map={pristine: self.workspace})
+        self._toolbox = Toolbox(self.workspace, sandbox, config=self.config.tools, pytest_args=self.task.pytest_args)
+        messages = initial_messages(workspace=str(self.workspace), statement=self.task.statement, tools=self.tools())
+        self.trajectory = Trajectory(task_id=self.task.id, messages=[dict(m) for m in messages],
+                                     sandboxed=sandbox.sandboxed, meta={"workspace": str(self.workspace)})
+        self._start = time.monotonic()
+        self._tokens = 0
+        self.done = False
+        self.end_reason = None
+        self.grade_result = None
+        return messages
+
+    def step(self, call: ToolCall, *, content: str | None = None, token_ids: list[int] | None = None,
+             logprobs: list[float] | None = None, tokens: int | None = None) -> StepResult:
+        """Execute ``call``; ``content``/``token_ids``/``logprobs`` describe the assistant message that made it."""
+        traj, box = self._require()
+        if self.done:
+            return StepResult(observation="Error: the episode is over.", done=True, error_kind="tool_error")
+        t0 = time.monotonic()
+        result = box.call(call.name, call.arguments,
+                          time_left_s=self.config.time_budget_s - (time.monotonic() - self._start))
+        duration = time.monotonic() - t0
+        call_id = call.id or f"call_{len(traj.turns)}"
+        raw_args = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
+        traj.messages.append({"role": "assistant", "content": content, "tool_calls": [
+            {"id": call_id, "type": "function", "function": {"name": call.name, "arguments": raw_args}}]})
+        traj.turns.append(TurnMeta(
+            index=len(traj.turns), message_index=len(traj.messages) - 1, tool=call.name,
+            arguments=call.arguments if isinstance(call.arguments, dict) else {"_raw": call.arguments},
+            error_kind=result.error_kind, exit_code=result.exit_code, duration_s=duration,
+            token_ids=token_ids, logprobs=logprobs))
+        observation = result.observation
+        self._tokens += tokens if tokens is not None else len(token_ids or [])
+        reason = "submit" if result.done else self._budget_exhausted()
+        if reason is not None and reason != "submit":
+            observation += f"\n[episode ended: {reason.replace('_', ' ')} reached]"
+        traj.messages.append({"role": "tool", "tool_call_id": call_id, "content": observation})
+        if reason is not None:
+            self.done, self.end_reason = True, reason
+        return StepResult(observation=observation, done=self.done, error_kind=result.error_kind,
+                          info={"exit_code": result.exit_code, "duration_s": duration, "end_reason": reason})
+
+    def respond(self, content: str, *, token_ids: list[int] | None = None, logprobs: list[float] | None = None,
+                tokens: int | None = None) -> StepResult:
+        """An assistant message without a tool call: recorded as a turn; the observation asks for a tool call."""
+        traj, _ = self._require()
+        if self.done:
+            return StepResult(observation="Error: the episode is over.", done=True, error_kind="tool_error")
+        traj.messages.append({"role": "assistant", "content": content})
+        traj.turns.append(TurnMeta(index=len(traj.turns), message_index=len(traj.messages) - 1,
+                                   error_kind="no_tool_call", token_ids=token_ids, logprobs=logprobs))
+        self._tokens += tokens if tokens is not None else len(token_ids or [])
+        reason = self._budget_exhausted()
+        observation = NO_TOOL_CALL + (f"\n[episode ended: {reason.replace('_', ' ')} reached]" if reason else "")
+        traj.messages.append({"role": "user", "content": observation})
+        if reason is not None:
+            self.done, self.end_reason = True, reason
+        return StepResult(observation=observation, done=self.done, error_kind="no_tool_call", info={"end_reason": reason})
+
+    def finish(self) -> dict[str, Any]:
+        traj, _ = self._require()
+        assert self.workspace is not None
+        if self.grade_result is None:
+            self.grade_result = grade(self.task_dir, self.workspace, task=self.task, sandbox=self.config.sandbox)
+            traj.meta["submission"] = submission_diff(self.task_dir / WORKSPACE, self.workspace)
+        g = self.grade_result
+        traj.flags = run_monitor(traj, task=self.task, judge=self.config.judge)
+        traj.reward = 1.0 if g.resolved and not traj.flags else 0.0
+        traj.outcome = {
+            "resolved": g.resolved, "reward": traj.reward,
+            "f2p": {"passed": g.f2p_passed, "total": g.f2p_total},
+            "p2p": {"passed": g.p2p_passed, "total": g.p2p_total},
+            "flags": [{"rule": f.rule, "turn": f.turn, "evidence": f.evidence} for f in traj.flags],
+            "turns": len(traj.turns), "end_reason": self.end_reason or "finished",
+            "duration_s": time.monotonic() - self._start, "grade": g.to_dict(),
+        }
+        if not self.config.keep_workspace:
+            self.close()
+        return traj.outcome
+
+    # -- lifecycle -----------------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._toolbox is not None:
+            self._toolbox.sandbox.close()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def __enter__(self) -> Episode:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _require(self) -> tuple[Trajectory, Toolbox]:
+        if self.trajectory is None or self._toolbox is None:
+            raise CadenzaError("call reset() before step()/finish()")
+        return self.trajectory, self._toolbox
+
+    def _budget_exhausted(self) -> str | None:
+        assert self.trajectory is not None
+        if len(self.trajectory.turns) >= self.config.max_turns:
+            return "max_turns"
+        if time.monotonic() - self._start >= self.config.time_budget_s:
+            return "time_budget"
+        if self.config.token_budget is not None and self._tokens >= self.config.token_budget:
+            return "token_budget"
+        return None
+
+
+def run_monitor(traj: Trajectory, *, task: Any = None, judge: Any = None) -> list[Flag]:
+    """Flags from ``cadenza.monitor.monitor`` when that module provides it; none otherwise."""
+    try:
+        from cadenza.monitor import monitor
+    except ImportError as exc:
+        if exc.name not in (None, "cadenza.monitor"):
+            raise
+        return []
+    monitor_fn = getattr(monitor, "monitor", monitor)
+    return list(monitor_fn(traj, task=task, judge=judge))
+
+
+def submission_diff(pristine: Path, workspace: Path) -> str:
+    """A unified diff of every text file the agent changed (what it submitted, before grading rules)."""
+    import difflib
+
+    out: list[str] = []
+    for kind, rel in compare(pristine, workspace).all():
+        a = _lines(pristine / rel) if kind != "added" else []
+        b = _lines(workspace / rel) if kind != "deleted" else []
+        if a is None or b is None:
+            out.append(f"Binary or special file {rel} {kind}\n")
+            continue
+        out.extend(difflib.unified_diff(a, b, f"a/{rel}" if kind != "added" else "/dev/null",
+                                        f"b/{rel}" if kind != "deleted" else "/dev/null"))
+    return "".join(line if line.endswith("\n") else line + "\n" for line in out)
+
+
+def _lines(path: Path) -> list[str] | None:
+    if path.is_symlink() or not path.is_file():
+        return None
+    try:
+        return path.read_text(encoding="utf-8").splitlines(keepends=True)
+    except UnicodeDecodeError:
+        return None
+
+
+def _safe(text: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in text)[:40]

@@ -1,0 +1,106 @@
+"""Which of an agent's changes count: source files only, never tests, test config or import hooks.
+
+Each dropped change carries a reason so graders and the monitor can report it. The rules are about
+*channels*, not examples: anything pytest reads as configuration, anything Python runs at start-up,
+and any new top-level module that would shadow an importable one (``pytest.py``, ``json/``...).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+from dataclasses import dataclass
+from pathlib import PurePosixPath
+
+from cadenza.tasks.task import Task
+
+PYTEST_CONFIG_FILES = frozenset({"pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg"})
+STARTUP_HOOKS = frozenset({"sitecustomize.py", "usercustomize.py"})
+TEST_DIR_NAMES = frozenset({"tests", "test"})
+TEST_FILE_PATTERNS = ("test_*.py", "*_test.py", "tests.py", "conftest.py")
+
+
+@dataclass(kw_only=True)
+class Policy:
+    """``test_paths``: workspace-relative files/dirs that belong to the test suite (from the task)."""
+
+    test_paths: frozenset[str]
+    shadowable: frozenset[str]  # importable top-level names (stdlib + env)
+    pristine_top: frozenset[str]  # top-level module names that exist in the pristine workspace
+    import_roots: tuple[str, ...] = ("", "src")
+
+    @classmethod
+    def for_task(cls, task: Task, *, shadowable: frozenset[str], pristine_top: frozenset[str]) -> Policy:
+        paths = {p.strip("/") for p in task.test_files}
+        paths |= {nid.split("::", 1)[0] for nid in [*task.fail_to_pass, *task.pass_to_pass] if not is_doctest(nid)}
+        return cls(test_paths=frozenset(p for p in paths if p), shadowable=shadowable, pristine_top=pristine_top)
+
+    def reason_to_drop(self, rel: str, kind: str) -> str | None:
+        """Why a change to ``rel`` is not applied for grading, or None when it is kept."""
+        path = PurePosixPath(rel)
+        name = path.name
+        if kind == "link":
+            return "symlink (only regular files are graded)"
+        if kind == "other":
+            return "not a regular file"
+        if name == "conftest.py":
+            return "conftest.py is test configuration"
+        if name in PYTEST_CONFIG_FILES:
+            return "pytest configuration file"
+        if name in STARTUP_HOOKS:
+            return "interpreter start-up hook"
+        if name.endswith(".pth"):
+            return ".pth files run code at start-up"
+        if self.is_test(rel):
+            return "test file"
+        shadow = self.shadowed_module(path)
+        if shadow is not None:
+            return f"new module '{shadow}' would shadow an importable module"
+        return None
+
+    def is_test(self, rel: str) -> bool:
+        path = PurePosixPath(rel)
+        if any(_inside(rel, t) for t in self.test_paths):
+            return True
+        if any(fnmatch.fnmatch(path.name, pat) for pat in TEST_FILE_PATTERNS):
+            return True
+        return any(part in TEST_DIR_NAMES for part in path.parts[:-1])
+
+    def shadowed_module(self, path: PurePosixPath) -> str | None:
+        for root in self.import_roots:
+            parts = path.parts
+            if root:
+                if parts[:1] != (root,):
+                    continue
+                parts = parts[1:]
+            if not parts:
+                continue
+            top = parts[0]
+            if len(parts) == 1:
+                if not top.endswith((".py", ".so", ".pyd")):
+                    continue
+                top = top.split(".", 1)[0]
+            if top in self.shadowable and top not in self.pristine_top:
+                return top
+        return None
+
+
+def is_doctest(nodeid: str) -> bool:
+    """``pkg/mod.py::pkg.mod.func`` is a doctest item: its file is source the agent may edit, not a test file."""
+    _, sep, rest = nodeid.partition("::")
+    return bool(sep) and "::" not in rest and "." in rest.split("[", 1)[0]
+
+
+def _inside(rel: str, root: str) -> bool:
+    return rel == root or rel.startswith(root.rstrip("/") + "/")
+
+
+def top_level_modules(workspace: os.PathLike[str] | str, roots: tuple[str, ...] = ("", "src")) -> frozenset[str]:
+    names: set[str] = set()
+    for root in roots:
+        base = os.path.join(workspace, root)
+        if not os.path.isdir(base):
+            continue
+        for entry in os.scandir(base):
+            names.add(entry.name.split(".", 1)[0] if entry.is_file() else entry.name)
+    return frozenset(names)

@@ -1,0 +1,320 @@
+"""Run commands under bubblewrap with limits, a wall-clock timeout and capped output.
+
+Each call is one ``bwrap`` process: new pid/net/ipc/uts namespaces, all capabilities dropped, the
+allowlist of read-only binds from :mod:`cadenza.sandbox.binds`, the workspace read-write at its own
+path, private ``/tmp``, ``/dev``, ``/proc`` and a tmpfs ``HOME``. Killing ``bwrap`` kills the sandbox's
+pid 1 (``--die-with-parent``), which takes the whole namespace with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cadenza.errors import SandboxError
+from cadenza.sandbox.binds import SYSTEM_PATHS, BindPlan, plan_binds
+from cadenza.sandbox.config import SandboxConfig
+from cadenza.sandbox.envinfo import EnvInfo, env_info
+from cadenza.sandbox.limits import PidsCgroup, make_preexec, pids_cgroup_root
+from cadenza.sandbox.output import CappedBuffer
+from cadenza.sandbox.spawner import Spawner
+
+INSTALL_HINT = "install it with 'apt-get install bubblewrap' (or pass --no-sandbox for trusted debugging only)"
+
+
+@dataclass(kw_only=True)
+class ExecResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+    timed_out: bool
+    duration_s: float
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+
+    @property
+    def output(self) -> str:
+        """stdout then stderr, as an agent reads them."""
+        if self.stdout and self.stderr:
+            return self.stdout.rstrip("\n") + "\n" + self.stderr
+        return self.stdout or self.stderr
+
+
+@functools.lru_cache(maxsize=1)
+def bwrap_path() -> str:
+    path = shutil.which("bwrap")
+    if path is None:
+        raise SandboxError(f"bubblewrap (bwrap) is not installed; {INSTALL_HINT}")
+    return path
+
+
+class Sandbox:
+    """Runs commands for one workspace. Build once per episode; every ``run`` is a fresh sandbox."""
+
+    def __init__(
+        self,
+        workspace: str | os.PathLike[str],
+        *,
+        env_dir: str | os.PathLike[str] | None = None,
+        config: SandboxConfig | None = None,
+        hidden: list[Path] | None = None,
+        path_map: dict[Path, Path] | None = None,
+        rw_extra: list[Path] | None = None,
+    ) -> None:
+        self.workspace = Path(workspace).absolute()
+        if not self.workspace.is_dir():
+            raise SandboxError(f"workspace {self.workspace} does not exist")
+        self.config = config or SandboxConfig()
+        self.env: EnvInfo | None = env_info(env_dir) if env_dir is not None else None
+        for h in hidden or []:
+            if _inside(self.workspace, Path(h)):
+                raise SandboxError(f"workspace {self.workspace} lies inside hidden directory {h}; copy it elsewhere first")
+        self.plan: BindPlan = plan_binds(
+            workspace=self.workspace, env=self.env, hidden=list(hidden or []), path_map=path_map,
+            rw_extra=rw_extra, ro_extra=self.config.extra_ro_binds,
+        )
+        self._cgroup_root = pids_cgroup_root()
+        self._cgroup: PidsCgroup | None = None
+        self._spawner: Spawner | None = None
+        self._lock = threading.Lock()
+        self._finalizer = weakref.finalize(self, _cleanup, [])
+        if not self.config.no_sandbox:
+            self._prefix = self._bwrap_prefix()
+            _check_bwrap(self._prefix[0], tuple(self._system_args()))
+
+    @property
+    def sandboxed(self) -> bool:
+        return not self.config.no_sandbox
+
+    @property
+    def process_limit_enforced(self) -> bool:
+        """Whether a fork bomb is capped: a pids cgroup, or RLIMIT_NPROC for a non-root caller."""
+        return self._cgroup_root is not None or os.geteuid() != 0
+
+    def environment(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        path = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
+        env = {"HOME": self.config.home, "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp", "USER": "agent",
+               "PIP_NO_INDEX": "1", "PIP_NO_CACHE_DIR": "1"}
+        if self.env is not None:
+            path.insert(0, str(Path(self.env.env_dir) / "bin"))
+            env["VIRTUAL_ENV"] = self.env.env_dir
+        if self.plan.pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join(self.plan.pythonpath)
+        env["PATH"] = os.pathsep.join(path)
+        env.update(extra or {})
+        return env
+
+    def _bwrap_prefix(self) -> list[str]:
+        cfg = self.config
+        argv = [bwrap_path(), "--die-with-parent", "--new-session", "--unshare-net", "--unshare-pid",
+                "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
+        if os.geteuid() == 0:
+            argv += ["--cap-drop", "ALL"]
+        # /proc/sys read-only: uid 0 without capabilities still owns (and could write) global sysctls
+        argv += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
+                 "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger", "--dev", "/dev",
+                 "--size", str(cfg.tmpfs_bytes), "--tmpfs", "/dev/shm",
+                 "--size", str(cfg.tmpfs_bytes), "--tmpfs", "/tmp",
+                 "--size", str(cfg.tmpfs_bytes), "--tmpfs", cfg.home]
+        argv += self._system_args()
+        for p in self.plan.ro:
+            if p not in SYSTEM_PATHS:
+                argv += ["--ro-bind", p, p]
+        for p in self.plan.rw:
+            argv += ["--bind", p, p]
+        argv += ["--remount-ro", "/"]
+        return argv
+
+    def _system_args(self) -> list[str]:
+        argv: list[str] = []
+        for target, link in self.plan.symlinks:
+            argv += ["--symlink", target, link]
+        for p in self.plan.ro:
+            if p in SYSTEM_PATHS:
+                argv += ["--ro-bind", p, p]
+        return argv
+
+    def argv(self, command: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None) -> list[str]:
+        """The full ``bwrap`` command line for ``command`` (for inspection and benchmarks)."""
+        full = [*self._prefix, "--clearenv"]
+        for k, v in self.environment(env).items():
+            full += ["--setenv", k, v]
+        full += ["--chdir", str(cwd or self.workspace), "--", *command]
+        return full
+
+    def run(
+        self,
+        command: list[str] | str,
+        *,
+        timeout_s: float | None = None,
+        cwd: Path | None = None,
+        env: dict[str, str] | None = None,
+        merge_stderr: bool = False,
+    ) -> ExecResult:
+        """Run ``command`` (argv, or a string for ``bash -c``); never raises for what the command does."""
+        if isinstance(command, str):
+            command = ["bash", "-c", command]
+        timeout = self.config.timeout_s if timeout_s is None else timeout_s
+        if self.config.no_sandbox:
+            argv, popen_env, popen_cwd = command, self.environment(env), str(cwd or self.workspace)
+        else:
+            argv, popen_env, popen_cwd = self.argv(command, cwd=cwd, env=env), {"PATH": "/usr/bin:/bin"}, "/"
+        with self._lock:
+            launch = self._launcher(argv, popen_env, popen_cwd)
+            return _execute(launch, timeout_s=timeout, cap=self.config.max_output_bytes, merge_stderr=merge_stderr,
+                            cgroup=self._cgroup, spare=self._spawner.pid if self._spawner else None)
+
+    def _launcher(self, argv: list[str], env: dict[str, str], cwd: str) -> Callable[[list[int]], _Handle]:
+        """How to start one command: through the cgroup's spawner when there is a cgroup, else directly."""
+        if self._spawner is not None and self._spawner.proc.poll() is not None:  # it died (OOM killer, ...)
+            self._finalizer()
+            self._spawner = None
+        if self._cgroup_root is not None and self._spawner is None:
+            try:
+                self._cgroup = PidsCgroup(self._cgroup_root, self.config.max_procs)
+                self._spawner = Spawner(make_preexec(self.config, self._cgroup))
+                self._finalizer.detach()
+                self._finalizer = weakref.finalize(self, _cleanup, [self._spawner, self._cgroup])
+            except (OSError, subprocess.SubprocessError):  # e.g. a cgroup v2 parent that refuses members
+                if self._cgroup is not None:
+                    self._cgroup.kill_all_and_remove()
+                self._cgroup_root = self._cgroup = None
+        if self._spawner is not None:
+            spawner = self._spawner
+            exe = argv[0] if os.path.isabs(argv[0]) else shutil.which(argv[0], path=env.get("PATH")) or argv[0]
+            return lambda fds: _Handle(spawner.spawn([exe, *argv[1:]], env, cwd, fds), spawner.wait)
+
+        def direct(fds: list[int]) -> _Handle:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fds[0], stderr=fds[-1], cwd=cwd, env=env,
+                                    start_new_session=True, preexec_fn=make_preexec(self.config, None), close_fds=True)
+            return _Handle(proc.pid, lambda deadline: _wait_popen(proc, deadline))
+
+        return direct
+
+    def close(self) -> None:
+        """Stop this sandbox's spawner and remove its cgroup (also done when garbage-collected)."""
+        self._finalizer()
+
+
+def _cleanup(resources: list) -> None:
+    for r in resources:
+        if isinstance(r, Spawner):
+            r.close()
+        elif isinstance(r, PidsCgroup):
+            r.kill_all_and_remove()
+
+
+@dataclass
+class _Handle:
+    pid: int
+    wait: Callable[[float | None], int | None]
+
+
+def _wait_popen(proc: subprocess.Popen, deadline: float | None) -> int | None:
+    try:
+        return proc.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _inside(path: Path, root: Path) -> bool:
+    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root))
+
+
+@functools.lru_cache(maxsize=4)
+def _check_bwrap(bwrap: str, system_args: tuple[str, ...]) -> None:
+    """One probe per process: bwrap may be installed but unable to create namespaces."""
+    probe = [bwrap, "--unshare-pid", "--unshare-net", *system_args, "--", "true"]
+    try:
+        out = subprocess.run(probe, capture_output=True, text=True, timeout=30, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SandboxError(f"bubblewrap cannot start ({exc}); {INSTALL_HINT}") from None
+    if out.returncode != 0:
+        msg = (out.stderr.strip().splitlines() or ["unknown error"])[-1]
+        raise SandboxError(
+            f"bubblewrap cannot create namespaces here ({msg}); allow unprivileged user namespaces or run as root"
+        )
+
+
+def _execute(launch, *, timeout_s: float, cap: int, merge_stderr: bool, cgroup: PidsCgroup | None,
+             spare: int | None) -> ExecResult:
+    start = time.monotonic()
+    r_out, w_out = os.pipe()
+    readers, writers = [r_out], [w_out]
+    if not merge_stderr:
+        r_err, w_err = os.pipe()
+        readers.append(r_err)
+        writers.append(w_err)
+    try:
+        handle = launch(writers)
+    except OSError as exc:
+        for fd in readers:
+            os.close(fd)
+        return ExecResult(exit_code=127, stdout="", stderr=f"cannot start the command: {exc}", timed_out=False,
+                          duration_s=time.monotonic() - start)
+    finally:
+        for fd in writers:
+            os.close(fd)
+    buffers = {fd: CappedBuffer(cap) for fd in readers}  # insertion order: stdout, stderr
+    deadline = start + timeout_s
+    code: int | None = None
+    timed_out = True
+    with selectors.DefaultSelector() as sel:
+        for fd in readers:
+            sel.register(fd, selectors.EVENT_READ)
+        try:
+            if _pump(sel, buffers, deadline):
+                code = handle.wait(deadline)
+                timed_out = code is None
+        except OSError:  # the spawner died under us: report the command as killed
+            timed_out = False
+        finally:
+            _kill_tree(handle.pid, cgroup, spare)
+            if code is None:
+                with contextlib.suppress(OSError):
+                    code = handle.wait(None)
+            _pump(sel, buffers, time.monotonic() + 0.5)  # whatever was written before the kill
+            for fd in readers:
+                os.close(fd)
+    out, err = [*buffers.values(), None][:2]
+    return ExecResult(
+        exit_code=code if code is not None else -signal.SIGKILL,
+        stdout=out.text(), stderr=err.text() if err else "", timed_out=timed_out,
+        duration_s=time.monotonic() - start, stdout_dropped=out.dropped, stderr_dropped=err.dropped if err else 0,
+    )
+
+
+def _pump(sel: selectors.BaseSelector, buffers: dict[int, CappedBuffer], deadline: float) -> bool:
+    """Read until every stream is at EOF (True) or the deadline passes (False)."""
+    while sel.get_map():
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            return False
+        for key, _ in sel.select(remaining):
+            try:
+                data = os.read(key.fd, 1 << 16)
+            except OSError:
+                data = b""
+            if data:
+                buffers[key.fd].feed(data)
+            else:
+                sel.unregister(key.fd)
+    return True
+
+
+def _kill_tree(pid: int, cgroup: PidsCgroup | None, spare: int | None) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, signal.SIGKILL)
+    if cgroup is not None:
+        cgroup.kill_all(spare=spare, wait_s=5.0)

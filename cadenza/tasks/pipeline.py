@@ -1,0 +1,248 @@
+"""One source -> validated task drafts: fetch, environment, baseline + coverage, delete, validate, state.
+
+:func:`iter_task_drafts` is sequential and yields :class:`TaskDraft` objects as they validate; the
+caller (the store) scrubs, leak-scans and writes each task directory. Work amortised per source:
+two full runs (baseline + coverage, see :mod:`cadenza.tasks.baseline`); per validated task about
+one full run (plus partial runs of covering tests and of F2P on the gold copy).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+import re
+import shutil
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cadenza.errors import SourceError
+from cadenza.tasks.baseline import Baseline, run_baseline
+from cadenza.tasks.delete import Deletion, DeletionError, plan_deletion, site_lines
+from cadenza.tasks.features import Candidate, FeatureMap, module_files
+from cadenza.tasks.runner import RunCounter, pytest_args_for
+from cadenza.tasks.source import SourceInfo, copy_tree, fetch_source
+from cadenza.tasks.statement import write_statement
+from cadenza.tasks.task import Feature, Task
+from cadenza.tasks.validate import (
+    GoldCheck,
+    ValidationContext,
+    importable_modules,
+    prepare_workspace,
+    validate,
+)
+from cadenza.tasks.venv import BaseEnv, ensure_base_env, make_task_env
+
+LEVEL_KINDS = {1: ("function", "method"), 2: ("function", "method"), 3: ("class", "module")}
+
+
+@dataclass(kw_only=True)
+class BuildConfig:
+    """Knobs for one source. ``max_candidates`` caps attempts (None: until ``max_tasks`` or exhausted)."""
+
+    levels: tuple[int, ...] = (1, 2, 3)
+    max_tasks: int | None = None
+    max_candidates: int | None = None
+    seed: int = 0
+    timeout_s: float = 600.0
+    per_test_timeout_s: float | None = 30.0
+    env_cache_dir: Path | None = None
+    gold_check: GoldCheck = "f2p"
+    llm_url: str | None = None
+    llm_model: str = "default"
+
+
+@dataclass(kw_only=True)
+class BuildStats:
+    """What happened to one source (filled in place while drafts are yielded)."""
+
+    source: str
+    candidates: int = 0
+    tried: int = 0
+    validated: int = 0
+    by_level: Counter = field(default_factory=Counter)
+    rejected: Counter = field(default_factory=Counter)
+    rejections: list[tuple[str, int, str]] = field(default_factory=list)
+    suite_size: int = 0
+    excluded_tests: list[str] = field(default_factory=list)
+    counter: RunCounter = field(default_factory=RunCounter)
+    seconds: float = 0.0
+    env_seconds: float = 0.0
+
+    @property
+    def full_suite_runs(self) -> float:
+        """Full-suite-equivalent pytest runs spent on this source so far."""
+        return self.counter.equivalents(self.suite_size)
+
+    def to_dict(self) -> dict:
+        return {
+            "source": self.source, "candidates": self.candidates, "tried": self.tried, "validated": self.validated,
+            "by_level": dict(self.by_level), "rejected": dict(self.rejected), "suite_size": self.suite_size,
+            "excluded_tests": len(self.excluded_tests), "full_suite_runs": round(self.full_suite_runs, 3),
+            "seconds": round(self.seconds, 2), "env_seconds": round(self.env_seconds, 2),
+        }
+
+
+@dataclass(kw_only=True)
+class TaskDraft:
+    """A validated task before scrubbing: the record, the post-deletion workspace, the gold patch.
+
+    ``removed_snippets`` are strings a leak scan must not find anywhere reachable from the task;
+    ``base_env`` is what :func:`cadenza.tasks.venv.make_task_env` needs to give the task its env.
+    """
+
+    task: Task
+    workspace: Path
+    gold_patch: str
+    removed_snippets: list[str]
+    base_env: BaseEnv
+    source: SourceInfo
+    deletion: Deletion
+
+
+def task_id(source: SourceInfo, qualname: str, level: int) -> str:
+    """Deterministic id from the source (name, version, content) + qualname + level."""
+    digest = hashlib.sha256(f"{source.name}|{source.content_hash}|{qualname}|{level}".encode()).hexdigest()[:8]
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{source.name}-{source.version}__{qualname}__L{level}") + f"-{digest}"
+
+
+def order_candidates(fmap: FeatureMap, baseline: Baseline, levels: tuple[int, ...], seed: int) -> list[tuple[int, Candidate]]:
+    """Candidates likely to validate, shuffled per level by ``seed`` and interleaved across levels.
+
+    Pruned: no passing test covers it (nothing would fail), every passing test covers it (nothing
+    would be left as PASS_TO_PASS), a package ``__init__`` module, names defined twice.
+    """
+    n_pass = len(baseline.passing)
+    per_level: dict[int, list[Candidate]] = {}
+    names = Counter((c.path, c.local) for c in fmap.candidates)
+    for level in levels:
+        pool = []
+        for c in fmap.candidates:
+            if c.kind not in LEVEL_KINDS.get(level, ()) or not c.tests or len(c.tests) >= n_pass:
+                continue
+            if names[(c.path, c.local)] > 1 or (c.kind == "module" and c.path.endswith("__init__.py")):
+                continue
+            pool.append(c)
+        rng = random.Random(f"{seed}:{level}")
+        pool.sort(key=lambda c: c.qualname)
+        rng.shuffle(pool)
+        per_level[level] = pool
+    out: list[tuple[int, Candidate]] = []
+    while any(per_level.values()):
+        for level in levels:
+            if per_level.get(level):
+                out.append((level, per_level[level].pop(0)))
+    return out
+
+
+def iter_task_drafts(
+    spec: str,
+    work_dir: Path,
+    *,
+    levels: tuple[int, ...] = (1, 2, 3),
+    max_tasks: int | None = None,
+    seed: int = 0,
+    config: BuildConfig | None = None,
+    stats: BuildStats | None = None,
+) -> Iterator[TaskDraft]:
+    """Yield validated drafts for ONE source, sequentially; ``stats`` (if given) is updated in place.
+
+    ``work_dir`` must be empty or absent; it receives ``source/`` (the pristine copy), the
+    baseline env and one ``cand-NNNN/`` per attempt (rejected ones are removed; a yielded draft's
+    ``workspace`` stays until the caller moves or deletes it). Raises :class:`SourceError` when the
+    source cannot be used (fetch, environment, no passing tests).
+    """
+    cfg = config or BuildConfig()
+    levels = tuple(levels or cfg.levels)
+    max_tasks = max_tasks if max_tasks is not None else cfg.max_tasks
+    bad = [lv for lv in levels if lv not in LEVEL_KINDS]
+    if bad:
+        raise SourceError(f"unknown level(s) {bad}; levels are 1, 2 and 3")
+    stats = stats if stats is not None else BuildStats(source=spec)
+    start = time.monotonic()
+    work_dir = Path(work_dir)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    source = fetch_source(spec, work_dir / "source")
+    t_env = time.monotonic()
+    base = ensure_base_env(source, cfg.env_cache_dir)
+    stats.env_seconds = time.monotonic() - t_env
+    baseline_ws = work_dir / "baseline"
+    copy_tree(source.root, baseline_ws)
+    python = make_task_env(base, baseline_ws, work_dir / "baseline-env")
+    pytest_args = pytest_args_for(baseline_ws, python)
+    baseline, fmap = run_baseline(source, python, baseline_ws, pytest_args=pytest_args, timeout_s=cfg.timeout_s,
+                                  per_test_timeout_s=cfg.per_test_timeout_s, counter=stats.counter)
+    stats.suite_size = baseline.suite_size
+    stats.excluded_tests = list(baseline.excluded)
+    modules = module_files(source)
+    importable = importable_modules(python, baseline_ws, sorted({m for m in modules.values() if m.split(".")[-1] != "__main__"}))
+    shutil.rmtree(baseline_ws, ignore_errors=True)
+    ctx = ValidationContext(base_env=base, pristine=source.root, baseline=baseline, pytest_args=pytest_args,
+                            importable=importable, test_paths=source.test_paths, timeout_s=cfg.timeout_s, per_test_timeout_s=cfg.per_test_timeout_s,
+                            gold_check=cfg.gold_check, counter=stats.counter)
+    known_lines = site_lines(base.site_packages)
+    ordered = order_candidates(fmap, baseline, levels, seed)
+    stats.candidates = len(ordered)
+    stats.seconds = time.monotonic() - start
+    attempt = 0
+    for level, cand in ordered:
+        if max_tasks is not None and stats.validated >= max_tasks:
+            break
+        if cfg.max_candidates is not None and stats.tried >= cfg.max_candidates:
+            break
+        try:
+            deletion = plan_deletion(source.root, cand, level, modules, known_lines=known_lines)
+        except DeletionError as exc:
+            stats.rejected["not deletable"] += 1
+            stats.rejections.append((cand.qualname, level, f"not deletable: {exc}"))
+            continue
+        except (UnicodeDecodeError, RecursionError, OSError) as exc:
+            stats.rejected["unreadable"] += 1
+            stats.rejections.append((cand.qualname, level, f"unreadable: {type(exc).__name__}"))
+            continue
+        stats.tried += 1
+        attempt += 1
+        cand_dir = work_dir / f"cand-{attempt:04d}"
+        prepare_workspace(ctx, deletion, cand_dir / "run")
+        result = validate(ctx, deletion, cand_dir / "run", cand_dir / "scratch")
+        for sub in ("run", "scratch"):
+            shutil.rmtree(cand_dir / sub, ignore_errors=True)
+        stats.seconds = time.monotonic() - start
+        if not result.ok:
+            stats.rejected[result.reason.split(":")[0]] += 1
+            stats.rejections.append((cand.qualname, level, result.reason))
+            shutil.rmtree(cand_dir, ignore_errors=True)
+            continue
+        # The yielded workspace is rebuilt from the pristine copy: nothing the test runs wrote survives.
+        workspace = cand_dir / "workspace"
+        prepare_workspace(ctx, deletion, workspace)
+        stats.validated += 1
+        stats.by_level[level] += 1
+        statement = write_statement(deletion, result.fail_to_pass, llm_url=cfg.llm_url, llm_model=cfg.llm_model)
+        task = Task(
+            id=task_id(source, cand.qualname, level),
+            source=spec,
+            feature=Feature(qualname=cand.qualname, path=cand.path, kind=cand.kind, lineno=cand.lineno,
+                            end_lineno=cand.end_lineno),
+            level=level,
+            statement=statement,
+            fail_to_pass=result.fail_to_pass,
+            pass_to_pass=result.pass_to_pass,
+            package=source.packages[0],
+            test_files=list(source.test_paths),
+            pytest_args=list(pytest_args),
+            test_timeout_s=float(cfg.per_test_timeout_s or 60.0),
+            excluded_tests=list(baseline.excluded),
+            meta={
+                "source_name": source.name, "source_version": source.version, "content_hash": source.content_hash,
+                "layout": source.layout, "import_root": source.import_root, "packages": source.packages,
+                "changed_files": sorted(deletion.changed), "deleted_files": sorted(p for p, t in deletion.changed.items() if t is None),
+                "removed_names": deletion.removed_names, "signature": deletion.signature, "gold_check": cfg.gold_check,
+            },
+        )
+        yield TaskDraft(task=task, workspace=workspace, gold_patch=deletion.gold_patch,
+                        removed_snippets=deletion.removed_snippets, base_env=base, source=source, deletion=deletion)
+        stats.seconds = time.monotonic() - start
+    stats.seconds = time.monotonic() - start

@@ -1,0 +1,440 @@
+"""Leak scan: search everything a task can reach for remnants of its deleted code.
+
+Reachable means the workspace (git objects included, via ``git cat-file --batch-all-objects``)
+and the task's environment: its own directory, every path its ``.pth`` files and editable
+finders point to, and the interpreter's non-stdlib ``sys.path``. Every file is read as bytes and
+reduced to a set of stripped lines: text as is, JSON strings decoded, zip/wheel/egg and tar/sdist
+members recursively, marshalled bytecode unmarshalled (string constants, names, and compiled code
+objects compared with the deleted code's), any other binary through its printable runs. A file is
+a finding when it holds two distinctive lines of the deleted code (one, if only one exists), a
+code object compiled from it, or a ``.pyi`` stub of a removed definition.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import gzip
+import importlib.util
+import io
+import json
+import marshal
+import os
+import re
+import subprocess
+import tarfile
+import types
+import zipfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from cadenza.tasks.secret import Secret, code_key, derive_secret, stub_definitions
+from cadenza.tasks.task import GOLD_PATCH, WORKSPACE, Task, load_task
+
+MAX_FILE_BYTES = 256 << 20
+MAX_DEPTH = 4
+_SIGNATURE = re.compile(r"^(async\s+def|def|class)\s+\w+|^@")
+_PRINTABLE = re.compile(rb"[\t\n\r\x20-\x7e]{8,}")
+_ARCHIVE_SUFFIXES = (".whl", ".zip", ".egg", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".gz", ".jar")
+
+
+@dataclass(frozen=True)
+class Finding:
+    task_id: str
+    path: str
+    channel: str
+    evidence: str
+
+
+@dataclass
+class _Content:
+    lines: set[str]
+    codes: set[tuple[str, bytes]]
+    stub_defs: set[str]
+
+
+def channel_of(path: str) -> str:
+    """A human name for where a finding sits."""
+    p = path.replace("\\", "/")
+    rules = [
+        ("git", ("/.git/", ".git (objects)")), ("bytecode", ("__pycache__", ".pyc")),
+        ("mypy-cache", (".mypy_cache",)), ("tool-cache", (".pytest_cache", ".ruff_cache", ".hypothesis", ".coverage")),
+        ("egg-info", (".egg-info", "PKG-INFO", "SOURCES.txt")), ("dist-info", (".dist-info",)),
+        ("pip-cache", ("/pip/", "pip-cache", "/http-v2/", "/wheels/")),
+        ("archive", (*_ARCHIVE_SUFFIXES, "!")), ("build-dir", ("/build/", "/dist/", "/.tox/", "/.nox/")),
+        ("site-packages", ("site-packages", "dist-packages")), ("stub", (".pyi",)),
+        ("docs", (".md", ".rst", ".txt", ".ipynb", ".html", "/doc/", "/docs/")),
+    ]
+    for name, keys in rules:
+        if any(k in p for k in keys):
+            return name
+    return "file"
+
+
+# --------------------------------------------------------------------------- reading files
+
+
+def _lines_of_text(text: str) -> set[str]:
+    return {s for s in (ln.strip() for ln in text.splitlines()) if s}
+
+
+def _json_strings(obj: object) -> Iterator[str]:
+    if isinstance(obj, str):
+        yield obj
+    elif isinstance(obj, dict):
+        for k, v in obj.items():
+            yield str(k)
+            yield from _json_strings(v)
+    elif isinstance(obj, list):
+        for v in obj:
+            yield from _json_strings(v)
+
+
+def _code_strings(code: types.CodeType, out: _Content) -> None:
+    out.codes.add(code_key(code))
+    out.lines.update(code.co_names + code.co_varnames + (code.co_name, code.co_qualname))
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            _code_strings(const, out)
+        elif isinstance(const, str):
+            out.lines |= _lines_of_text(const)
+        elif isinstance(const, bytes):
+            out.lines |= _lines_of_text(const.decode("utf-8", "replace"))
+        elif isinstance(const, tuple | frozenset):
+            out.lines.update(s for s in const if isinstance(s, str))
+
+
+def read_content(name: str, data: bytes, depth: int = 0) -> _Content:
+    """Reduce one file (or archive member) to lines, code fingerprints and stub definitions."""
+    out = _Content(set(), set(), set())
+    low = name.lower()
+    if depth < MAX_DEPTH and data[:4] == b"PK\x03\x04":
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as zf:
+                for info in zf.infolist():
+                    if not info.is_dir() and info.file_size <= MAX_FILE_BYTES:
+                        _merge(out, read_content(info.filename, zf.read(info), depth + 1))
+            return out
+        except (zipfile.BadZipFile, OSError, RuntimeError, ValueError, EOFError):
+            pass
+    if depth < MAX_DEPTH and (data[:2] == b"\x1f\x8b" or low.endswith((".tar", ".tar.bz2", ".tbz2", ".tar.xz", ".txz"))):
+        try:
+            with tarfile.open(fileobj=io.BytesIO(data)) as tf:
+                for member in tf:
+                    if member.isfile() and member.size <= MAX_FILE_BYTES:
+                        fh = tf.extractfile(member)
+                        if fh is not None:
+                            _merge(out, read_content(member.name, fh.read(), depth + 1))
+            return out
+        except (tarfile.TarError, OSError, EOFError, ValueError):
+            pass
+        if data[:2] == b"\x1f\x8b":
+            try:
+                return read_content(name[:-3] if low.endswith(".gz") else name, gzip.decompress(data), depth + 1)
+            except (OSError, EOFError, ValueError):
+                pass
+    if data[:4] == importlib.util.MAGIC_NUMBER and len(data) > 16:
+        try:
+            code = marshal.loads(data[16:])
+            if isinstance(code, types.CodeType):
+                _code_strings(code, out)
+        except (ValueError, EOFError, TypeError):
+            pass
+    if b"\x00" in data[:8192]:
+        for run in _PRINTABLE.findall(data):
+            out.lines |= _lines_of_text(run.decode("ascii", "replace"))
+        return out
+    text = data.decode("utf-8", "replace")
+    out.lines |= _lines_of_text(text)
+    if low.endswith((".json", ".ipynb")):
+        try:
+            for s in _json_strings(json.loads(text)):
+                out.lines |= _lines_of_text(s)
+        except (ValueError, RecursionError):
+            pass
+    if low.endswith((".pyi", ".py")):
+        out.stub_defs = set(stub_definitions(text))
+    return out
+
+
+def _merge(into: _Content, other: _Content) -> None:
+    into.lines |= other.lines
+    into.codes |= other.codes
+
+
+def _git_objects(repo: Path) -> bytes:
+    """Every object of the repository (history, reflog, stash, dangling, packed, alternates)."""
+    env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+    try:
+        res = subprocess.run(["git", "-C", str(repo), "cat-file", "--batch-all-objects", "--batch", "--unordered"],
+                             capture_output=True, timeout=300, env=env, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return b""
+    return res.stdout
+
+
+def git_commit_count(repo: Path) -> int | None:
+    """Commits reachable from any ref, the reflog or a stash (``None`` if not a readable repo)."""
+    env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
+    try:
+        res = subprocess.run(["git", "-C", str(repo), "rev-list", "--all", "--reflog", "--count"],
+                             capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+        commits = subprocess.run(["git", "-C", str(repo), "cat-file", "--batch-all-objects", "--batch-check"],
+                                 capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if res.returncode != 0:
+        return None
+    return max(int(res.stdout.strip() or 0), sum(1 for ln in commits.stdout.splitlines() if " commit " in ln))
+
+
+# --------------------------------------------------------------------------- what is reachable
+
+
+def _stdlib_dirs() -> set[str]:
+    import sysconfig
+
+    paths = sysconfig.get_paths()
+    return {os.path.realpath(paths[k]) for k in ("stdlib", "platstdlib") if k in paths}
+
+
+def env_roots(env_dir: Path) -> list[Path]:
+    """Directories an environment can import from: itself, its .pth targets, non-stdlib sys.path."""
+    env_dir = Path(env_dir)
+    roots: list[Path] = [env_dir]
+    seen: set[str] = set()
+    queue = list(env_dir.glob("lib*/python*/site-packages"))
+    python = env_dir / "bin" / "python"
+    if python.exists():
+        try:
+            res = subprocess.run([str(python), "-c", "import sys, json; print(json.dumps(sys.path))"],
+                                 capture_output=True, text=True, timeout=60, cwd="/", stdin=subprocess.DEVNULL)
+            if res.returncode == 0:
+                stdlib = _stdlib_dirs() | _env_stdlib(python)
+                for p in json.loads(res.stdout.strip().splitlines()[-1]):
+                    real = os.path.realpath(p) if p else ""
+                    in_stdlib = any(real == d or real.startswith(d + os.sep) for d in stdlib) and not (
+                        "site-packages" in real or "dist-packages" in real)
+                    if real and os.path.isdir(real) and not in_stdlib and real != "/":
+                        queue.append(Path(real))
+        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+            pass
+    while queue:
+        site = queue.pop()
+        real = os.path.realpath(site)
+        if real in seen or not os.path.isdir(real):
+            continue
+        seen.add(real)
+        roots.append(Path(real))
+        for pth in Path(real).glob("*.pth"):
+            for line in pth.read_text(errors="replace").splitlines():
+                line = line.strip()
+                if line.startswith(("import ", "import\t")):  # e.g. site.addsitedir('/base/site-packages')
+                    queue.extend(Path(m) for m in re.findall(r"['\"](/[^'\"]+)['\"]", line) if os.path.isdir(m))
+                elif line and not line.startswith("#"):
+                    queue.append(Path(real) / line)
+        for finder in Path(real).glob("__editable__*.py"):
+            queue.extend(Path(s) for s in _string_constants(finder) if s.startswith("/") and os.path.isdir(s))
+    return roots
+
+
+def _env_stdlib(python: Path) -> set[str]:
+    try:
+        res = subprocess.run([str(python), "-c", "import sysconfig; p = sysconfig.get_paths(); print(p['stdlib']); print(p['platstdlib'])"],
+                             capture_output=True, text=True, timeout=60, cwd="/", stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired):
+        return set()
+    return {os.path.realpath(p) for p in res.stdout.split("\n") if p.strip()}
+
+
+def _string_constants(path: Path) -> list[str]:
+    try:
+        tree = ast.parse(path.read_text(errors="replace"))
+    except (SyntaxError, ValueError, OSError):
+        return []
+    return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
+
+
+def _walk_files(root: Path) -> Iterator[tuple[str, Path | None]]:
+    """(display path, real file) for every file under root; git dirs yield a virtual entry."""
+    stack = [Path(root)]
+    seen_dirs: set[str] = set()
+    while stack:
+        d = stack.pop()
+        real = os.path.realpath(d)
+        if real in seen_dirs:
+            continue
+        seen_dirs.add(real)
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            p = Path(e.path)
+            if e.name == ".git":
+                yield (str(p), None)  # the repository, read through git
+                if e.is_dir(follow_symlinks=False):
+                    stack.extend(x for x in p.iterdir() if x.name != "objects" and x.is_dir())
+                    yield from ((str(x), x) for x in p.iterdir() if x.is_file())
+                continue
+            try:
+                if e.is_dir():  # follows symlinks: a link out of the workspace is reachable
+                    stack.append(p)
+                elif e.is_file():
+                    yield (str(p), p)
+            except OSError:
+                continue
+
+
+# --------------------------------------------------------------------------- matching
+
+
+def match(secret: Secret, display: str, content: _Content) -> str | None:
+    """Evidence that ``content`` holds the deleted code of ``secret``, or None."""
+    hits = sorted(secret.needles & content.lines)
+    need = 1 if len(secret.needles) == 1 else 2
+    if len(hits) >= need:
+        return f"{len(hits)} deleted line(s), e.g. {hits[0][:80]!r}"
+    codes = secret.codes & content.codes
+    if codes:
+        return f"compiled code of {sorted(codes)[0][0]}"
+    if display.endswith(".pyi") and content.stub_defs:
+        stem = Path(display.split("!")[-1]).stem
+        found = sorted(q for s, q in secret.removed_names if (s == stem or stem == "__init__") and q in content.stub_defs)
+        if found:
+            return f"stub of removed {found[0]}"
+    return None
+
+
+@dataclass
+class _RootIndex:
+    """Everything in a shared root merged: a cheap prefilter before attributing hits to files."""
+
+    lines: set[str]
+    codes: set[tuple[str, bytes]]
+    stubs: set[tuple[str, str]]
+
+
+_ROOT_CACHE: dict[tuple[str, int], _RootIndex | None] = {}
+
+
+def _root_index(root: Path) -> _RootIndex | None:
+    """Merged content of a shared directory (base env site-packages), cached per process."""
+    real = os.path.realpath(root)
+    try:
+        key = (real, os.stat(real).st_mtime_ns)
+    except OSError:
+        return None
+    if key not in _ROOT_CACHE:
+        idx = _RootIndex(set(), set(), set())
+        for display, path in _walk_files(Path(real)):
+            if path is None:  # a repository: never summarised, always scanned in full
+                idx = None
+                break
+            try:
+                if path.stat().st_size > MAX_FILE_BYTES:
+                    continue
+                content = read_content(display, path.read_bytes())
+            except OSError:
+                continue
+            idx.lines |= content.lines
+            idx.codes |= content.codes
+            if display.endswith(".pyi"):
+                idx.stubs.update((Path(display).stem, q) for q in content.stub_defs)
+        _ROOT_CACHE[key] = idx
+    return _ROOT_CACHE[key]
+
+
+def _may_hold(idx: _RootIndex, secret: Secret) -> bool:
+    return bool(secret.needles & idx.lines or secret.codes & idx.codes
+                or any((s, q) in idx.stubs or ("__init__", q) in idx.stubs for s, q in secret.removed_names))
+
+
+def scan_paths(targets: Iterable[tuple[Path, Secret]], shared: Iterable[tuple[Path, Secret]] = ()) -> list[Finding]:
+    """Scan each (root, secret) pair; files reachable from several roots are read once.
+
+    ``shared`` roots (a base environment many tasks chain) are summarised once per process and
+    only searched file by file for the secrets their summary may hold.
+    """
+    targets = list(targets)
+    for root, secret in shared:
+        idx = _root_index(root)
+        if idx is None or _may_hold(idx, secret):
+            targets.append((root, secret))
+    per_file: dict[str, tuple[str, Path | None, list[Secret]]] = {}
+    for root, secret in targets:
+        if secret.empty:
+            continue
+        for display, real in _walk_files(Path(root)):
+            key = os.path.realpath(real) if real is not None else os.path.realpath(display) + "#git"
+            entry = per_file.setdefault(key, (display, real, []))
+            if all(s is not secret for s in entry[2]):
+                entry[2].append(secret)
+    findings: list[Finding] = []
+    for display, real, secrets in per_file.values():
+        if real is None:
+            repo = Path(display).parent
+            content = read_content(display, _git_objects(repo))
+            count = git_commit_count(repo)
+            if count is not None and count > 1:
+                findings.extend(Finding(task_id=s.task_id, path=display, channel="git",
+                                        evidence=f"{count} commits (history must be a single commit)") for s in secrets)
+            display = f"{display} (objects)"
+        else:
+            try:
+                if real.stat().st_size > MAX_FILE_BYTES:
+                    continue
+                content = read_content(display, real.read_bytes())
+            except OSError:
+                continue
+        for s in secrets:
+            evidence = match(s, display, content)
+            if evidence:
+                findings.append(Finding(task_id=s.task_id, path=display, channel=channel_of(display), evidence=evidence))
+    return findings
+
+
+def task_secret(task_dir: Path, task: Task | None = None) -> Secret:
+    task = task or load_task(task_dir)
+    patch = (Path(task_dir) / GOLD_PATCH).read_text(errors="replace")
+    return derive_secret(task.id, Path(task_dir) / WORKSPACE, patch)
+
+
+def task_env_dir(task_dir: Path, task: Task) -> Path:
+    env = Path(task.env)
+    return env if env.is_absolute() else Path(task_dir) / env
+
+
+def scan_tasks(task_dirs: Iterable[Path]) -> list[Finding]:
+    """Scan tasks' workspaces, environments and statements; shared env dirs are read once."""
+    targets: list[tuple[Path, Secret]] = []
+    shared: list[tuple[Path, Secret]] = []
+    findings: list[Finding] = []
+    for task_dir in task_dirs:
+        task = load_task(task_dir)
+        secret = task_secret(task_dir, task)
+        targets.append((Path(task_dir) / WORKSPACE, secret))
+        env = task_env_dir(task_dir, task)
+        own = os.path.realpath(task_dir) + os.sep
+        if env.is_dir():
+            for root in env_roots(env):
+                inside = (os.path.realpath(root) + os.sep).startswith(own)
+                (targets if inside else shared).append((root, secret))
+        # The statement may quote signatures and docstrings (what a developer could know), never bodies.
+        body = {n for n in secret.needles - secret.docstring_lines if not _SIGNATURE.match(n)}
+        code_only = dataclasses.replace(secret, needles=frozenset(body), codes=frozenset(), removed_names=frozenset())
+        statement = _Content(_lines_of_text(task.statement), set(), set())
+        evidence = match(code_only, "task.json:statement", statement)
+        if evidence:
+            findings.append(Finding(task_id=task.id, path=str(Path(task_dir) / "task.json"), channel="statement", evidence=evidence))
+    return findings + scan_paths(targets, shared)
+
+
+def find_task_dirs(path: Path) -> list[Path]:
+    """A task dir itself, or the task dirs of a task set (directories holding task.json)."""
+    path = Path(path)
+    if (path / "task.json").is_file():
+        return [path]
+    return sorted(p.parent for p in path.glob("*/task.json") if not p.parent.name.startswith("."))
+

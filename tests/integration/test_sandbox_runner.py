@@ -1,0 +1,80 @@
+"""The sandbox runner directly: separate streams, exit codes, spawner recovery, missing bubblewrap."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+
+from cadenza.errors import SandboxError
+from cadenza.sandbox import Sandbox, SandboxConfig, bwrap_path
+
+
+@pytest.fixture
+def box(tmp_path: Path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    sb = Sandbox(ws, env_dir=sys.prefix, config=SandboxConfig(timeout_s=30), hidden=[tmp_path / "hidden"])
+    yield sb
+    sb.close()
+
+
+def test_streams_exit_codes_and_cwd(box: Sandbox):
+    res = box.run(["bash", "-c", "pwd; echo err >&2; exit 3"])
+    assert res.exit_code == 3 and res.stdout == f"{box.workspace}\n" and res.stderr == "err\n" and not res.timed_out
+    assert box.run("python -c 'import sys; print(sys.prefix)'").stdout.strip() == os.path.realpath(sys.prefix)
+    assert box.run(["no-such-binary-xyz"]).exit_code != 0
+
+
+def test_spawner_is_restarted_after_dying(box: Sandbox):
+    assert box.run("echo one").stdout == "one\n"
+    if box._spawner is None:
+        pytest.skip("no pids cgroup here: commands are started directly")
+    os.kill(box._spawner.pid, signal.SIGKILL)
+    box._spawner.proc.wait()
+    assert box.run("echo two").stdout == "two\n"
+
+
+def test_close_removes_the_cgroup(box: Sandbox):
+    box.run("true")
+    cgroup = box._cgroup
+    box.close()
+    if cgroup is not None:
+        assert not cgroup.path.exists()
+
+
+def test_missing_bubblewrap_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    bwrap_path.cache_clear()
+    monkeypatch.setenv("PATH", str(tmp_path))
+    try:
+        with pytest.raises(SandboxError, match="apt-get install bubblewrap"):
+            Sandbox(tmp_path, config=SandboxConfig())
+        Sandbox(tmp_path, config=SandboxConfig(no_sandbox=True))  # trusted debugging still works
+    finally:
+        bwrap_path.cache_clear()
+
+
+def test_command_line_is_an_allowlist(box: Sandbox):
+    argv = box.argv(["true"])
+    binds = [argv[i + 1] for i, a in enumerate(argv) if a in ("--ro-bind", "--bind", "--ro-bind-try")]
+    assert "/" not in binds and os.path.realpath(Path.home()) not in binds
+    writable = [argv[i + 1] for i, a in enumerate(argv) if a == "--bind"]
+    assert writable == [os.path.realpath(box.workspace)]
+    for flag in ("--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
+                 "--new-session", "--clearenv"):
+        assert flag in argv
+
+
+def test_cpu_seconds_are_limited(tmp_path: Path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    sb = Sandbox(ws, env_dir=sys.prefix, config=SandboxConfig(cpu_s=1, timeout_s=60))
+    try:
+        res = sb.run("python -c 'while True: pass'; echo status=$?")
+    finally:
+        sb.close()
+    assert not res.timed_out and res.duration_s < 30
+    assert "status=152" in res.stdout  # 128 + SIGXCPU

@@ -1,0 +1,68 @@
+"""Fixtures for the sandbox/agent tests: the built-in toy task in a task set, with a real venv.
+
+``task_env`` is a real venv with pytest, built once per session (the task environment).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cadenza.agent.toytask import F2P, FILES, GOLD_PATCH, OPS_REMOVED, OPS_SOLVED, P2P, make_task
+
+__all__ = ["F2P", "FILES", "GOLD_PATCH", "OPS_REMOVED", "OPS_SOLVED", "P2P", "make_task", "task_dir", "task_env",
+           "taskset"]
+
+
+_ENVS: dict[str, Path] = {}  # one env per session even though several modules import the fixture
+
+
+@pytest.fixture(scope="session")
+def task_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real venv with pytest (the task environment), built once per test session."""
+    key = str(tmp_path_factory.getbasetemp())
+    if key not in _ENVS:
+        env = tmp_path_factory.mktemp("task-env") / "env"
+        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+        subprocess.run([sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"), "install", "-q",
+                        "--disable-pip-version-check", "pytest"], check=True, timeout=600)
+        _ENVS[key] = env
+    return _ENVS[key]
+
+
+@pytest.fixture
+def taskset(tmp_path: Path, task_env: Path) -> Path:
+    """A task set with two tasks (``calc-clamp`` and ``calc-other``)."""
+    root = tmp_path / "taskset"
+    make_task(root, "calc-clamp", task_env)
+    make_task(root, "calc-other", task_env)
+    return root
+
+
+@pytest.fixture
+def task_dir(taskset: Path) -> Path:
+    return taskset / "calc-clamp"
+
+
+@pytest.fixture
+def chained_task_dir(taskset: Path, task_env: Path) -> Path:
+    """A task laid out like the task factory's: ``env/`` inside the task directory, a venv without the
+    package whose ``.pth`` puts the task's ``workspace/`` on ``sys.path`` (relative path) and chains a
+    shared deps-only base env (here ``task_env``) with ``site.addsitedir``."""
+    import json
+    import os
+
+    task_dir = make_task(taskset, "calc-chained", task_env)
+    data = json.loads((task_dir / "task.json").read_text())
+    data["env"] = "env"
+    (task_dir / "task.json").write_text(json.dumps(data))
+    env = task_dir / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
+    site = next(env.glob("lib/python*/site-packages"))
+    base_site = next(task_env.glob("lib/python*/site-packages")).resolve()
+    rel = os.path.relpath((task_dir / "workspace").resolve(), site.resolve())
+    (site / "cadenza_task.pth").write_text(f"{rel}\nimport site; site.addsitedir({str(base_site)!r})\n")
+    return task_dir

@@ -1,0 +1,96 @@
+"""Sandbox pieces that need no bubblewrap: output capping, the bind allowlist, config validation."""
+
+from __future__ import annotations
+
+import os
+import random
+from pathlib import Path
+
+import pytest
+
+from cadenza.errors import ConfigError, SandboxError
+from cadenza.sandbox import CappedBuffer, SandboxConfig, cap_text
+from cadenza.sandbox.binds import plan_binds
+from cadenza.sandbox.envinfo import EnvInfo
+
+
+@pytest.mark.parametrize("limit", [1, 7, 64, 1000])
+def test_capped_buffer_keeps_head_and_tail(limit: int):
+    rng = random.Random(limit)
+    data = bytes(rng.randrange(97, 123) for _ in range(5000))
+    buf = CappedBuffer(limit)
+    pos = 0
+    while pos < len(data):  # random chunking must not matter
+        step = rng.randrange(1, 300)
+        buf.feed(data[pos : pos + step])
+        pos += step
+    head, tail = limit // 2, limit - limit // 2
+    assert bytes(buf.head) == data[:head] and bytes(buf.tail) == data[len(data) - tail :]
+    assert buf.dropped == len(data) - limit
+    text = buf.text()
+    assert f"[... {len(data) - limit} bytes of output truncated ...]" in text
+    assert text.startswith(data[:head].decode()) and text.endswith(data[len(data) - tail :].decode())
+
+
+def test_small_output_untouched_and_invalid_utf8_replaced():
+    buf = CappedBuffer(100)
+    buf.feed(b"ok \xff\xfe end")
+    assert buf.dropped == 0 and buf.text() == "ok \ufffd\ufffd end"
+    assert cap_text("short", 10) == "short"
+    assert "truncated" in cap_text("x" * 50, 10)
+
+
+def test_config_rejects_nonsense():
+    with pytest.raises(ConfigError, match="timeout_s"):
+        SandboxConfig(timeout_s=0)
+    with pytest.raises(ConfigError, match="home"):
+        SandboxConfig(home="relative")
+
+
+def _env(tmp: Path, sys_path: list[str]) -> EnvInfo:
+    return EnvInfo(env_dir=str(tmp / "env"), executable="", prefix=str(tmp / "env"), base_prefix=str(tmp / "base"),
+                   base_exec_prefix=str(tmp / "base"), sys_path=tuple(sys_path), stdlib_names=frozenset(),
+                   installed_names=frozenset())
+
+
+def test_binds_are_an_allowlist(tmp_path: Path):
+    for d in ("env/site", "base/lib", "ws", "taskset/t1/workspace/src", "elsewhere/src", "taskset/t2/workspace",
+              "taskset/.envs/shared/site"):
+        (tmp_path / d).mkdir(parents=True)
+    for task in ("t1", "t2"):
+        (tmp_path / "taskset" / task / "task.json").write_text("{}")
+    ws = tmp_path / "ws"
+    shared = str(tmp_path / "taskset/.envs/shared/site")
+    env = _env(tmp_path, [str(tmp_path / "base/lib"), str(tmp_path / "env/site"), str(tmp_path / "elsewhere/src"),
+                          str(tmp_path / "taskset/t1/workspace/src"), str(tmp_path / "taskset/t2/workspace"), shared,
+                          "/", str(tmp_path)])
+    plan = plan_binds(workspace=ws, env=env, hidden=[tmp_path / "taskset/t1", tmp_path / "taskset"],
+                      path_map={tmp_path / "taskset/t1/workspace": ws})
+    ro = set(plan.ro)
+    assert "/" not in ro and str(tmp_path) not in ro and str(tmp_path / "taskset") not in ro
+    assert {str(tmp_path / "env"), str(tmp_path / "base"), str(tmp_path / "elsewhere/src")} <= ro
+    # a shared env inside the task set may be bound; nothing inside a task directory may
+    assert [p for p in ro if p.startswith(str(tmp_path / "taskset"))] == [shared]
+    assert plan.pythonpath == [str(ws / "src")]  # an editable path into the pristine tree follows the copy
+    assert plan.rw == [os.path.realpath(ws)]
+
+
+def test_env_that_would_expose_the_task_set_is_refused(tmp_path: Path):
+    (tmp_path / "taskset").mkdir()
+    (tmp_path / "ws").mkdir()
+    env = _env(tmp_path, [])
+    env = EnvInfo(**{**env.__dict__, "env_dir": str(tmp_path)})
+    with pytest.raises(SandboxError, match="would expose"):
+        plan_binds(workspace=tmp_path / "ws", env=env, hidden=[tmp_path / "taskset"])
+
+
+def test_hidden_roots(tmp_path: Path):
+    from cadenza.sandbox import hidden_roots
+
+    task = tmp_path / "set" / "t1"
+    assert hidden_roots(task) == [Path(os.path.realpath(task)), Path(os.path.realpath(task.parent))]
+    import tempfile
+
+    in_tmp = Path(tempfile.gettempdir()) / "t1"
+    assert hidden_roots(in_tmp) == [Path(os.path.realpath(in_tmp))]  # /tmp is not a task set
+    assert hidden_roots("/t1") == [Path("/t1")]
