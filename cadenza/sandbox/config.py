@@ -19,6 +19,8 @@ class SandboxConfig:
     process count also through a pids cgroup when one is writable, because root ignores RLIMIT_NPROC).
     ``max_output_bytes`` caps each captured stream (head and tail kept). ``no_sandbox`` runs commands
     as plain subprocesses (limits still applied) for trusted debugging only; episodes record it.
+    ``persistent`` keeps one bubblewrap instance per :class:`~cadenza.sandbox.Sandbox` with an exec server
+    inside (a few ms per call instead of a bubblewrap start); off, every call starts its own bubblewrap.
     """
 
     timeout_s: float = 60.0
@@ -31,6 +33,7 @@ class SandboxConfig:
     home: str = "/home/agent"
     extra_ro_binds: list[str] = field(default_factory=list)
     no_sandbox: bool = False
+    persistent: bool = True
 
     def __post_init__(self) -> None:
         for name in ("timeout_s", "cpu_s", "memory_bytes", "max_procs", "max_file_bytes", "tmpfs_bytes", "max_output_bytes"):

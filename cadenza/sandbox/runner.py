@@ -28,6 +28,7 @@ from cadenza.sandbox.config import SandboxConfig
 from cadenza.sandbox.envinfo import EnvInfo, env_info
 from cadenza.sandbox.limits import PidsCgroup, make_preexec, pids_cgroup_root
 from cadenza.sandbox.output import CappedBuffer
+from cadenza.sandbox.server import ExecServer
 from cadenza.sandbox.spawner import Spawner
 
 INSTALL_HINT = "install it with 'apt-get install bubblewrap' (or pass --no-sandbox for trusted debugging only)"
@@ -60,7 +61,12 @@ def bwrap_path() -> str:
 
 
 class Sandbox:
-    """Runs commands for one workspace. Build once per episode; every ``run`` is a fresh sandbox."""
+    """Runs commands for one workspace. Build once per episode.
+
+    With ``config.persistent`` (the default) calls go to one bubblewrap instance started on the first call
+    (restarted if it dies); otherwise every ``run`` starts its own bubblewrap. Both give each call the same
+    limits, timeout, output cap and a clean slate apart from workspace files.
+    """
 
     def __init__(
         self,
@@ -89,6 +95,9 @@ class Sandbox:
         self._spawner: Spawner | None = None
         self._lock = threading.Lock()
         self._finalizer = weakref.finalize(self, _cleanup, [])
+        self._server: ExecServer | None = None
+        self._server_finalizer = weakref.finalize(self, _cleanup, [])
+        self._persistent_failed = False
         if not self.config.no_sandbox:
             self._prefix = self._bwrap_prefix()
             _check_bwrap(self._prefix[0], tuple(self._system_args()))
@@ -171,9 +180,51 @@ class Sandbox:
         else:
             argv, popen_env, popen_cwd = self.argv(command, cwd=cwd, env=env), {"PATH": "/usr/bin:/bin"}, "/"
         with self._lock:
-            launch = self._launcher(argv, popen_env, popen_cwd)
-            return _execute(launch, timeout_s=timeout, cap=self.config.max_output_bytes, merge_stderr=merge_stderr,
-                            cgroup=self._cgroup, spare=self._spawner.pid if self._spawner else None)
+            server = self._live_server()
+            if server is not None:
+                launch = self._server_launcher(server, command, env=self.environment(env), cwd=str(cwd or self.workspace))
+            else:
+                launch = self._launcher(argv, popen_env, popen_cwd)
+            return _execute(launch, timeout_s=timeout, cap=self.config.max_output_bytes, merge_stderr=merge_stderr)
+
+    @property
+    def persistent(self) -> bool:
+        """Whether calls go to one long-lived sandbox instance (see :mod:`cadenza.sandbox.server`)."""
+        return self.config.persistent and not self.config.no_sandbox and not self._persistent_failed
+
+    def _live_server(self) -> ExecServer | None:
+        """The running exec server, started (or restarted after it died) on demand; None for per-call mode."""
+        if not self.persistent:
+            return None
+        if self._server is not None and not self._server.alive():
+            self._server_finalizer()
+            self._server = None
+        if self._server is None:
+            try:
+                self._server = ExecServer(self._prefix, python=self._server_python(), config=self.config,
+                                          cgroup_root=self._cgroup_root)
+            except (OSError, subprocess.SubprocessError):
+                # no usable interpreter inside, or a cgroup that refuses members: per-call mode still works
+                self._persistent_failed = True
+                return None
+            self._server_finalizer.detach()
+            self._server_finalizer = weakref.finalize(self, _cleanup, [self._server])
+            self._cgroup = self._server.cgroup
+        return self._server
+
+    def _server_python(self) -> str:
+        """An interpreter visible inside the sandbox: the system one, else the task environment's."""
+        if os.path.exists("/usr/bin/python3"):
+            return "/usr/bin/python3"
+        return self.env.python if self.env is not None else "python3"
+
+    def _server_launcher(self, server: ExecServer, command: list[str], *, env: dict[str, str],
+                         cwd: str) -> Callable[[list[int]], _Handle]:
+        def launch(fds: list[int]) -> _Handle:
+            pid, wait, kill = server.spawn(command, env=env, cwd=cwd, fds=fds)
+            return _Handle(pid, wait, kill)
+
+        return launch
 
     def _launcher(self, argv: list[str], env: dict[str, str], cwd: str) -> Callable[[list[int]], _Handle]:
         """How to start one command: through the cgroup's spawner when there is a cgroup, else directly."""
@@ -191,25 +242,32 @@ class Sandbox:
                     self._cgroup.kill_all_and_remove()
                 self._cgroup_root = self._cgroup = None
         if self._spawner is not None:
-            spawner = self._spawner
+            spawner, cgroup = self._spawner, self._cgroup
             exe = argv[0] if os.path.isabs(argv[0]) else shutil.which(argv[0], path=env.get("PATH")) or argv[0]
-            return lambda fds: _Handle(spawner.spawn([exe, *argv[1:]], env, cwd, fds), spawner.wait)
+
+            def spawned(fds: list[int]) -> _Handle:
+                pid = spawner.spawn([exe, *argv[1:]], env, cwd, fds)
+                return _Handle(pid, spawner.wait, lambda: _kill_tree(pid, cgroup, spawner.pid))
+
+            return spawned
 
         def direct(fds: list[int]) -> _Handle:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fds[0], stderr=fds[-1], cwd=cwd, env=env,
                                     start_new_session=True, preexec_fn=make_preexec(self.config, None), close_fds=True)
-            return _Handle(proc.pid, lambda deadline: _wait_popen(proc, deadline))
+            return _Handle(proc.pid, lambda deadline: _wait_popen(proc, deadline), lambda: _kill_tree(proc.pid, None, None))
 
         return direct
 
     def close(self) -> None:
-        """Stop this sandbox's spawner and remove its cgroup (also done when garbage-collected)."""
+        """Stop this sandbox's exec server or spawner and remove its cgroup (also done when garbage-collected)."""
+        self._server_finalizer()
+        self._server = None
         self._finalizer()
 
 
 def _cleanup(resources: list) -> None:
     for r in resources:
-        if isinstance(r, Spawner):
+        if isinstance(r, (Spawner, ExecServer)):
             r.close()
         elif isinstance(r, PidsCgroup):
             r.kill_all_and_remove()
@@ -219,6 +277,7 @@ def _cleanup(resources: list) -> None:
 class _Handle:
     pid: int
     wait: Callable[[float | None], int | None]
+    kill: Callable[[], None]  # the command's whole tree, background processes included
 
 
 def _wait_popen(proc: subprocess.Popen, deadline: float | None) -> int | None:
@@ -247,8 +306,7 @@ def _check_bwrap(bwrap: str, system_args: tuple[str, ...]) -> None:
         )
 
 
-def _execute(launch, *, timeout_s: float, cap: int, merge_stderr: bool, cgroup: PidsCgroup | None,
-             spare: int | None) -> ExecResult:
+def _execute(launch, *, timeout_s: float, cap: int, merge_stderr: bool) -> ExecResult:
     start = time.monotonic()
     r_out, w_out = os.pipe()
     readers, writers = [r_out], [w_out]
@@ -280,7 +338,7 @@ def _execute(launch, *, timeout_s: float, cap: int, merge_stderr: bool, cgroup: 
         except OSError:  # the spawner died under us: report the command as killed
             timed_out = False
         finally:
-            _kill_tree(handle.pid, cgroup, spare)
+            handle.kill()
             if code is None:
                 with contextlib.suppress(OSError):
                     code = handle.wait(None)
