@@ -19,7 +19,7 @@ import shutil
 import tempfile
 import time
 import tomllib
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -103,7 +103,9 @@ def grade(
         results.mkdir()
         shutil.copytree(pristine, work, symlinks=True)
         applied, dropped = apply_changes(pristine, agent, work, policy)
-        box = Sandbox(work, env_dir=env, config=sandbox, hidden=hidden_roots(task_dir),
+        # one command per grade: a fresh per-call bubblewrap, never an episode's long-lived instance
+        one_shot = replace(sandbox or SandboxConfig(), persistent=False)
+        box = Sandbox(work, env_dir=env, config=one_shot, hidden=hidden_roots(task_dir),
                       path_map={pristine: work}, rw_extra=[results])
         nodeids = [*task.fail_to_pass, *task.pass_to_pass]
         junit = results / "junit.xml"

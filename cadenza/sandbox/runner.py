@@ -28,7 +28,7 @@ from cadenza.sandbox.config import SandboxConfig
 from cadenza.sandbox.envinfo import EnvInfo, env_info
 from cadenza.sandbox.limits import PidsCgroup, make_preexec, pids_cgroup_root
 from cadenza.sandbox.output import CappedBuffer
-from cadenza.sandbox.server import ExecServer
+from cadenza.sandbox.server import ExecServer, ServerDied
 from cadenza.sandbox.spawner import Spawner
 
 INSTALL_HINT = "install it with 'apt-get install bubblewrap' (or pass --no-sandbox for trusted debugging only)"
@@ -221,8 +221,13 @@ class Sandbox:
     def _server_launcher(self, server: ExecServer, command: list[str], *, env: dict[str, str],
                          cwd: str) -> Callable[[list[int]], _Handle]:
         def launch(fds: list[int]) -> _Handle:
-            pid, wait, kill = server.spawn(command, env=env, cwd=cwd, fds=fds)
-            return _Handle(pid, wait, kill)
+            try:
+                return _Handle(*server.spawn(command, env=env, cwd=cwd, fds=fds))
+            except ServerDied:  # it died between calls and the command never started: once more, fresh
+                fresh = self._live_server()
+                if fresh is None:
+                    raise
+                return _Handle(*fresh.spawn(command, env=env, cwd=cwd, fds=fds))
 
         return launch
 

@@ -32,7 +32,7 @@ START_TIMEOUT_S = 30.0
 KILL_REPLY_TIMEOUT_S = 10.0  # a server that does not answer a kill within this is declared dead
 
 _SCRIPT = r"""
-import ctypes, json, os, select, shutil, signal, socket, subprocess, sys, time
+import ctypes, json, os, select, signal, socket, subprocess, sys, time
 libc = ctypes.CDLL(None, use_errno=True)
 libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 libc.prctl(4, 0)               # PR_SET_DUMPABLE 0: no ptrace or /proc/<pid>/mem from commands
@@ -49,7 +49,7 @@ def mounts():
 
 MOUNTS = mounts()
 # scratch directories that hold mount points (the workspace under /tmp): wiped around them, modes restored
-KEEP = {}
+KEEP = {root: os.lstat(root).st_mode & 0o7777 for root in SCRATCH if os.path.isdir(root)}
 for m in MOUNTS:
     for root in SCRATCH:
         if m.startswith(root.rstrip("/") + "/"):
@@ -81,35 +81,27 @@ def kill_all(cmd):
             return status
         time.sleep(0.0005)
 
-def _retry(func, path, _exc):
-    try:
-        os.chmod(os.path.dirname(path), 0o700)
-        os.chmod(path, 0o700)
-        func(path)
-    except OSError:
-        pass
+def remove(path):
+    if os.path.isdir(path) and not os.path.islink(path):
+        os.chmod(path, 0o700)  # a command may have locked its own directories
+        for e in os.scandir(path):
+            remove(e.path)
+        os.rmdir(path)
+    else:
+        os.unlink(path)
 
 def wipe(root):
-    try:
-        entries = list(os.scandir(root))
-    except OSError:
-        return
-    for e in entries:
-        try:
-            if e.path in KEEP:
-                os.chmod(e.path, KEEP[e.path])
-                if e.path not in MOUNTS:
-                    wipe(e.path)
-            elif e.is_dir(follow_symlinks=False):
-                shutil.rmtree(e.path, onerror=_retry)
-            else:
-                os.unlink(e.path)
-        except OSError:
-            pass
+    os.chmod(root, KEEP[root])
+    for e in list(os.scandir(root)):
+        if e.path not in KEEP:
+            remove(e.path)
+        elif e.path not in MOUNTS:
+            wipe(e.path)
 
 def clean():
     for root in SCRATCH:
-        wipe(root)
+        if root in KEEP:
+            wipe(root)
     for kind, ctl in (("shm", libc.shmctl), ("msg", libc.msgctl), ("sem", libc.semctl)):
         try:
             with open("/proc/sysvipc/" + kind) as f:
@@ -151,10 +143,14 @@ def run(req, fds):
     status = kill_all(proc.pid)
     code = -signal.SIGKILL if status is None else os.waitstatus_to_exitcode(status)
     proc.returncode = code  # reaped here; keeps Popen from waiting on a recycled pid
-    clean()
+    try:
+        clean()
+        intact = mounts() == MOUNTS
+    except Exception:
+        intact = False
     sock.send(json.dumps({"exit": code}).encode())
-    if mounts() != MOUNTS:
-        sys.exit(0)  # a changed mount table cannot be put back: the host starts a fresh instance
+    if not intact:
+        sys.exit(0)  # state that cannot be put back: the host starts a fresh instance for the next call
 
 clean()
 sock.send(json.dumps({"ready": os.getpid()}).encode())
