@@ -15,6 +15,7 @@ sees the socket close, kills the whole instance, and the next call starts a fres
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import select
@@ -224,6 +225,8 @@ class ExecServer:
         try:
             socket.send_fds(self.sock, [json.dumps(req).encode()], fds)
         except OSError as exc:
+            if exc.errno == errno.EMSGSIZE:  # the request, not the server: it keeps running
+                raise OSError(f"command and environment too large ({exc.strerror})") from None
             self._die()
             raise ServerDied(f"the sandbox exec server died ({exc})") from None
         reply = self._recv(time.monotonic() + START_TIMEOUT_S)

@@ -137,5 +137,9 @@ def test_per_call_mode_is_kept(tmp_path: Path):
         assert not box.persistent
         assert box.run("echo x > /tmp/t; echo hi").stdout == "hi\n"
         assert "t" not in box.run("ls /tmp").stdout.split() and box._server is None
+        if box._spawner is not None:  # per-call mode's own long-lived piece: the cgroup's spawner
+            os.kill(box._spawner.pid, signal.SIGKILL)
+            box._spawner.proc.wait()
+            assert box.run("echo again").stdout == "again\n"
     finally:
         box.close()
