@@ -196,27 +196,28 @@ class Sandbox:
         """The running exec server, started (or restarted after it died) on demand; None for per-call mode."""
         if not self.persistent:
             return None
-        if self._server is not None and not self._server.alive():
-            self._server_finalizer()
-            self._server = None
-        if self._server is None:
+        if self._server is not None and self._server.alive():
+            return self._server
+        self._server_finalizer()  # the dead one, if any: its bwrap, namespace and cgroup
+        self._server = None
+        for python in self._server_pythons():
             try:
-                self._server = ExecServer(self._prefix, python=self._server_python(), config=self.config,
-                                          cgroup_root=self._cgroup_root)
+                self._server = ExecServer(self._prefix, python=python, config=self.config, cgroup_root=self._cgroup_root)
+                break
             except (OSError, subprocess.SubprocessError):
-                # no usable interpreter inside, or a cgroup that refuses members: per-call mode still works
-                self._persistent_failed = True
-                return None
-            self._server_finalizer.detach()
-            self._server_finalizer = weakref.finalize(self, _cleanup, [self._server])
-            self._cgroup = self._server.cgroup
+                continue
+        if self._server is None:
+            # no usable interpreter inside, or a cgroup that refuses members: per-call mode still works
+            self._persistent_failed = True
+            return None
+        self._server_finalizer = weakref.finalize(self, _cleanup, [self._server])
+        self._cgroup = self._server.cgroup
         return self._server
 
-    def _server_python(self) -> str:
-        """An interpreter visible inside the sandbox: the system one, else the task environment's."""
-        if os.path.exists("/usr/bin/python3"):
-            return "/usr/bin/python3"
-        return self.env.python if self.env is not None else "python3"
+    def _server_pythons(self) -> list[str]:
+        """Interpreters visible inside the sandbox for the exec server: the system one, the task env's."""
+        found = [p for p in ("/usr/bin/python3",) if os.path.exists(p)]
+        return [*found, self.env.python] if self.env is not None else found
 
     def _server_launcher(self, server: ExecServer, command: list[str], *, env: dict[str, str],
                          cwd: str) -> Callable[[list[int]], _Handle]:

@@ -38,6 +38,9 @@ libc = ctypes.CDLL(None, use_errno=True)
 libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 libc.prctl(4, 0)               # PR_SET_DUMPABLE 0: no ptrace or /proc/<pid>/mem from commands
 libc.prctl(36, 1)              # PR_SET_CHILD_SUBREAPER: orphans of a command come back to us
+if not hasattr(socket, "recv_fds"):
+    sys.exit("the exec server needs python 3.9+")
+os.close(os.pidfd_open(os.getpid()))  # and Linux 5.3+: fails here, before "ready", if missing
 sock = socket.socket(fileno=int(sys.argv[1]))
 os.set_inheritable(sock.fileno(), False)
 SCRATCH = json.loads(sys.argv[2])

@@ -143,3 +143,22 @@ def test_per_call_mode_is_kept(tmp_path: Path):
             assert box.run("echo again").stdout == "again\n"
     finally:
         box.close()
+
+
+def test_oversized_request_fails_alone(box: Sandbox):
+    box.run("true")
+    pid = _server_pid(box)
+    res = box.run("echo " + "a" * 400_000)
+    assert res.exit_code == 127 and "too large" in res.output
+    assert box.run("echo ok").stdout == "ok\n" and _server_pid(box) == pid
+
+
+def test_falls_back_to_per_call_without_a_usable_interpreter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    box = _box(tmp_path)
+    monkeypatch.setattr(box, "_server_pythons", lambda: [str(tmp_path / "no-python")])
+    try:
+        assert box.run("echo x > /tmp/t; echo hi").stdout == "hi\n"
+        assert not box.persistent and box._server is None
+        assert "t" not in box.run("ls /tmp").stdout.split()
+    finally:
+        box.close()
