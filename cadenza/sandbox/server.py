@@ -30,7 +30,7 @@ from cadenza.sandbox.config import SandboxConfig
 from cadenza.sandbox.limits import PidsCgroup, make_preexec
 
 START_TIMEOUT_S = 30.0
-KILL_REPLY_TIMEOUT_S = 10.0  # a server that does not answer a kill within this is declared dead
+KILL_REPLY_TIMEOUT_S = 5.0  # a server that does not answer a kill within this is declared dead
 
 _SCRIPT = r"""
 import ctypes, json, os, select, signal, socket, subprocess, sys, time
