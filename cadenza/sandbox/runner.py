@@ -1,9 +1,11 @@
 """Run commands under bubblewrap with limits, a wall-clock timeout and capped output.
 
-Each call is one ``bwrap`` process: new pid/net/ipc/uts namespaces, all capabilities dropped, the
-allowlist of read-only binds from :mod:`cadenza.sandbox.binds`, the workspace read-write at its own
-path, private ``/tmp``, ``/dev``, ``/proc`` and a tmpfs ``HOME``. Killing ``bwrap`` kills the sandbox's
-pid 1 (``--die-with-parent``), which takes the whole namespace with it.
+The ``bwrap`` line: new pid/net/ipc/uts namespaces, all capabilities dropped, the allowlist of
+read-only binds from :mod:`cadenza.sandbox.binds`, the workspace read-write at its own path, private
+``/tmp``, ``/dev``, ``/proc`` and a tmpfs ``HOME``. Per-call mode runs one ``bwrap`` per command; killing
+it kills the sandbox's pid 1 (``--die-with-parent``), which takes the whole namespace with it.
+Persistent mode (the default) runs every command of a :class:`Sandbox` through one such instance and
+its exec server (:mod:`cadenza.sandbox.server`), which gives each call the same clean slate.
 """
 
 from __future__ import annotations
