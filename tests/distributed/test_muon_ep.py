@@ -109,9 +109,21 @@ def _sharded_equals_unsharded(rank: int) -> dict:
             assert moved > 0, name
             errors[name] = max(errors.get(name, 0.0), float((p.detach().full_tensor() - want).norm()) / moved)
     placements = {n: str(p.placements) for n, p in pm.model.named_parameters()}
+    # Where Muon thinks this rank's shard sits must be where DTensor says it is (Muon's result is blind to
+    # a consistent relabelling of whole experts, so this is checked directly).
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+
+    from cadenza.optim.layout import layout_of
+
+    boxes = {}
+    for name, p in pm.model.named_parameters():
+        shape, offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+        want = [(o, o + n) for o, n in zip(offset, shape, strict=True) if n]
+        got = [(lo, hi) for lo, hi in layout_of(p).box_of(rank) if hi > lo]
+        boxes[name] = got == want and tuple(p.to_local().shape) == tuple(shape)
     del pm, opt
     torch.distributed.barrier()
-    return {"errors": errors, "placements": placements, "granularity": granularity}
+    return {"errors": errors, "placements": placements, "granularity": granularity, "boxes": boxes}
 
 
 def _run(rank: int, world: int, root: str) -> dict:
@@ -142,6 +154,7 @@ def test_muon_with_expert_parallel_equals_unsharded_and_pretrains(tmp_path: Path
     assert g["model.layers.0.mlp.experts.gate_up_proj"] == "expert"
     assert g["model.embed_tokens.weight"] == g["lm_head.weight"] == g["model.norm.weight"] == "adamw"
     for r in results:
+        assert all(r["boxes"].values()), r["boxes"]
         worst = max(r["errors"], key=r["errors"].get)
         assert r["errors"][worst] < 1e-5, (worst, r["errors"][worst])
 
