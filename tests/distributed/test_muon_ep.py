@@ -4,13 +4,14 @@
    ``(Replicate, _StridedShard(0), Shard(0))``; two Muon steps built by ``cadenza pretrain``'s optimizer
    factory (per-head / per-expert groups, AdamW for embeddings and norms) on the parallelized model equal
    the same steps of an unsharded single-process Muon on the same (gathered) gradients, NS in float32.
-2. ``cadenza pretrain`` with ``optimizer = "muon"`` at cp=2, ep=4 trains: the loss goes down, and the
-   final checkpoint holds the Muon state.
+2. ``cadenza pretrain`` with ``optimizer = "muon"`` at cp=2, ep=4 trains (the loss goes down), and a
+   run resumed from a mid-way checkpoint (Muon momentum and AdamW state) repeats the same losses.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from cadenza.testing import spawn
@@ -46,7 +47,8 @@ adjust_lr = "match_rms_adamw"
 ns_dtype = "bfloat16"
 adamw_lr = 5e-3
 [checkpoint]
-every = 100
+every = 3
+keep = 2
 [output]
 dir = "out"
 progress = false
@@ -140,7 +142,14 @@ def _run(rank: int, world: int, root: str) -> dict:
         write_model(base / "model", "qwen3_moe", train_tokenizer(files))
         _config(base, files)
     dist.barrier()
-    out["summary"] = run(load_config(base / "muon.toml"))
+    cfg = load_config(base / "muon.toml")
+    out["summary"] = run(cfg)
+    # Lose the last checkpoint: the rerun resumes at step 3 from the Muon state and must repeat steps 4-6.
+    if rank == 0:
+        out["uninterrupted"] = (base / "out" / "metrics.jsonl").read_text()
+        shutil.rmtree(base / "out" / "checkpoints" / f"step-{STEPS:08d}")
+    dist.barrier()
+    out["resumed"] = run(cfg)
     return out
 
 
@@ -158,10 +167,17 @@ def test_muon_with_expert_parallel_equals_unsharded_and_pretrains(tmp_path: Path
         worst = max(r["errors"], key=r["errors"].get)
         assert r["errors"][worst] < 1e-5, (worst, r["errors"][worst])
 
-    metrics = [json.loads(line) for line in (tmp_path / "out" / "metrics.jsonl").read_text().splitlines()]
-    assert [m["step"] for m in metrics] == list(range(1, STEPS + 1))
-    losses = [m["loss"] for m in metrics]
-    assert losses[-1] < losses[0] - 0.5, losses
+    def losses(text: str) -> list[float]:
+        records = [json.loads(line) for line in text.splitlines()]
+        assert [m["step"] for m in records] == list(range(1, STEPS + 1))
+        return [m["loss"] for m in records]
+
+    want = losses(first["uninterrupted"])
+    assert want[-1] < want[0] - 0.5, want
     assert all(r["summary"]["last"]["step"] == STEPS for r in results)
-    final = tmp_path / "out" / "checkpoints" / f"step-{STEPS:08d}"
-    assert len(list(final.glob("*.distcp"))) == 4
+    assert all(r["resumed"]["start_step"] == 3 for r in results)
+    got = losses((tmp_path / "out" / "metrics.jsonl").read_text())
+    assert got[:3] == want[:3]
+    for step in range(3, STEPS):
+        assert abs(got[step] - want[step]) <= 1e-5 * want[step], (step + 1, got[step], want[step])
+    assert len(list((tmp_path / "out" / "checkpoints" / f"step-{STEPS:08d}").glob("*.distcp"))) == 4
