@@ -8,6 +8,7 @@ trailing ranks may be short or empty), so the box is exact for uneven dims too.
 
 from __future__ import annotations
 
+import bisect
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -207,6 +208,15 @@ class Layout:
     def boxes(self) -> dict[int, Box]:
         return {r: self.box_of(r) for r in self.ranks}
 
+    def _sorted_intervals(self, d: int) -> tuple[list[int], list[tuple[int, int, tuple[int, ...]]]]:
+        """Non-empty shard intervals of tensor dim ``d`` by start (the mesh dims sharding it partition it)."""
+        cache = self.__dict__.setdefault("_sorted", {})
+        if d not in cache:
+            spans = sorted((*self._interval(d, s), s) for s in self.runs(d))
+            spans = [x for x in spans if x[1] > x[0]]
+            cache[d] = ([x[0] for x in spans], spans)
+        return cache[d]
+
     def touching(self, box: Box) -> list[tuple[int, ...]]:
         """Coordinates on the :attr:`sharded` mesh dims whose shard intersects ``box``."""
         per_dim: list[tuple[tuple[int, ...], list[tuple[int, ...]]]] = []
@@ -217,7 +227,13 @@ class Layout:
                 size = -(-self.shape[d] // self.mesh_shape[dims[0]])
                 subs = [(c,) for c in range(lo // size, (hi - 1) // size + 1)]
             else:
-                subs = [s for s in self.runs(d) if (iv := self._interval(d, s))[0] < hi and lo < iv[1]]
+                starts, spans = self._sorted_intervals(d)
+                i = max(bisect.bisect_right(starts, lo) - 1, 0)
+                subs = []
+                while i < len(spans) and spans[i][0] < hi:
+                    if spans[i][1] > lo:
+                        subs.append(spans[i][2])
+                    i += 1
             per_dim.append((dims, subs))
         out = []
         for combo in itertools.product(*(subs for _, subs in per_dim)):

@@ -123,9 +123,41 @@ def _sharded_equals_unsharded(rank: int) -> dict:
         want = [(o, o + n) for o, n in zip(offset, shape, strict=True) if n]
         got = [(lo, hi) for lo, hi in layout_of(p).box_of(rank) if hi > lo]
         boxes[name] = got == want and tuple(p.to_local().shape) == tuple(shape)
+    errors.update(_strided_matrices(pm.meshes.expert))
     del pm, opt
     torch.distributed.barrier()
     return {"errors": errors, "placements": placements, "granularity": granularity, "boxes": boxes}
+
+
+def _strided_matrices(mesh) -> dict[str, float]:
+    """Matrices and heads spanning several uneven shards of the expert mesh's strided layout: pieces
+    travel between ranks (EP experts never do: each sits whole on one rank)."""
+    import torch
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+    from torch.distributed.tensor.placement_types import _StridedShard
+
+    from cadenza.optim import Muon
+
+    placements = [Replicate(), _StridedShard(0, split_factor=mesh.size(2)), Shard(0)]
+    gen = torch.Generator().manual_seed(5)
+    specs = {"matrix": ((22, 8), {}), "head": ((26, 8), {"head_dim": 13})}
+    fulls = {k: (torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)) for k, (shape, _) in specs.items()}
+    sharded, plain = [], []
+    for k, (_, kw) in specs.items():
+        w, g = fulls[k]
+        p = torch.nn.Parameter(distribute_tensor(w, mesh, placements, src_data_rank=None))
+        p.grad = distribute_tensor(g, mesh, placements, src_data_rank=None)
+        q = torch.nn.Parameter(w.clone())
+        q.grad = g.clone()
+        sharded.append({"params": [p], "granularity": k, **kw})
+        plain.append({"params": [q], "granularity": k, **kw})
+    for groups in (sharded, plain):
+        Muon(groups, lr=0.1, weight_decay=0.1, ns_dtype=torch.float32).step()
+    out = {}
+    for k, s, q in zip(specs, sharded, plain, strict=True):
+        got, want = s["params"][0].detach().full_tensor(), q["params"][0].detach()
+        out[f"strided {k}"] = float((got - want).norm() / (want - fulls[k][0]).norm())
+    return out
 
 
 def _run(rank: int, world: int, root: str) -> dict:

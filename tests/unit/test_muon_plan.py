@@ -62,7 +62,10 @@ CASES = {
     # (Replicate, _StridedShard(0, sf=ep), Shard(0)); 6 experts, 3 per EP rank, uneven over efsdp
     "expert_mesh": ((2, 2, 2), [((6, 16, 8), "expert", {"split_sizes": (8, 8)}, [None, 0, 0], (1, 2, 1)),
                                 ((6, 8, 8), "expert", {}, [None, 0, 0], (1, 2, 1)),
-                                ((4, 12, 8), "expert", {}, [None, 1, 0])]),  # FSDP on dim 1: gathered
+                                ((4, 12, 8), "expert", {}, [None, 1, 0]),  # FSDP on dim 1: gathered
+                                # 2-D weights on the same layout: heads / a matrix span several shards
+                                ((26, 8), "head", {"head_dim": 13}, [None, 0, 0], (1, 2, 1)),
+                                ((22, 8), "matrix", {}, [None, 0, 0], (1, 2, 1))]),
 }
 
 
