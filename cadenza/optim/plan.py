@@ -16,8 +16,6 @@ over replicas.
 from __future__ import annotations
 
 import heapq
-import itertools
-import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -130,20 +128,20 @@ def _plan_job(entries: list[Entry], items: list[Item], shape: tuple[int, int], n
     for it in items:
         lay = entries[it.entry].layout
         assert lay is not None
-        overlap = lay.overlapping(it.box)
-        sharded = [i for i, d in enumerate(lay.shard_dims) if d is not None]
-        whole = all(len(overlap[i]) == 1 for i in sharded)
-        holders = [lay.rank_at(c) for c in itertools.product(*overlap)] if whole else []
+        touching = lay.touching(it.box)  # coordinates on the sharded mesh dims holding part of the matrix
+        replicas = lay.replicas
+        whole = len(touching) == 1
+        holders = [lay.rank_at(_fill(lay, touching[0], rep)) for rep in replicas] if whole else []
         if holders and not replicate_split:
             owners = holders  # every replica holding it computes its own copy
         elif holders:
             owners = [min(holders, key=lambda r: (load[r], gpos[r]))]
         else:
             owners = [_least_loaded(heaps, lay.ranks, load, gpos)]
-        n_dests = math.prod(len(o) for o in overlap)
+        n_dests = len(touching) * len(replicas)
         my = lay.coord_of(rank)
-        i_touch = all(o[0] <= c <= o[-1] for c, o in zip(my, overlap, strict=True))
         my_box = lay.box_of(rank)
+        i_touch = intersect(my_box, it.box) is not None
         for owner in owners:
             load[owner] += cost
             if owner in holders and (len(owners) > 1 or n_dests == 1):
@@ -161,18 +159,15 @@ def _plan_job(entries: list[Entry], items: list[Item], shape: tuple[int, int], n
                     sources = {owner: it.box}
                 else:  # one source per shard the matrix touches, from the owner's own replica row
                     sources = {}
-                    row = list(orow)
-                    for combo in itertools.product(*[overlap[i] for i in sharded]):
-                        for i, c in zip(sharded, combo, strict=True):
-                            row[i] = c
-                        src = lay.rank_at(row)
+                    for sub in touching:
+                        src = lay.rank_at(_fill(lay, sub, tuple(orow[i] for i in lay.replicated)))
                         sources[src] = intersect(lay.box_of(src), it.box)
                 for src, piece in sources.items():
                     if src == rank:
                         jp.local_in.append((it.entry, rel_slices(piece, my_box), pos, rel_slices(piece, it.box)))
                     else:
                         recv_in[gpos[src]].append((pos, rel_slices(piece, it.box), extents(piece), _numel(piece)))
-                for c in itertools.product(*overlap):
+                for c in _all_coords(lay, touching, replicas):
                     dst = lay.rank_at(c)
                     piece = intersect(lay.box_of(dst), it.box)
                     bsl = rel_slices(piece, it.box)
@@ -185,8 +180,7 @@ def _plan_job(entries: list[Entry], items: list[Item], shape: tuple[int, int], n
             if not i_touch:
                 continue
             piece = intersect(my_box, it.box)
-            is_source = owner not in holders and all(
-                my[i] == orow[i] for i, d in enumerate(lay.shard_dims) if d is None)
+            is_source = owner not in holders and all(my[i] == orow[i] for i in lay.replicated)
             if is_source:
                 send_in[gpos[owner]].append((it.entry, rel_slices(piece, my_box)))
                 jp.moved_elems += _numel(piece)
@@ -197,6 +191,20 @@ def _plan_job(entries: list[Entry], items: list[Item], shape: tuple[int, int], n
     jp.send_out, jp.send_out_splits = _flatten(send_out, n, lambda x: _numel_sl(x[1]))
     jp.recv_out, jp.recv_out_splits = _flatten(recv_out, n, lambda x: x[3])
     return jp
+
+
+def _fill(lay: Layout, sub: tuple[int, ...], rep: tuple[int, ...]) -> tuple[int, ...]:
+    """The mesh coordinate with ``sub`` on the sharded mesh dims and ``rep`` on the replicated ones."""
+    out = [0] * len(lay.mesh_shape)
+    for i, c in zip(lay.sharded, sub, strict=True):
+        out[i] = c
+    for i, c in zip(lay.replicated, rep, strict=True):
+        out[i] = c
+    return tuple(out)
+
+
+def _all_coords(lay: Layout, touching: list[tuple[int, ...]], replicas: list[tuple[int, ...]]):
+    return (_fill(lay, sub, rep) for sub in touching for rep in replicas)
 
 
 def _flatten(by_rank: dict[int, list], n: int, size) -> tuple[list, list[int]]:

@@ -5,6 +5,7 @@
 [data]         files = ["corpus.jsonl"]; seq_len = 2048; text_field = "text"
 [parallel]     dp_replicate = 1; dp_shard = -1; cp = 1; ep = 8
 [train]        steps = 1000; global_batch = 64; lr = 3e-4; schedule = "wsd"; optimizer = "adamw"
+[muon]         granular = true; adjust_lr = "match_rms_adamw"   # only with optimizer = "muon"
 [checkpoint]   every = 100; keep = 2
 [output]       dir = "runs/pt1"
 ```
@@ -58,6 +59,21 @@ class TrainConfig:
 
 
 @dataclass(kw_only=True)
+class MuonConfig:
+    """Used when ``train.optimizer = "muon"``: Muon per head / per expert, AdamW for the rest.
+
+    With ``adjust_lr = "match_rms_adamw"`` Muon's updates have AdamW's RMS, so ``train.lr`` suits both.
+    """
+
+    granular: bool = True  # per head / per expert from the HF config; false: whole matrices
+    adjust_lr: str = "match_rms_adamw"  # or "original" (then train.lr is Muon's lr, ~0.02)
+    momentum: float = 0.95
+    ns_steps: int = 5
+    ns_dtype: str = "bfloat16"  # Newton–Schulz precision: bfloat16 | float32 | float16
+    adamw_lr: float = 0.0  # lr of the AdamW groups (embeddings, lm_head, norms); 0 = train.lr
+
+
+@dataclass(kw_only=True)
 class CheckpointConfig:
     every: int = 100
     keep: int = 2
@@ -78,6 +94,7 @@ class PretrainConfig:
     parallel: ParallelDims = field(default_factory=ParallelDims)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
+    muon: MuonConfig = field(default_factory=MuonConfig)
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -85,7 +102,7 @@ class PretrainConfig:
 
 
 _SECTION_CLASSES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "parallel": ParallelDims,
-                    "checkpoint": CheckpointConfig, "output": OutputConfig}
+                    "checkpoint": CheckpointConfig, "output": OutputConfig, "muon": MuonConfig}
 _SECTIONS = _SECTION_CLASSES
 _TYPES = {"str": str, "int": int, "float": (int, float), "bool": bool, "list[str]": list, "list[float]": list}
 
@@ -164,6 +181,14 @@ def validate(cfg: PretrainConfig) -> None:
 
     if t.optimizer not in OPTIMIZERS:
         raise ConfigError(f"unknown train.optimizer {t.optimizer!r}; choose one of {sorted(OPTIMIZERS)}")
+    m = cfg.muon
+    if m.adjust_lr not in ("original", "match_rms_adamw"):
+        raise ConfigError(f"muon.adjust_lr must be 'original' or 'match_rms_adamw', got {m.adjust_lr!r}")
+    if m.ns_dtype not in ("float32", "bfloat16", "float16"):
+        raise ConfigError(f"muon.ns_dtype must be float32, bfloat16 or float16, got {m.ns_dtype!r}")
+    if not 0 <= m.momentum < 1 or m.ns_steps < 1 or m.adamw_lr < 0:
+        raise ConfigError("muon.momentum must be in [0, 1), muon.ns_steps >= 1 and muon.adamw_lr >= 0 "
+                          "(0 = train.lr)")
     if len(t.betas) != 2:
         raise ConfigError(f"train.betas must be two numbers, got {t.betas}")
     if d.seq_len < 2:

@@ -177,7 +177,8 @@ def _run(cfg: PretrainConfig, device: str) -> dict:
                               activation_checkpointing=cfg.model.activation_checkpointing)
     model.to(device)
     pm = parallelize(model, dims, options, device_type=device.split(":")[0])
-    optimizer = build_optimizer(t.optimizer, pm, lr=t.lr, weight_decay=t.weight_decay, betas=tuple(t.betas))
+    optimizer = build_optimizer(t.optimizer, pm, lr=t.lr, weight_decay=t.weight_decay, betas=tuple(t.betas),
+                                muon=cfg.muon)
     start = 0
     if found:
         checkpoint.load(found[0], pm.model, optimizer)
@@ -195,7 +196,7 @@ def _run(cfg: PretrainConfig, device: str) -> dict:
             t0 = time.perf_counter()
             lr = lr_at(step, **sched)
             for group in optimizer.param_groups:
-                group["lr"] = lr
+                group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's AdamW groups may run at another lr
             ids = dataset.batch(step, t.global_batch, dp_rank, dims.dp).to(device)
             loss = _accumulate(pm, ids.split(micro))
             grad_norm = clip_grad_norm_(list(pm.parameters()), t.max_grad_norm)

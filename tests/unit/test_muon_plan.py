@@ -14,13 +14,14 @@ from cadenza.optim.plan import Entry, build_plan
 from cadenza.optim.runtime import run_jobs
 
 
-def _layout(shape, mesh_shape, placements):
-    """placements: per mesh dim, the tensor dim it shards or None (replicate)."""
+def _layout(shape, mesh_shape, placements, split_factors=()):
+    """placements: per mesh dim, the tensor dim it shards or None (replicate); split_factors: per mesh
+    dim, a _StridedShard's split factor (1: plain Shard)."""
     n = 1
     for m in mesh_shape:
         n *= m
     return Layout(ranks=tuple(range(n)), mesh_shape=tuple(mesh_shape), shard_dims=tuple(placements),
-                  shape=tuple(shape))
+                  shape=tuple(shape), split_factors=tuple(split_factors))
 
 
 def test_layout_boxes_follow_torch_chunk():
@@ -40,11 +41,11 @@ def test_layout_boxes_follow_torch_chunk():
 
 
 def _entries(mesh_shape, placements_by_param):
-    ranks = list(range(mesh_shape[0] * (mesh_shape[1] if len(mesh_shape) > 1 else 1)))
+    ranks = list(range(_prod(mesh_shape)))
     out = []
-    for shape, gran, kw, pl in placements_by_param:
+    for shape, gran, kw, pl, *sf in placements_by_param:
         bx = blocks(shape, gran, **kw)
-        out.append(Entry(shape=shape, layout=_layout(shape, mesh_shape, pl), group=(None, ranks), boxes=bx,
+        out.append(Entry(shape=shape, layout=_layout(shape, mesh_shape, pl, *sf), group=(None, ranks), boxes=bx,
                          ratios=[1.0] * len(bx), ns_key=("k",), steps=5))
     return out, ranks
 
@@ -57,6 +58,14 @@ CASES = {
     "hsdp": ((2, 4), [((30, 64), "head", {"head_dim": 10}, [None, 0]),
                       ((5, 40, 64), "expert", {"split_sizes": (20, 20)}, [None, 0]),
                       ((64, 48), "matrix", {}, [None, 1])]),
+    # the expert mesh (dp_replicate, efsdp, ep) of parallelize(): FSDP2 over EP writes
+    # (Replicate, _StridedShard(0, sf=ep), Shard(0)); 6 experts, 3 per EP rank, uneven over efsdp
+    "expert_mesh": ((2, 2, 2), [((6, 16, 8), "expert", {"split_sizes": (8, 8)}, [None, 0, 0], (1, 2, 1)),
+                                ((6, 8, 8), "expert", {}, [None, 0, 0], (1, 2, 1)),
+                                ((4, 12, 8), "expert", {}, [None, 1, 0]),  # FSDP on dim 1: gathered
+                                # 2-D weights on the same layout: heads / a matrix span several shards
+                                ((26, 8), "head", {"head_dim": 13}, [None, 0, 0], (1, 2, 1)),
+                                ((22, 8), "matrix", {}, [None, 0, 0], (1, 2, 1))]),
 }
 
 
@@ -83,6 +92,47 @@ def test_plans_agree_across_ranks(case):
             need = sum(_prod(e) for e in jp.owned_ext)
             got = sum(jp.recv_in_splits) + sum(_prod(_ext(x[3])) for x in jp.local_in)
             assert need == got
+
+
+STRIDED = [((8, 4), (2, 2), [("s", 0, 2), ("S", 0)]),        # FSDP2 over EP / TP
+           ((6, 5), (1, 2, 2), [("R",), ("s", 0, 2), ("S", 0)]),
+           ((10, 3), (3, 2), [("s", 0, 2), ("S", 0)]),       # uneven FSDP inside each EP chunk
+           ((7, 9), (2, 3), [("S", 1), ("S", 0)]),
+           ((8, 6), (2, 2), [("S", 0), ("S", 0)])]           # two plain Shards on one dim
+
+
+def _placement(spec):
+    from torch.distributed.tensor.placement_types import Replicate, Shard, _StridedShard
+
+    return {"R": lambda: Replicate(), "S": lambda d: Shard(d), "s": lambda d, f: _StridedShard(d, split_factor=f)}[
+        spec[0]](*spec[1:])
+
+
+@pytest.mark.parametrize("shape,mesh_shape,specs", STRIDED)
+def test_boxes_match_dtensor_offsets(shape, mesh_shape, specs):
+    """Each rank's box is where DTensor itself says the local shard starts, with its local shape."""
+    import itertools
+
+    from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
+
+    placements = [_placement(s) for s in specs]
+    lay = _layout(shape, mesh_shape, [None if s[0] == "R" else s[1] for s in specs],
+                  [s[2] if s[0] == "s" else 1 for s in specs])
+    lay.validate("w")
+    for r, coord in enumerate(itertools.product(*map(range, mesh_shape))):
+        local, offset = _compute_local_shape_and_global_offset(shape, mesh_shape, list(coord), placements)
+        want = tuple((o, o + n) if n else None for o, n in zip(offset, local, strict=True))
+        got = tuple((lo, hi) if hi > lo else None for lo, hi in lay.box_of(r))
+        assert got == want, (coord, got, want)
+
+
+def test_non_contiguous_shards_are_refused():
+    from cadenza.errors import ConfigError
+
+    # a _StridedShard with nothing splitting it back: rank 0 holds rows 0-1 and 4-5
+    lay = _layout((8, 4), (2,), [0], [2])
+    with pytest.raises(ConfigError, match="not one contiguous block"):
+        lay.validate("experts.down_proj")
 
 
 def test_owners_balanced_by_ns_cost():

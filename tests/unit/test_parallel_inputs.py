@@ -128,6 +128,10 @@ def test_pretrain_cli_bad_config_is_one_line(tmp_path: Path) -> None:
         "nofile.toml": ('[model]\npath = "m"\n[data]\nfiles = ["gone.txt"]\n[train]\nsteps = 1\n', "does not exist"),
         "opt.toml": ('[model]\npath = "m"\n[data]\nfiles = ["d.txt"]\n[train]\nsteps = 1\noptimizer = "sgd"\n',
                      "unknown train.optimizer 'sgd'"),
+        "muon.toml": ('[model]\npath = "m"\n[data]\nfiles = ["d.txt"]\n[train]\nsteps = 1\noptimizer = "muon"\n'
+                      '[muon]\nadjust_lr = "spectral"\n', "muon.adjust_lr must be 'original' or 'match_rms_adamw'"),
+        "muon_key.toml": ('[model]\npath = "m"\n[data]\nfiles = ["d.txt"]\n[train]\nsteps = 1\n[muon]\nlr = 0.02\n',
+                          "unknown key(s) ['lr'] in [muon]"),
     }
     from cadenza.pretrain.config import load_config
 
