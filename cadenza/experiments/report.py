@@ -90,3 +90,69 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> None:
     axes[0].legend(fontsize=8, loc="lower right")
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def verdict(results: dict[str, Any]) -> list[str]:
+    """The issue's expected outcome, checked against the numbers (mean over seeds), in plain words."""
+
+    def mean_eps(arm: str) -> float | None:
+        runs = results["arms"].get(arm) or []
+        vals = [r["episodes_to_95"] for r in runs]
+        if not vals or any(v is None for v in vals):
+            return None
+        return mean(vals)
+
+    def mean_success(arm: str) -> float:
+        return mean(r["final_success"] for r in results["arms"][arm])
+
+    g, sd, pl = mean_eps("grpo"), mean_eps("grpo_sd"), mean_eps("placebo")
+    fmt = lambda v: "never (in at least one seed)" if v is None else f"{v:.0f}"  # noqa: E731
+    lines = []
+    if sd is not None and (g is None or sd <= g / 3):
+        lines.append(f"- SD needs at most a third of GRPO's episodes to 95% valid calls: **confirmed** (SD {fmt(sd)} vs GRPO {fmt(g)}).")
+    else:
+        lines.append(f"- SD needs at most a third of GRPO's episodes to 95% valid calls: **not confirmed** (SD {fmt(sd)} vs GRPO {fmt(g)}).")
+    placebo_better = pl is not None and (g is None or pl < g)
+    lines.append(
+        f"- Placebo does no better than GRPO: **{'not confirmed' if placebo_better else 'confirmed'}** "
+        f"(placebo {fmt(pl)} vs GRPO {fmt(g)} episodes)."
+    )
+    s_sd, s_g = mean_success("grpo_sd"), mean_success("grpo")
+    lines.append(
+        f"- Final success not lower with SD: **{'confirmed' if s_sd >= s_g - 0.02 else 'not confirmed'}** "
+        f"(SD {s_sd:.2f} vs GRPO {s_g:.2f}; tolerance 0.02)."
+    )
+    return lines
+
+
+def summary_markdown(results: dict[str, Any]) -> str:
+    pre = results["pre_rl"]
+    cfg = results.get("config", {})
+    per_seed = results.get("pre_rl_per_seed", {})
+    seed_gaps = ", ".join(
+        f"seed {s}: {v['valid_with_hint']:.2f} vs {v['valid_without_hint']:.2f}" for s, v in per_seed.items()
+    )
+    parts = [
+        "# Tool-hint experiment",
+        "",
+        f"Seeds: {', '.join(str(s) for s in results.get('seeds', []))}. "
+        f"Budget per run: {cfg.get('rl_steps', '?')} steps x {cfg.get('tasks_per_step', '?')} tasks x "
+        f"{cfg.get('group_size', '?')} samples = {cfg.get('rl_steps', 0) * cfg.get('tasks_per_step', 0) * cfg.get('group_size', 0)} episodes.",
+        "",
+        f"Pre-RL gap (SFT model, first tool call): P(valid | tool list in context) = **{pre['valid_with_hint']:.3f}**, "
+        f"P(valid | no list) = **{pre['valid_without_hint']:.3f}** ({seed_gaps}).",
+        "",
+        "Mean over seeds, [min, max] in brackets. *Episodes to 95%*: episodes consumed when the valid-call rate, "
+        f"averaged over {cfg.get('window', 3)} consecutive steps, first reaches 0.95. *Final*: mean of the last "
+        f"{cfg.get('window', 3)} steps.",
+        "",
+        summary_table(results),
+        "",
+        "Expected outcome (from the issue) against these numbers:",
+        "",
+        *verdict(results),
+        "",
+        f"Wall time: {results.get('wall_s', '?')} s. Plot: curves.png. Raw numbers: results.json.",
+        "",
+    ]
+    return "\n".join(parts)
