@@ -1,0 +1,231 @@
+"""Losses against independent float64 references written with numpy loops (not cadenza's functions)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from cadenza.errors import CadenzaError
+from cadenza.rl.losses import (
+    group_advantages,
+    grpo_loss,
+    sampled_token_sd_loss,
+    self_distillation_loss,
+)
+
+# ---------------------------------------------------------------- float64 reference
+
+
+def _softmax(x: np.ndarray, temperature: float) -> np.ndarray:
+    z = x / temperature
+    e = np.exp(z - z.max())
+    return e / e.sum()
+
+
+def _kl(p: np.ndarray, q: np.ndarray) -> float:
+    return float(sum(pi * math.log(pi / qi) for pi, qi in zip(p, q, strict=True) if pi > 0))
+
+
+def _reduce_topk(ps: np.ndarray, pt: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    order = sorted(range(len(pt)), key=lambda i: -pt[i])[:k]
+    rest = [i for i in range(len(pt)) if i not in order]
+    return (np.array([ps[i] for i in order] + [sum(ps[i] for i in rest)]),
+            np.array([pt[i] for i in order] + [sum(pt[i] for i in rest)]))
+
+
+def _ref_divergence(s_logits, t_logits, divergence, beta, top_k, temperature) -> float:
+    ps, pt = _softmax(s_logits, temperature), _softmax(t_logits, temperature)
+    if top_k is not None and top_k < len(pt):
+        ps, pt = _reduce_topk(ps, pt, top_k)
+    if divergence == "reverse_kl":
+        return _kl(ps, pt)
+    if divergence == "forward_kl":
+        return _kl(pt, ps)
+    if beta == 0:
+        return _kl(pt, ps)
+    if beta == 1:
+        return _kl(ps, pt)
+    m = beta * pt + (1 - beta) * ps
+    return beta * _kl(pt, m) + (1 - beta) * _kl(ps, m)
+
+
+def _ref_loss(s, t, mask, **kw) -> float:
+    total, count = 0.0, 0.0
+    for b in range(s.shape[0]):
+        for i in range(s.shape[1]):
+            if mask[b, i]:
+                total += _ref_divergence(s[b, i], t[b, i], **kw)
+                count += 1
+    return total / max(count, 1.0)
+
+
+# ---------------------------------------------------------------- self-distillation
+
+CASES = [
+    dict(divergence="reverse_kl", beta=0.5, top_k=None, temperature=1.0),
+    dict(divergence="forward_kl", beta=0.5, top_k=None, temperature=0.7),
+    dict(divergence="jsd", beta=0.5, top_k=None, temperature=1.0),
+    dict(divergence="jsd", beta=0.2, top_k=None, temperature=1.3),
+    dict(divergence="jsd", beta=0.0, top_k=None, temperature=1.0),
+    dict(divergence="jsd", beta=1.0, top_k=None, temperature=1.0),
+    dict(divergence="reverse_kl", beta=0.5, top_k=3, temperature=1.0),
+    dict(divergence="forward_kl", beta=0.5, top_k=4, temperature=0.8),
+    dict(divergence="jsd", beta=0.7, top_k=2, temperature=1.0),
+    dict(divergence="reverse_kl", beta=0.5, top_k=50, temperature=1.0),  # k >= V: full vocabulary
+]
+
+
+def _inputs(seed: int, B: int = 2, T: int = 5, V: int = 11):
+    rng = np.random.default_rng(seed)
+    s = rng.normal(size=(B, T, V)) * 2.0
+    t = rng.normal(size=(B, T, V)) * 2.0
+    mask = rng.random((B, T)) < 0.6
+    mask[0, 0] = True
+    return s, t, mask
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['divergence']}-b{c['beta']}-k{c['top_k']}-T{c['temperature']}")
+def test_sd_loss_matches_float64_reference(case):
+    s, t, mask = _inputs(0)
+    ref = _ref_loss(s, t, mask, **case)
+    got64 = self_distillation_loss(torch.tensor(s), torch.tensor(t), torch.tensor(mask), **case)
+    assert got64.dtype == torch.float64
+    assert got64.item() == pytest.approx(ref, rel=1e-10, abs=1e-12)
+    got32 = self_distillation_loss(torch.tensor(s, dtype=torch.float32), torch.tensor(t, dtype=torch.float32),
+                                   torch.tensor(mask).float(), **case)
+    assert got32.item() == pytest.approx(ref, rel=1e-4, abs=1e-6)
+
+
+@pytest.mark.parametrize("case", CASES[:3] + CASES[6:9], ids=lambda c: f"{c['divergence']}-k{c['top_k']}")
+def test_sd_gradient_masked_and_matches_finite_differences(case):
+    s, t, mask = _inputs(1, B=2, T=4, V=7)
+    student = torch.tensor(s, requires_grad=True)
+    teacher = torch.tensor(t, requires_grad=True)
+    loss = self_distillation_loss(student, teacher, torch.tensor(mask), **case)
+    loss.backward()
+    grad = student.grad.numpy()
+    assert teacher.grad is None  # the teacher never receives gradient
+    assert np.all(grad[~mask] == 0.0)  # nothing outside the target tokens
+    h = 1e-6
+    for b, i in zip(*np.nonzero(mask), strict=True):
+        for v in range(s.shape[2]):
+            plus, minus = s.copy(), s.copy()
+            plus[b, i, v] += h
+            minus[b, i, v] -= h
+            fd = (_ref_loss(plus, t, mask, **case) - _ref_loss(minus, t, mask, **case)) / (2 * h)
+            assert grad[b, i, v] == pytest.approx(fd, rel=1e-5, abs=1e-8)
+
+
+def test_sd_loss_zero_when_identical_and_empty_mask():
+    s, _, mask = _inputs(2)
+    x = torch.tensor(s)
+    for div in ("reverse_kl", "forward_kl", "jsd"):
+        assert self_distillation_loss(x, x.clone(), torch.tensor(mask), divergence=div).item() == pytest.approx(0, abs=1e-12)
+    assert self_distillation_loss(x, x + 1.0, torch.zeros(mask.shape)).item() == 0.0
+
+
+@pytest.mark.parametrize("bad", [dict(divergence="kl"), dict(beta=1.5), dict(top_k=0), dict(temperature=0.0)])
+def test_sd_loss_rejects_bad_options(bad):
+    s, t, mask = _inputs(3)
+    with pytest.raises(CadenzaError):
+        self_distillation_loss(torch.tensor(s), torch.tensor(t), torch.tensor(mask), **bad)
+
+
+def test_sd_loss_rejects_misaligned_shapes():
+    s, t, mask = _inputs(3)
+    with pytest.raises(CadenzaError, match="same shape"):
+        self_distillation_loss(torch.tensor(s), torch.tensor(t[:, :-1]), torch.tensor(mask))
+
+
+def test_sampled_token_estimator_value_and_gradient():
+    rng = np.random.default_rng(4)
+    ls, lt = -rng.random((2, 6)) * 3, -rng.random((2, 6)) * 3
+    mask = rng.random((2, 6)) < 0.5
+    mask[0, 0] = True
+    student = torch.tensor(ls, requires_grad=True)
+    teacher = torch.tensor(lt, requires_grad=True)
+    loss = sampled_token_sd_loss(student, teacher, torch.tensor(mask))
+    n = mask.sum()
+    assert loss.item() == pytest.approx(sum((ls - lt)[mask]) / n, rel=1e-12)
+    loss.backward()
+    expected = np.where(mask, (ls - lt) / n, 0.0)
+    np.testing.assert_allclose(student.grad.numpy(), expected, rtol=1e-12, atol=1e-15)
+    assert teacher.grad is None
+
+
+# ---------------------------------------------------------------- GRPO
+
+
+def test_group_advantages_reference():
+    rewards = [1.0, 0.0, 0.5, 2.0, 2.0, 3.0, 7.0]
+    groups = ["a", "a", "a", "b", "b", "c", "a"]
+    got = group_advantages(rewards, groups, normalize_std=True, eps=1e-6).numpy()
+    got_raw = group_advantages(rewards, groups, normalize_std=False).numpy()
+    for i, g in enumerate(groups):
+        members = [r for r, gg in zip(rewards, groups, strict=True) if gg == g]
+        mean = sum(members) / len(members)
+        std = math.sqrt(sum((r - mean) ** 2 for r in members) / (len(members) - 1)) if len(members) > 1 else 0.0
+        assert got_raw[i] == pytest.approx(rewards[i] - mean, abs=1e-6)
+        assert got[i] == pytest.approx((rewards[i] - mean) / (std + 1e-6), rel=1e-5, abs=1e-6)
+    assert got[3] == 0.0 and got[5] == 0.0  # equal rewards / singleton group
+
+
+def _ref_grpo(lp, old, adv, mask, lo, hi, ref, kl_coef, aggregation) -> float:
+    B, T = lp.shape
+    per_seq, total, count = [], 0.0, 0
+    for b in range(B):
+        s, c = 0.0, 0
+        for t in range(T):
+            if not mask[b, t]:
+                continue
+            r = math.exp(lp[b, t] - old[b, t])
+            a = adv[b] if adv.ndim == 1 else adv[b, t]
+            term = -min(r * a, min(max(r, 1 - lo), 1 + hi) * a)
+            if ref is not None:
+                d = ref[b, t] - lp[b, t]
+                term += kl_coef * (math.exp(d) - d - 1)
+            s, c = s + term, c + 1
+        total, count = total + s, count + c
+        if c:
+            per_seq.append(s / c)
+    return total / count if aggregation == "token_mean" else sum(per_seq) / len(per_seq)
+
+
+@pytest.mark.parametrize("aggregation", ["token_mean", "sequence_mean"])
+@pytest.mark.parametrize("with_ref", [False, True])
+@pytest.mark.parametrize("token_adv", [False, True])
+def test_grpo_loss_reference_and_gradient(aggregation, with_ref, token_adv):
+    rng = np.random.default_rng(5)
+    B, T = 3, 7
+    old = -rng.random((B, T)) * 2
+    lp = old + rng.normal(size=(B, T)) * 0.4  # many ratios outside [0.8, 1.28]
+    adv = rng.normal(size=(B, T)) if token_adv else rng.normal(size=B)
+    mask = rng.random((B, T)) < 0.7
+    mask[2] = False  # a sequence without model tokens must not count
+    mask[0, 1] = True
+    ref = old + rng.normal(size=(B, T)) * 0.1 if with_ref else None
+    kw = dict(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.05 if with_ref else 0.0, aggregation=aggregation)
+    x = torch.tensor(lp, requires_grad=True)
+    loss = grpo_loss(x, torch.tensor(old), torch.tensor(adv), torch.tensor(mask),
+                     ref_logprobs=None if ref is None else torch.tensor(ref), **kw)
+    expected = _ref_grpo(lp, old, adv, mask, 0.2, 0.28, ref, kw["kl_coef"], aggregation)
+    assert loss.item() == pytest.approx(expected, rel=1e-10)
+    loss.backward()
+    assert np.all(x.grad.numpy()[~mask] == 0.0)
+    h = 1e-6
+    for b, t in zip(*np.nonzero(mask), strict=True):
+        plus, minus = lp.copy(), lp.copy()
+        plus[b, t] += h
+        minus[b, t] -= h
+        fd = (_ref_grpo(plus, old, adv, mask, 0.2, 0.28, ref, kw["kl_coef"], aggregation)
+              - _ref_grpo(minus, old, adv, mask, 0.2, 0.28, ref, kw["kl_coef"], aggregation)) / (2 * h)
+        assert x.grad[b, t].item() == pytest.approx(fd, rel=1e-5, abs=1e-8)
+
+
+def test_grpo_rejects_bad_aggregation():
+    z = torch.zeros(2, 3)
+    with pytest.raises(CadenzaError, match="aggregation"):
+        grpo_loss(z, z, torch.zeros(2), z, aggregation="mean")
