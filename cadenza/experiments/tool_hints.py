@@ -34,7 +34,7 @@ class ExperimentConfig:
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     corpus_size: int = 3000
     corpus_seed: int = 12345
-    vocab_size: int = 640
+    vocab_size: int = 512
     sft_steps: int = 400
     sft_batch: int = 32
     sft_lr: float = 3e-3
@@ -98,12 +98,18 @@ def train_config(exp: ExperimentConfig, arm: str, seed: int, model_dir: Path, ou
     )
 
 
+# Fixed pieces of the tool-call JSON as single tokens: a byte-level BPE trained on this tiny corpus
+# cannot merge across its pre-tokenizer's punctuation splits, and half of every turn would be glue.
+CALL_PIECES = ('{"name": "', '", "arguments": ', '{"path": "', '"}}')
+
+
 def build_tokenizer(exp: ExperimentConfig, transcripts: list[list[dict[str, Any]]], out: Path) -> Any:
     from cadenza.rl.chat import CHAT_TEMPLATE, train_tokenizer
 
     texts = [_plain_text(m) for msgs in transcripts for m in msgs]
     texts += [f"Error: tool '{n}' not found." for p in PROFILES.values() for n in p.values()]
-    tok = train_tokenizer(texts, vocab_size=exp.vocab_size)
+    texts += ["system\n", "user\n", "assistant\n"] * 50
+    tok = train_tokenizer(texts, vocab_size=exp.vocab_size, extra_special_tokens=CALL_PIECES)
     tok.chat_template = CHAT_TEMPLATE
     tok.save_pretrained(str(out))
     return tok

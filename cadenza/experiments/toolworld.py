@@ -34,10 +34,10 @@ PROFILES: dict[str, dict[str, str]] = {
     "gamma": {"read": "cat_file", "write": "put_file", "list": "show_dir", "delete": "remove_file"},
 }
 
-FILES = ("notes.txt", "main.py", "data.csv", "README.md", "setup.cfg", "app.js", "todo.md", "log.txt")
+FILES = ("notes", "main", "data", "readme", "config", "app", "todo", "log")
 DIRS = ("src", "tests", "docs", "build")
 
-SYSTEM_PROMPT = "You operate in a workspace through tool calls. Make one tool call per turn."
+SYSTEM_PROMPT = "Use one tool call per turn."
 
 
 def tool_not_found_observation(name: str) -> str:
@@ -77,7 +77,7 @@ class ToolworldTask:
 
     def prompt(self) -> str:
         parts = [f"{s.operation} {s.path}" for s in self.steps]
-        return f"Workspace profile: {self.profile}.\nTask: " + ", then ".join(parts) + "."
+        return f"Profile: {self.profile}.\nTask: " + ", ".join(parts) + "."
 
 
 @dataclass(kw_only=True)
@@ -176,7 +176,7 @@ class ToolworldEnv:
         wanted = Step(operation=op, path=path)
         if wanted in self._remaining:
             self._remaining.remove(wanted)
-        return StepResult(observation=_observation(op, path), done=False, info={"operation": op})
+        return StepResult(observation="ok", done=False, info={"operation": op})
 
     def finish(self) -> dict[str, Any]:
         resolved = not self._remaining
@@ -187,16 +187,6 @@ class ToolworldEnv:
             "invalid_tool_calls": self.invalid_calls,
             "remaining_steps": len(self._remaining),
         }
-
-
-def _observation(op: str, path: str) -> str:
-    if op == "read":
-        return f"{path}: 3 lines"
-    if op == "write":
-        return f"wrote {path}"
-    if op == "list":
-        return f"{path}: 2 entries"
-    return f"deleted {path}"
 
 
 @dataclass(kw_only=True)

@@ -28,6 +28,7 @@ class RunConfig:
     keep_checkpoints: int = 2
     tensorboard: bool = False  # only used if the tensorboard package is installed
     progress: bool = True
+    measure_kl: bool = True  # KL(before || after) of each update on un-hinted turns (one extra forward)
 
 
 @dataclass(kw_only=True)
@@ -62,7 +63,7 @@ class RolloutConfig:
     tasks_per_step: int = 4
     max_new_tokens: int = 64
     temperature: float = 1.0
-    top_p: float = 1.0
+    top_k: int = 0  # 0 = off; keep 0 for on-policy GRPO ratios
     max_turns: int = 8
 
 
@@ -208,7 +209,7 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     need(cfg.rollout.tasks_per_step >= 1, "rollout.tasks_per_step must be >= 1")
     need(cfg.rollout.max_new_tokens >= 1 and cfg.rollout.max_turns >= 1, "rollout.max_new_tokens and max_turns must be >= 1")
     need(cfg.rollout.temperature > 0, "rollout.temperature must be > 0")
-    need(0 < cfg.rollout.top_p <= 1, "rollout.top_p must be in (0, 1]")
+    need(cfg.rollout.top_k >= 0, "rollout.top_k must be >= 0 (0 = off)")
     need(cfg.loss.lambda_sd >= 0, "loss.lambda_sd must be >= 0")
     need(0 <= cfg.loss.beta <= 1, "loss.beta must be in [0, 1]")
     need(cfg.loss.top_k >= 0, "loss.top_k must be >= 0 (0 = full vocabulary)")

@@ -87,15 +87,12 @@ def supervised_finetune(
     model.train()
     opt = torch.optim.AdamW(model.parameters(), lr=config.lr, weight_decay=config.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / max(1, config.warmup)))
-    order: list[int] = []
+    batches: list[list[int]] = []
     losses = []
     for step in range(config.steps):
-        if len(order) < config.batch_size:
-            fresh = list(range(len(data)))
-            rng.shuffle(fresh)
-            order += fresh
-        batch = [data[i] for i in order[: config.batch_size]]
-        del order[: config.batch_size]
+        if not batches:
+            batches = _length_bucketed_batches(data, config.batch_size, rng)
+        batch = [data[i] for i in batches.pop()]
         tb = collate(batch, tokenizer.pad_token_id)
         lp, _ = token_logprobs(policy, tb.input_ids, tb.attention_mask)
         loss = -(lp * tb.loss_mask).sum() / tb.loss_mask.sum()
@@ -104,7 +101,20 @@ def supervised_finetune(
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
-        losses.append(float(loss))
+        losses.append(loss.item())
         if on_step:
             on_step(step, float(loss))
     return losses
+
+
+def _length_bucketed_batches(data: list[TokenTrajectory], batch_size: int, rng: random.Random) -> list[list[int]]:
+    """One epoch of batches; similar lengths share a batch (less padding), batch order is random."""
+    order = list(range(len(data)))
+    rng.shuffle(order)
+    pool = batch_size * 8
+    batches = []
+    for lo in range(0, len(order), pool):
+        chunk = sorted(order[lo : lo + pool], key=lambda i: len(data[i]))
+        batches += [chunk[j : j + batch_size] for j in range(0, len(chunk), batch_size)]
+    rng.shuffle(batches)
+    return batches

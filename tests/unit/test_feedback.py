@@ -123,7 +123,7 @@ class _Critic(BaseHTTPRequestHandler):
     replies: list[str] = []
     seen: list[dict] = []
 
-    def do_POST(self):  # noqa: N802 - http.server API
+    def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         _Critic.seen.append({"path": self.path, "auth": self.headers.get("Authorization"), "body": body})
         reply = _Critic.replies.pop(0)

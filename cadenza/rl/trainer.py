@@ -1,0 +1,351 @@
+"""The RL trainer: rollouts -> grade -> monitor -> feedback -> ``L = L_grpo + lambda_sd * L_sd`` -> step.
+
+One step:
+1. sample ``tasks_per_step`` tasks from the env source and roll out ``group_size`` episodes each
+   (batched generation, exact sampled ids and behaviour log-probs);
+2. the env's ``finish()`` grades each episode; the reward-hacking monitor (if installed) zeroes the
+   reward of flagged episodes;
+3. feedback generators turn each trajectory into hints aimed at specific turns;
+4. the loss: the GRPO clipped surrogate over all model tokens with group-normalised advantages, plus
+   ``lambda_sd`` times the self-distillation divergence between the policy under the original context
+   (student) and the teacher under the hinted context, on the hinted turns' tokens only (per-turn
+   gating: turns without a hint get no SD gradient);
+5. AdamW step with global grad-norm clipping; EMA teacher update when configured;
+6. metrics to ``metrics.jsonl`` (and TensorBoard if installed); checkpoints for exact resume.
+
+Randomness is a pure function of (seed, step): tasks and sampling of step ``s`` use generators seeded
+from ``(run.seed, s)``, so a resumed run replays exactly what an uninterrupted run would have done.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cadenza.agent.trajectory import Trajectory
+from cadenza.errors import CadenzaError
+from cadenza.feedback.generate import generate_hints
+from cadenza.feedback.hints import Hint
+from cadenza.jsonio import atomic_write_json
+from cadenza.optim.clip import clip_grad_norm_
+from cadenza.rl import checkpoint as ckpt
+from cadenza.rl.chat import require_chat_template
+from cadenza.rl.config import TrainConfig, validate
+from cadenza.rl.envs import load_source
+from cadenza.rl.logprobs import hidden_divergence, sequence_logprobs
+from cadenza.rl.losses import group_advantages, grpo_loss
+from cadenza.rl.metrics import MetricsLogger, read_metrics
+from cadenza.rl.monitor_hook import apply_monitor, find_monitor
+from cadenza.rl.rollout import Rollout, RolloutTask, rollout
+from cadenza.rl.rollout import RolloutConfig as RolloutParams
+from cadenza.rl.teacher_inputs import TeacherInput, build_teacher_inputs, teacher_hidden
+from cadenza.rl.tokens import collate
+
+
+def build_policy(cfg: TrainConfig) -> tuple[Any, Any]:
+    """Tokenizer + :class:`HFPolicy` from ``[model]``: a local HF directory, or random init."""
+    from transformers import AutoTokenizer
+
+    from cadenza.rl.policy import HFPolicy, tiny_qwen3_config, tiny_qwen3_moe_config
+
+    m = cfg.model
+    tok_dir = m.tokenizer or m.path
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tok_dir)
+    except (OSError, ValueError) as exc:
+        raise CadenzaError(f"cannot load a tokenizer from {tok_dir!r}: {str(exc).splitlines()[0]}") from None
+    require_chat_template(tokenizer)
+    if m.path:
+        policy = HFPolicy.from_pretrained(m.path, dtype=m.dtype)
+    else:
+        common = dict(
+            hidden_size=m.hidden_size, num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
+            num_key_value_heads=m.num_kv_heads, head_dim=m.hidden_size // m.num_heads,
+        )
+        if m.arch == "qwen3_moe":
+            conf = tiny_qwen3_moe_config(len(tokenizer), moe_intermediate_size=m.intermediate_size,
+                                         num_experts=m.num_experts, num_experts_per_tok=m.experts_per_token, **common)
+        else:
+            conf = tiny_qwen3_config(len(tokenizer), intermediate_size=m.intermediate_size, **common)
+        policy = HFPolicy.from_config(conf, seed=cfg.run.seed, dtype=m.dtype)
+    if policy.vocab_size < len(tokenizer):
+        raise CadenzaError(f"model vocab ({policy.vocab_size}) is smaller than the tokenizer's ({len(tokenizer)}); they do not belong together")
+    return tokenizer, policy
+
+
+class _HiddenToolsEnv:
+    """View of an env whose tool list must not be rendered into the prompt (``env.show_tools = False``,
+    e.g. toolworld); the real schemas stay available to the feedback generators."""
+
+    def __init__(self, env: Any):
+        self.env = env
+
+    def reset(self) -> list[dict[str, Any]]:
+        return self.env.reset()
+
+    def tools(self) -> list[dict[str, Any]]:
+        return []
+
+    def step(self, call: Any) -> Any:
+        return self.env.step(call)
+
+    def finish(self) -> dict[str, Any]:
+        return self.env.finish()
+
+
+@dataclass(kw_only=True)
+class Episode:
+    """One rollout with what the trainer derived from it."""
+
+    rollout: Rollout
+    tools: list[dict[str, Any]]  # real tool schemas (for feedback)
+    render_tools: list[dict[str, Any]]  # what the prompt showed (for teacher inputs)
+    hints: list[Hint] = field(default_factory=list)
+    flags: int = 0
+
+    @property
+    def trajectory(self) -> Trajectory:
+        return self.rollout.trajectory
+
+
+class Trainer:
+    def __init__(self, cfg: TrainConfig, *, resume: bool = True):
+        validate(cfg)
+        self.cfg = cfg
+        self.out = Path(cfg.run.out_dir)
+        self.source = load_source(cfg.env.name, cfg.env.options)
+        torch.manual_seed(cfg.run.seed)
+        random.seed(cfg.run.seed)
+        self.tokenizer, self.policy = build_policy(cfg)
+        self.model = self.policy.model
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+        self.teacher_model = None if cfg.teacher.weights == "live" else self._frozen_copy()
+        self.ref_model = self._frozen_copy() if cfg.loss.kl_ref > 0 else None
+        self.monitor = find_monitor()
+        self.step = 0
+        self.episodes = 0
+        self.out.mkdir(parents=True, exist_ok=True)
+        latest = ckpt.latest_checkpoint(self.out) if resume else None
+        if latest is not None:
+            modules = {"teacher": self.teacher_model} if cfg.teacher.weights == "ema" else {}
+            self.step, state = ckpt.load_checkpoint(latest, self.model, self.optimizer, modules=modules)
+            self.episodes = int(state.get("episodes", 0))
+        atomic_write_json(self.out / "config.json", cfg.to_dict())
+        self.logger = MetricsLogger(self.out, resume_step=self.step, tensorboard=cfg.run.tensorboard)
+
+    def _frozen_copy(self) -> torch.nn.Module:
+        m = copy.deepcopy(self.model)
+        m.requires_grad_(False)
+        return m
+
+    # ------------------------------------------------------------------ loop
+
+    def train(self) -> list[dict[str, Any]]:
+        """Run until ``run.steps``; return all metric rows of this run directory."""
+        cfg = self.cfg
+        progress = None
+        if cfg.run.progress:
+            from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+            progress = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                                TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
+            bar = progress.add_task("train", total=cfg.run.steps, completed=self.step, info="")
+            progress.start()
+        try:
+            while self.step < cfg.run.steps:
+                self.step += 1
+                row = self.train_step(self.step)
+                self.logger.log(self.step, row)
+                every = cfg.run.checkpoint_every
+                if (every and self.step % every == 0) or self.step == cfg.run.steps:
+                    self.save()
+                if progress is not None:
+                    progress.update(bar, advance=1, info=f"reward {row['reward']:.2f} invalid {row['invalid_tool_rate']:.2f} sd {row['sd_loss']:.3f}")
+        finally:
+            if progress is not None:
+                progress.stop()
+            self.logger.close()
+        return read_metrics(self.logger.path)
+
+    def save(self) -> Path:
+        modules = {"teacher": self.teacher_model} if self.cfg.teacher.weights == "ema" else {}
+        return ckpt.save_checkpoint(
+            self.out, self.step, self.model, self.optimizer, trainer_state={"episodes": self.episodes},
+            modules=modules, keep=self.cfg.run.keep_checkpoints,
+        )
+
+    def collect(self, step: int) -> list[Episode]:
+        """Rollouts for one step, graded, monitored and annotated with hints."""
+        cfg = self.cfg
+        base = cfg.run.seed * 1_000_003 + step
+        tasks = self.source.sample_tasks(random.Random(base), cfg.rollout.tasks_per_step, (step - 1) * cfg.rollout.tasks_per_step)
+        made: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
+
+        def factory(task: Any):
+            def make() -> Any:
+                env = self.source.make_env(task)
+                real = list(env.tools())
+                shown = real if getattr(env, "show_tools", True) else []
+                made.append((real, shown))
+                return env if shown is real else _HiddenToolsEnv(env)
+
+            return make
+
+        r = cfg.rollout
+        params = RolloutParams(group_size=r.group_size, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
+                               temperature=r.temperature, top_k=r.top_k, seed=base)
+        results = rollout(self.policy, self.tokenizer, [RolloutTask(task_id=str(getattr(t, "id", i)), make_env=factory(t)) for i, t in enumerate(tasks)], params)
+        episodes = []
+        count = self._token_count
+        for res, (real, shown) in zip(results, made, strict=True):
+            ep = Episode(rollout=res, tools=real, render_tools=shown)
+            reward, ep.flags = apply_monitor(self.monitor, res.trajectory, res.tokens.reward)
+            res.tokens.reward = reward
+            res.trajectory.reward = reward
+            if cfg.loss.lambda_sd > 0 and cfg.feedback.kinds:
+                errors: list[str] = []
+                ep.hints = generate_hints(res.trajectory, real, cfg.feedback, length=count, errors=errors)
+                for h in ep.hints:
+                    res.trajectory.turns[h.turn].hints.append(h.to_dict())
+            episodes.append(ep)
+        return episodes
+
+    def _token_count(self, text: str) -> int:
+        return len(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def train_step(self, step: int) -> dict[str, Any]:
+        cfg, lc = self.cfg, self.cfg.loss
+        t0 = time.perf_counter()
+        episodes = [e for e in self.collect(step) if e.rollout.tokens.turn_spans]
+        t_roll = time.perf_counter() - t0
+        if not episodes:
+            raise CadenzaError("no rollout produced a model turn; check max_new_tokens and the env")
+        tokens = [e.rollout.tokens for e in episodes]
+        rewards = [t.reward for t in tokens]
+        adv = group_advantages(rewards, [t.group_id for t in tokens], normalize_std=lc.std_normalize)
+        sd_inputs = build_teacher_inputs(self.tokenizer, episodes, cfg.feedback.placement)
+        n_tok = sum(t.num_model_tokens for t in tokens)
+        n_sd = sum(len(x.target_ids) for x in sd_inputs)
+        hinted = {(x.episode, x.turn) for x in sd_inputs}
+        stats = {"grpo": 0.0, "sd": 0.0, "ent_sum": 0.0, "ent_n": 0.0}
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        mb = cfg.optim.microbatch
+        for lo in range(0, len(episodes), mb):
+            idx = list(range(lo, min(lo + mb, len(episodes))))
+            self._accumulate(idx, episodes, adv, [x for x in sd_inputs if lo <= x.episode < lo + mb], n_tok, n_sd, hinted, stats)
+        grad_norm = float(clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)) if cfg.optim.grad_clip else float("nan")
+        before = {i: e.rollout.tokens for i, e in enumerate(episodes)}
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if cfg.teacher.weights == "ema":
+            with torch.no_grad():
+                d = cfg.teacher.ema_decay
+                for pt, ps in zip(self.teacher_model.parameters(), self.model.parameters(), strict=True):
+                    pt.lerp_(ps.detach(), 1 - d)
+        kl = self._unhinted_kl(before, hinted) if cfg.run.measure_kl else float("nan")
+        self.episodes += len(episodes)
+        turns = [t for e in episodes for t in e.trajectory.turns]
+        n_turns = max(1, len(turns))
+        elapsed = time.perf_counter() - t0
+        return {
+            "episodes": self.episodes,
+            "reward": sum(rewards) / len(rewards),
+            "resolved_rate": sum(bool(e.rollout.outcome.get("resolved")) for e in episodes) / len(episodes),
+            "invalid_tool_rate": sum(t.error_kind == "tool_not_found" for t in turns) / n_turns,
+            "tool_error_rate": sum(t.error_kind is not None for t in turns) / n_turns,
+            "turns_per_episode": len(turns) / len(episodes),
+            "hinted_turns": len(hinted),
+            "hint_rate": len(hinted) / n_turns,
+            "flagged": sum(e.flags > 0 for e in episodes),
+            "grpo_loss": stats["grpo"],
+            "sd_loss": stats["sd"],
+            "sd_tokens": n_sd,
+            "kl_unhinted": kl,
+            "entropy_unhinted": stats["ent_sum"] / max(1.0, stats["ent_n"]),
+            "grad_norm": grad_norm,
+            "model_tokens": n_tok,
+            "tokens_per_s": sum(len(t) for t in tokens) / max(elapsed, 1e-9),
+            "rollout_s": t_roll,
+            "step_s": elapsed,
+        }
+
+    def _accumulate(self, idx: list[int], episodes: list[Episode], adv: torch.Tensor, sd_inputs: list[TeacherInput],
+                    n_tok: int, n_sd: int, hinted: set[tuple[int, int]], stats: dict[str, float]) -> None:
+        """Forward/backward one microbatch; losses are scaled so the sum over microbatches equals the
+        token mean over the whole batch (GRPO over all model tokens, SD over all hinted tokens)."""
+        cfg, lc = self.cfg, self.cfg.loss
+        toks = [episodes[i].rollout.tokens for i in idx]
+        tb = collate(toks, self.tokenizer.pad_token_id)
+        hidden, _ = self.policy.hidden_states(tb.input_ids, tb.attention_mask)
+        lp, ent = sequence_logprobs(hidden, self.policy.lm_head, tb.input_ids, tb.loss_mask, chunk_size=cfg.teacher.chunk_size,
+                                    temperature=cfg.rollout.temperature)
+        mb_tok = float(tb.loss_mask.sum())
+        ref_lp = None
+        if self.ref_model is not None:
+            with torch.no_grad():
+                rh = self.ref_model.get_decoder()(input_ids=tb.input_ids, attention_mask=tb.attention_mask).last_hidden_state
+                ref_lp, _ = sequence_logprobs(rh, self.ref_model.get_output_embeddings(), tb.input_ids, tb.loss_mask,
+                                              chunk_size=cfg.teacher.chunk_size, temperature=cfg.rollout.temperature)
+        l_grpo = grpo_loss(lp, tb.behaviour_logprobs, adv[idx], tb.loss_mask, lc.clip_eps, lc.clip_eps,
+                           ref_logprobs=ref_lp, kl_coef=lc.kl_ref) * (mb_tok / max(1, n_tok))
+        loss = l_grpo
+        stats["grpo"] += float(l_grpo)
+        # entropy on un-hinted turns (diagnostic for SD side effects)
+        unhinted = tb.loss_mask.clone()
+        for row, i in enumerate(idx):
+            for k, (s, e) in enumerate(episodes[i].rollout.tokens.turn_spans):
+                if (i, k) in hinted:
+                    unhinted[row, s:e] = 0
+        stats["ent_sum"] += float((ent * unhinted).sum())
+        stats["ent_n"] += float(unhinted.sum())
+        if sd_inputs and lc.lambda_sd > 0:
+            rows = {i: r for r, i in enumerate(idx)}
+            student = torch.cat([hidden[rows[x.episode], x.start - 1 : x.end - 1] for x in sd_inputs])
+            teacher_model = self.teacher_model if self.teacher_model is not None else self.model
+            th = teacher_hidden(teacher_model, sd_inputs, self.tokenizer.pad_token_id)
+            t_head = teacher_model.get_output_embeddings()
+            if lc.sd_estimator == "full":
+                per_tok = hidden_divergence(student, th, self.policy.lm_head, t_head, divergence=lc.divergence, beta=lc.beta,
+                                            top_k=lc.top_k or None, temperature=lc.sd_temperature, chunk_size=cfg.teacher.chunk_size)
+            else:
+                targets = torch.cat([torch.tensor(x.target_ids) for x in sd_inputs])
+                s_lp = torch.cat([lp[rows[x.episode], x.start : x.end] for x in sd_inputs])
+                with torch.no_grad():
+                    t_lp = torch.log_softmax(t_head(th).float() / lc.sd_temperature, -1).gather(-1, targets[:, None])[:, 0]
+                gap = (s_lp - t_lp).detach()
+                per_tok = gap + gap * (s_lp - s_lp.detach())
+            l_sd = per_tok.sum() / max(1, n_sd)
+            loss = loss + lc.lambda_sd * l_sd
+            stats["sd"] += float(l_sd)
+        loss.backward()
+
+    @torch.no_grad()
+    def _unhinted_kl(self, tokens: dict[int, Any], hinted: set[tuple[int, int]]) -> float:
+        """KL(before || after) of this step's update on un-hinted turn tokens (k3 estimator on the sampled tokens)."""
+        total, count = 0.0, 0.0
+        keys = sorted(tokens)
+        mb = self.cfg.optim.microbatch
+        for lo in range(0, len(keys), mb):
+            idx = keys[lo : lo + mb]
+            tb = collate([tokens[i] for i in idx], self.tokenizer.pad_token_id)
+            hidden, _ = self.policy.hidden_states(tb.input_ids, tb.attention_mask)
+            lp, _ = sequence_logprobs(hidden, self.policy.lm_head, tb.input_ids, tb.loss_mask, chunk_size=self.cfg.teacher.chunk_size,
+                                     temperature=self.cfg.rollout.temperature)
+            mask = tb.loss_mask.clone()
+            for row, i in enumerate(idx):
+                for k, (s, e) in enumerate(tokens[i].turn_spans):
+                    if (i, k) in hinted:
+                        mask[row, s:e] = 0
+            log_ratio = lp - tb.behaviour_logprobs
+            k3 = torch.exp(log_ratio) - log_ratio - 1
+            total += float((k3 * mask).sum())
+            count += float(mask.sum())
+        return total / max(1.0, count)
