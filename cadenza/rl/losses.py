@@ -27,7 +27,7 @@ DIVERGENCES = ("reverse_kl", "forward_kl", "jsd")
 AGGREGATIONS = ("token_mean", "sequence_mean")
 
 
-def _check_divergence_args(divergence: str, beta: float, top_k: int | None, temperature: float) -> None:
+def check_divergence_args(divergence: str, beta: float, top_k: int | None, temperature: float) -> None:
     if divergence not in DIVERGENCES:
         raise CadenzaError(f"unknown divergence {divergence!r}; use one of {', '.join(DIVERGENCES)}")
     if not 0.0 <= float(beta) <= 1.0:
@@ -61,7 +61,7 @@ def token_divergence(
     temperature: float = 1.0,
 ) -> torch.Tensor:
     """Per-position divergence between student and teacher distributions: shape ``logits.shape[:-1]``."""
-    _check_divergence_args(divergence, beta, top_k, temperature)
+    check_divergence_args(divergence, beta, top_k, temperature)
     if student_logits.shape != teacher_logits.shape:
         raise CadenzaError(
             f"student logits {tuple(student_logits.shape)} and teacher logits {tuple(teacher_logits.shape)} "
@@ -183,7 +183,7 @@ def grpo_loss(
         raise CadenzaError("logprobs, behaviour_logprobs and mask must all be [B, T]")
     if advantages.ndim == 1:
         advantages = advantages[:, None]
-    advantages = advantages.to(logprobs.dtype).detach()
+    advantages = advantages.to(device=logprobs.device, dtype=logprobs.dtype).detach()
     ratio = torch.exp(logprobs - behaviour_logprobs.detach())
     clipped = ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high)
     per_token = -torch.minimum(ratio * advantages, clipped * advantages)

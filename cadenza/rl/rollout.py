@@ -1,0 +1,222 @@
+"""Rollouts: drive any :class:`cadenza.agent.env.Env` with a :class:`Policy`, G samples per task.
+
+All live episodes generate their next turn in one batched ``policy.sample`` call. Each episode becomes
+a :class:`TokenTrajectory` (exact sampled ids + behaviour log-probs; prompt/observation tokens from
+incremental chat-template rendering) and a cadenza :class:`Trajectory` (OpenAI messages, one
+``TurnMeta`` per model turn with ``token_ids``/``logprobs`` filled), plus the env's outcome reward.
+
+An assistant turn without a tool call ends the episode (it is the final answer), as do ``done`` from
+the env, ``max_turns``, and running out of context (``max_context_tokens``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from cadenza.agent.env import Env
+from cadenza.agent.trajectory import Trajectory, TurnMeta
+from cadenza.errors import CadenzaError
+from cadenza.rl.chat import (
+    assistant_message,
+    parse_tool_calls,
+    render_continuation,
+    require_chat_template,
+    turn_end_glue,
+)
+from cadenza.rl.policy import Policy, SamplingParams
+from cadenza.rl.tokens import TokenTrajectory, TokenTrajectoryBuilder
+
+
+@dataclass(kw_only=True)
+class RolloutTask:
+    """One task to roll out: ``make_env`` is called once per sample (each sample gets a fresh env)."""
+
+    task_id: str
+    make_env: Callable[[], Env]
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    group_size: int = 4
+    max_turns: int = 8
+    max_new_tokens: int = 256
+    max_context_tokens: int = 4096
+    temperature: float = 1.0
+    top_k: int = 0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("group_size", "max_turns", "max_new_tokens", "max_context_tokens"):
+            if getattr(self, name) < 1:
+                raise CadenzaError(f"rollout {name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(kw_only=True)
+class Rollout:
+    tokens: TokenTrajectory
+    trajectory: Trajectory
+    outcome: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def reward(self) -> float:
+        return self.tokens.reward
+
+
+@dataclass(kw_only=True)
+class _Episode:
+    task_id: str
+    group_id: str
+    env: Env
+    tools: list[dict[str, Any]]
+    messages: list[dict[str, Any]]
+    builder: TokenTrajectoryBuilder
+    turns: list[TurnMeta] = field(default_factory=list)
+    stop_reason: str = ""
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    return list(tokenizer.encode(text, add_special_tokens=False)) if text else []
+
+
+def _start(tokenizer: Any, task: RolloutTask, group_id: str) -> _Episode:
+    env = task.make_env()
+    messages = [dict(m) for m in env.reset()]
+    tools = list(env.tools())
+    if not messages:
+        raise CadenzaError(f"env for task {task.task_id!r} returned no initial messages from reset()")
+    builder = TokenTrajectoryBuilder()
+    for i, msg in enumerate(messages):
+        text = render_continuation(tokenizer, messages[:i], [msg], tools, add_generation_prompt=False)
+        builder.add("system" if msg.get("role") == "system" else "prompt", _encode(tokenizer, text), i)
+    ep = _Episode(task_id=task.task_id, group_id=group_id, env=env, tools=tools, messages=messages, builder=builder)
+    _add_generation_prompt(tokenizer, ep)
+    return ep
+
+
+def _add_generation_prompt(tokenizer: Any, ep: _Episode) -> None:
+    text = render_continuation(tokenizer, ep.messages, [], ep.tools, add_generation_prompt=True)
+    ep.builder.add("prompt", _encode(tokenizer, text), len(ep.messages))
+
+
+def rollout(
+    policy: Policy,
+    tokenizer: Any,
+    tasks: Sequence[RolloutTask],
+    config: RolloutConfig,
+    *,
+    on_episode_done: Callable[[int, int], None] | None = None,
+) -> list[Rollout]:
+    """Roll out ``config.group_size`` episodes per task; results are ordered task by task.
+
+    ``group_id`` of every sample of ``tasks[i]`` is ``f"{i}:{task_id}"`` (GRPO groups).
+    ``on_episode_done(finished, total)`` is called as episodes end (for progress bars).
+    """
+    require_chat_template(tokenizer)
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise CadenzaError("the tokenizer has no eos token; set tokenizer.eos_token to the end-of-turn token")
+    if not tasks:
+        raise CadenzaError("no tasks to roll out")
+    generator = torch.Generator().manual_seed(config.seed)
+    episodes = [
+        _start(tokenizer, task, f"{i}:{task.task_id}") for i, task in enumerate(tasks) for _ in range(config.group_size)
+    ]
+    live = list(range(len(episodes)))
+    finished = 0
+    while live:
+        budget = {i: config.max_context_tokens - len(episodes[i].builder) for i in live}
+        for i in [i for i in live if budget[i] < 1]:
+            episodes[i].stop_reason = "context"
+        live = [i for i in live if budget[i] >= 1]
+        if not live:
+            break
+        params = SamplingParams(
+            max_new_tokens=min(config.max_new_tokens, max(budget[i] for i in live)),
+            temperature=config.temperature, top_k=config.top_k, stop_token_ids=(int(eos),),
+        )
+        samples = policy.sample([episodes[i].builder.input_ids for i in live], params, generator=generator)
+        still = []
+        for i, sample in zip(live, samples, strict=True):
+            ep = episodes[i]
+            ids, lps, finish = sample.token_ids, sample.logprobs, sample.finish_reason
+            if len(ids) > budget[i]:  # this episode's context is nearly full: keep what fits (a prefix of a sample is a sample)
+                ids, lps, finish = ids[: budget[i]], lps[: budget[i]], "length"
+            if _advance(tokenizer, ep, ids, lps, finish, config):
+                still.append(i)
+            else:
+                finished += 1
+                if on_episode_done is not None:
+                    on_episode_done(finished, len(episodes))
+        live = still
+    return [_finish(ep) for ep in episodes]
+
+
+def _advance(
+    tokenizer: Any, ep: _Episode, ids: list[int], logprobs: list[float], finish_reason: str, config: RolloutConfig
+) -> bool:
+    """Record one sampled turn and the env's answers; return whether the episode continues."""
+    if not ids:
+        raise CadenzaError("the policy returned an empty turn; a Policy must sample at least one token")
+    msg_index = len(ep.messages)
+    ep.builder.add("assistant", ids, msg_index, logprobs)
+    text = tokenizer.decode(ids, skip_special_tokens=False)
+    if finish_reason == "stop" and text.endswith(tokenizer.eos_token):
+        text = text[: -len(tokenizer.eos_token)]
+    else:  # cut off by max_new_tokens: close the turn so the next segment renders as the template expects
+        ep.builder.add("prompt", [int(tokenizer.eos_token_id)], msg_index)
+    calls = parse_tool_calls(text)
+    msg = assistant_message(text, calls)
+    ep.messages.append(msg)
+    turn = TurnMeta(index=len(ep.turns), message_index=msg_index, token_ids=list(ids), logprobs=list(logprobs))
+    ep.turns.append(turn)
+    if finish_reason != "stop":
+        turn.extra["truncated"] = True
+    if calls:
+        turn.tool = calls[0].name
+        turn.arguments = calls[0].arguments if isinstance(calls[0].arguments, dict) else None
+        turn.extra["calls"] = [{"name": c.name, "arguments": c.arguments, "id": c.id} for c in calls]
+    if not calls:
+        ep.stop_reason = "no_tool_call"
+        return False
+    tool_msgs, done = [], False
+    for call in calls:
+        result = ep.env.step(call)
+        tool_msgs.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.observation})
+        if turn.error_kind is None and result.error_kind is not None:
+            turn.error_kind = result.error_kind
+        if result.info:
+            turn.extra.setdefault("info", []).append(result.info)
+        if result.done:
+            done = True
+            break
+    glue = turn_end_glue(tokenizer, ep.messages, ep.tools)
+    delta = render_continuation(tokenizer, ep.messages, tool_msgs, ep.tools, add_generation_prompt=False)
+    ep.builder.add("observation", _encode(tokenizer, glue + delta), msg_index + 1)
+    ep.messages.extend(tool_msgs)
+    if done:
+        ep.stop_reason = "env_done"
+        return False
+    if len(ep.turns) >= config.max_turns:
+        ep.stop_reason = "max_turns"
+        return False
+    _add_generation_prompt(tokenizer, ep)
+    return True
+
+
+def _finish(ep: _Episode) -> Rollout:
+    outcome = dict(ep.env.finish())
+    if "reward" not in outcome:
+        raise CadenzaError(f"env for task {ep.task_id!r} returned an outcome without 'reward' from finish()")
+    reward = float(outcome["reward"])
+    meta = {"task_id": ep.task_id, "stop_reason": ep.stop_reason or "context", "num_turns": len(ep.turns),
+            "tools": ep.tools}
+    tokens = ep.builder.build(messages=ep.messages, reward=reward, group_id=ep.group_id, metadata=meta)
+    trajectory = Trajectory(
+        task_id=ep.task_id, messages=ep.messages, turns=ep.turns, outcome=outcome, reward=reward,
+        meta={"group_id": ep.group_id, "stop_reason": meta["stop_reason"]},
+    )
+    return Rollout(tokens=tokens, trajectory=trajectory, outcome=outcome)
