@@ -73,13 +73,15 @@ class LossConfig:
 
     lambda_sd: float = 1.0
     divergence: Literal["reverse_kl", "forward_kl", "jsd"] = "reverse_kl"
-    beta: float = 0.5
-    top_k: int = 0  # 0 = full vocabulary
+    beta: float = 0.5  # jsd weight: 0 = forward KL, 1 = reverse KL
+    top_k: int = 0  # 0 = full vocabulary; k = teacher's top-k tokens plus one tail bucket
     sd_temperature: float = 1.0
-    sd_estimator: Literal["full", "sampled"] = "full"
-    clip_eps: float = 0.2
-    std_normalize: bool = True
-    kl_ref: float = 0.0  # coefficient of the KL to the frozen initial policy (0 = off)
+    token_clip: float = 0.0  # cap on each token's divergence (0 = off)
+    clip_eps: float = 0.2  # PPO/GRPO ratio clip, lower side
+    clip_eps_high: float = 0.28  # upper side (clip-higher)
+    aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
+    std_normalize: bool = True  # GRPO advantages divided by the group std (False = Dr. GRPO)
+    kl_ref: float = 0.0  # coefficient of the k3 KL to the frozen initial policy (0 = off)
 
 
 @dataclass(kw_only=True)
@@ -87,6 +89,7 @@ class TeacherConfig:
     weights: Literal["live", "ema", "frozen"] = "live"
     ema_decay: float = 0.99
     chunk_size: int = 1024  # tokens per logits chunk
+    reuse_prefix_cache: bool = True  # live teacher: reuse the student's KV cache for the shared prefix
 
 
 @dataclass(kw_only=True)
@@ -214,7 +217,8 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     need(0 <= cfg.loss.beta <= 1, "loss.beta must be in [0, 1]")
     need(cfg.loss.top_k >= 0, "loss.top_k must be >= 0 (0 = full vocabulary)")
     need(cfg.loss.sd_temperature > 0, "loss.sd_temperature must be > 0")
-    need(cfg.loss.clip_eps > 0, "loss.clip_eps must be > 0")
+    need(cfg.loss.clip_eps > 0 and cfg.loss.clip_eps_high > 0, "loss.clip_eps and loss.clip_eps_high must be > 0")
+    need(cfg.loss.token_clip >= 0, "loss.token_clip must be >= 0 (0 = off)")
     need(cfg.loss.kl_ref >= 0, "loss.kl_ref must be >= 0")
     need(0 < cfg.teacher.ema_decay < 1, "teacher.ema_decay must be in (0, 1)")
     need(cfg.teacher.chunk_size >= 1, "teacher.chunk_size must be >= 1")

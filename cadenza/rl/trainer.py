@@ -38,13 +38,15 @@ from cadenza.rl import checkpoint as ckpt
 from cadenza.rl.chat import require_chat_template
 from cadenza.rl.config import TrainConfig, validate
 from cadenza.rl.envs import load_source
-from cadenza.rl.logprobs import hidden_divergence, sequence_logprobs
-from cadenza.rl.losses import group_advantages, grpo_loss
+from cadenza.rl.logprobs import sequence_logprobs
+from cadenza.rl.losses import group_advantages
 from cadenza.rl.metrics import MetricsLogger, read_metrics
 from cadenza.rl.monitor_hook import apply_monitor, find_monitor
 from cadenza.rl.rollout import Rollout, RolloutTask, rollout
 from cadenza.rl.rollout import RolloutConfig as RolloutParams
-from cadenza.rl.teacher_inputs import TeacherInput, build_teacher_inputs, teacher_hidden
+from cadenza.rl.step import LossConfig as StepLossConfig
+from cadenza.rl.step import hinted_mask, rl_losses
+from cadenza.rl.teacher import SelfDistillConfig, Teacher, build_hinted_turns
 from cadenza.rl.tokens import collate
 
 
@@ -126,21 +128,31 @@ class Trainer:
         self.model = self.policy.model
         o = cfg.optim
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
-        self.teacher_model = None if cfg.teacher.weights == "live" else self._frozen_copy()
-        self.ref_model = self._frozen_copy() if cfg.loss.kl_ref > 0 else None
+        lc, tc = cfg.loss, cfg.teacher
+        self.sd_config = SelfDistillConfig(
+            placement=cfg.feedback.placement, teacher=tc.weights, ema_decay=tc.ema_decay,
+            reuse_prefix_cache=tc.reuse_prefix_cache, divergence=lc.divergence, beta=lc.beta, top_k=lc.top_k or None,
+            temperature=lc.sd_temperature, chunk_size=tc.chunk_size, token_clip=lc.token_clip or None,
+        )
+        self.step_config = StepLossConfig(
+            clip_eps_low=lc.clip_eps, clip_eps_high=lc.clip_eps_high, kl_coef=lc.kl_ref, aggregation=lc.aggregation,
+            lambda_sd=lc.lambda_sd, temperature=cfg.rollout.temperature, chunk_size=tc.chunk_size,
+        )
+        self.teacher = Teacher(self.model, self.sd_config)
+        self.ref_model = self._frozen_copy() if lc.kl_ref > 0 else None
         self.monitor = find_monitor()
         self.step = 0
         self.episodes = 0
         self.out.mkdir(parents=True, exist_ok=True)
         latest = ckpt.latest_checkpoint(self.out) if resume else None
         if latest is not None:
-            modules = {"teacher": self.teacher_model} if cfg.teacher.weights == "ema" else {}
-            self.step, state = ckpt.load_checkpoint(latest, self.model, self.optimizer, modules=modules)
+            self.step, state = ckpt.load_checkpoint(latest, self.model, self.optimizer, modules=self._extra_modules())
             self.episodes = int(state.get("episodes", 0))
         atomic_write_json(self.out / "config.json", cfg.to_dict())
         self.logger = MetricsLogger(self.out, resume_step=self.step, tensorboard=cfg.run.tensorboard)
 
     def _frozen_copy(self) -> torch.nn.Module:
+        """A gradient-free copy of the current weights (the KL reference)."""
         m = copy.deepcopy(self.model)
         m.requires_grad_(False)
         return m
@@ -174,8 +186,15 @@ class Trainer:
             self.logger.close()
         return read_metrics(self.logger.path)
 
+    def _extra_modules(self) -> dict[str, torch.nn.Module]:
+        """Weights besides the policy that a resume needs (the EMA teacher; a frozen one is rebuilt from step 0's
+        weights only if saved, so it is saved too)."""
+        return {"teacher": self.teacher.model} if self.cfg.teacher.weights != "live" else {}
+
     def save(self) -> Path:
-        modules = {"teacher": self.teacher_model} if self.cfg.teacher.weights == "ema" else {}
+        modules = self._extra_modules()
+        if self.ref_model is not None:
+            modules["reference"] = self.ref_model
         return ckpt.save_checkpoint(
             self.out, self.step, self.model, self.optimizer, trainer_state={"episodes": self.episodes},
             modules=modules, keep=self.cfg.run.keep_checkpoints,
@@ -226,31 +245,45 @@ class Trainer:
         episodes = [e for e in self.collect(step) if e.rollout.tokens.turn_spans]
         t_roll = time.perf_counter() - t0
         if not episodes:
-            raise CadenzaError("no rollout produced a model turn; check max_new_tokens and the env")
+            raise CadenzaError("no rollout produced a model turn; check rollout.max_new_tokens and the env")
         tokens = [e.rollout.tokens for e in episodes]
         rewards = [t.reward for t in tokens]
         adv = group_advantages(rewards, [t.group_id for t in tokens], normalize_std=lc.std_normalize)
-        sd_inputs = build_teacher_inputs(self.tokenizer, episodes, cfg.feedback.placement)
+        mb = cfg.optim.microbatch
+        chunks = [list(range(lo, min(lo + mb, len(episodes)))) for lo in range(0, len(episodes), mb)]
+        # every teacher input is built (and validated) before any forward pass
+        use_sd = lc.lambda_sd > 0
+        items = [
+            build_hinted_turns([tokens[i] for i in idx], [episodes[i].hints for i in idx], self.tokenizer, cfg.feedback.placement)
+            if use_sd else []
+            for idx in chunks
+        ]
         n_tok = sum(t.num_model_tokens for t in tokens)
-        n_sd = sum(len(x.target_ids) for x in sd_inputs)
-        hinted = {(x.episode, x.turn) for x in sd_inputs}
-        stats = {"grpo": 0.0, "sd": 0.0, "ent_sum": 0.0, "ent_n": 0.0}
+        n_sd = sum(it.num_tokens for chunk in items for it in chunk)
+        hinted = {(idx[it.row], it.turn) for idx, chunk in zip(chunks, items, strict=True) for it in chunk}
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        mb = cfg.optim.microbatch
-        for lo in range(0, len(episodes), mb):
-            idx = list(range(lo, min(lo + mb, len(episodes))))
-            self._accumulate(idx, episodes, adv, [x for x in sd_inputs if lo <= x.episode < lo + mb], n_tok, n_sd, hinted, stats)
+        grpo_total = sd_total = ent_sum = ent_n = clip_sum = 0.0
+        for idx, chunk in zip(chunks, items, strict=True):
+            batch = collate([tokens[i] for i in idx], self.tokenizer.pad_token_id)
+            ref_lp = self._ref_logprobs(batch) if self.ref_model is not None else None
+            res = rl_losses(self.policy, batch, adv[idx], items=chunk, teacher=self.teacher, config=self.step_config, ref_logprobs=ref_lp)
+            # token means over the whole step, not per microbatch
+            w_grpo = res.num_model_tokens / n_tok
+            w_sd = res.sd.num_tokens / n_sd if n_sd else 0.0
+            loss = res.grpo * w_grpo + lc.lambda_sd * res.sd.loss * w_sd
+            loss.backward()
+            grpo_total += float(res.grpo) * w_grpo
+            sd_total += float(res.sd.loss) * w_sd
+            n_unhinted = float((batch.loss_mask * (1 - hinted_mask(batch, chunk))).sum())
+            ent_sum += res.entropy_unhinted * n_unhinted
+            ent_n += n_unhinted
+            clip_sum += res.clip_fraction * w_grpo
         grad_norm = float(clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)) if cfg.optim.grad_clip else float("nan")
-        before = {i: e.rollout.tokens for i, e in enumerate(episodes)}
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        if cfg.teacher.weights == "ema":
-            with torch.no_grad():
-                d = cfg.teacher.ema_decay
-                for pt, ps in zip(self.teacher_model.parameters(), self.model.parameters(), strict=True):
-                    pt.lerp_(ps.detach(), 1 - d)
-        kl = self._unhinted_kl(before, hinted) if cfg.run.measure_kl else float("nan")
+        self.teacher.update(self.model)
+        kl = self._update_kl(tokens, hinted) if cfg.run.measure_kl else float("nan")
         self.episodes += len(episodes)
         turns = [t for e in episodes for t in e.trajectory.turns]
         n_turns = max(1, len(turns))
@@ -265,11 +298,12 @@ class Trainer:
             "hinted_turns": len(hinted),
             "hint_rate": len(hinted) / n_turns,
             "flagged": sum(e.flags > 0 for e in episodes),
-            "grpo_loss": stats["grpo"],
-            "sd_loss": stats["sd"],
+            "grpo_loss": grpo_total,
+            "sd_loss": sd_total,
             "sd_tokens": n_sd,
             "kl_unhinted": kl,
-            "entropy_unhinted": stats["ent_sum"] / max(1.0, stats["ent_n"]),
+            "entropy_unhinted": ent_sum / ent_n if ent_n else float("nan"),
+            "clip_fraction": clip_sum,
             "grad_norm": grad_norm,
             "model_tokens": n_tok,
             "tokens_per_s": sum(len(t) for t in tokens) / max(elapsed, 1e-9),
@@ -277,75 +311,30 @@ class Trainer:
             "step_s": elapsed,
         }
 
-    def _accumulate(self, idx: list[int], episodes: list[Episode], adv: torch.Tensor, sd_inputs: list[TeacherInput],
-                    n_tok: int, n_sd: int, hinted: set[tuple[int, int]], stats: dict[str, float]) -> None:
-        """Forward/backward one microbatch; losses are scaled so the sum over microbatches equals the
-        token mean over the whole batch (GRPO over all model tokens, SD over all hinted tokens)."""
-        cfg, lc = self.cfg, self.cfg.loss
-        toks = [episodes[i].rollout.tokens for i in idx]
-        tb = collate(toks, self.tokenizer.pad_token_id)
-        hidden, _ = self.policy.hidden_states(tb.input_ids, tb.attention_mask)
-        lp, ent = sequence_logprobs(hidden, self.policy.lm_head, tb.input_ids, tb.loss_mask, chunk_size=cfg.teacher.chunk_size,
-                                    temperature=cfg.rollout.temperature)
-        mb_tok = float(tb.loss_mask.sum())
-        ref_lp = None
-        if self.ref_model is not None:
-            with torch.no_grad():
-                rh = self.ref_model.get_decoder()(input_ids=tb.input_ids, attention_mask=tb.attention_mask).last_hidden_state
-                ref_lp, _ = sequence_logprobs(rh, self.ref_model.get_output_embeddings(), tb.input_ids, tb.loss_mask,
-                                              chunk_size=cfg.teacher.chunk_size, temperature=cfg.rollout.temperature)
-        l_grpo = grpo_loss(lp, tb.behaviour_logprobs, adv[idx], tb.loss_mask, lc.clip_eps, lc.clip_eps,
-                           ref_logprobs=ref_lp, kl_coef=lc.kl_ref) * (mb_tok / max(1, n_tok))
-        loss = l_grpo
-        stats["grpo"] += float(l_grpo)
-        # entropy on un-hinted turns (diagnostic for SD side effects)
-        unhinted = tb.loss_mask.clone()
-        for row, i in enumerate(idx):
-            for k, (s, e) in enumerate(episodes[i].rollout.tokens.turn_spans):
-                if (i, k) in hinted:
-                    unhinted[row, s:e] = 0
-        stats["ent_sum"] += float((ent * unhinted).sum())
-        stats["ent_n"] += float(unhinted.sum())
-        if sd_inputs and lc.lambda_sd > 0:
-            rows = {i: r for r, i in enumerate(idx)}
-            student = torch.cat([hidden[rows[x.episode], x.start - 1 : x.end - 1] for x in sd_inputs])
-            teacher_model = self.teacher_model if self.teacher_model is not None else self.model
-            th = teacher_hidden(teacher_model, sd_inputs, self.tokenizer.pad_token_id)
-            t_head = teacher_model.get_output_embeddings()
-            if lc.sd_estimator == "full":
-                per_tok = hidden_divergence(student, th, self.policy.lm_head, t_head, divergence=lc.divergence, beta=lc.beta,
-                                            top_k=lc.top_k or None, temperature=lc.sd_temperature, chunk_size=cfg.teacher.chunk_size)
-            else:
-                targets = torch.cat([torch.tensor(x.target_ids) for x in sd_inputs])
-                s_lp = torch.cat([lp[rows[x.episode], x.start : x.end] for x in sd_inputs])
-                with torch.no_grad():
-                    t_lp = torch.log_softmax(t_head(th).float() / lc.sd_temperature, -1).gather(-1, targets[:, None])[:, 0]
-                gap = (s_lp - t_lp).detach()
-                per_tok = gap + gap * (s_lp - s_lp.detach())
-            l_sd = per_tok.sum() / max(1, n_sd)
-            loss = loss + lc.lambda_sd * l_sd
-            stats["sd"] += float(l_sd)
-        loss.backward()
+    @torch.no_grad()
+    def _ref_logprobs(self, batch: Any) -> torch.Tensor:
+        hidden = self.ref_model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
+        lp, _ = sequence_logprobs(hidden, self.ref_model.get_output_embeddings(), batch.input_ids, batch.loss_mask,
+                                  chunk_size=self.cfg.teacher.chunk_size, temperature=self.cfg.rollout.temperature)
+        return lp
 
     @torch.no_grad()
-    def _unhinted_kl(self, tokens: dict[int, Any], hinted: set[tuple[int, int]]) -> float:
-        """KL(before || after) of this step's update on un-hinted turn tokens (k3 estimator on the sampled tokens)."""
-        total, count = 0.0, 0.0
-        keys = sorted(tokens)
+    def _update_kl(self, tokens: list[Any], hinted: set[tuple[int, int]]) -> float:
+        """KL(before || after) of this step's update on un-hinted turns: k3 on the tokens sampled before it."""
+        total = count = 0.0
         mb = self.cfg.optim.microbatch
-        for lo in range(0, len(keys), mb):
-            idx = keys[lo : lo + mb]
-            tb = collate([tokens[i] for i in idx], self.tokenizer.pad_token_id)
-            hidden, _ = self.policy.hidden_states(tb.input_ids, tb.attention_mask)
-            lp, _ = sequence_logprobs(hidden, self.policy.lm_head, tb.input_ids, tb.loss_mask, chunk_size=self.cfg.teacher.chunk_size,
-                                     temperature=self.cfg.rollout.temperature)
-            mask = tb.loss_mask.clone()
+        for lo in range(0, len(tokens), mb):
+            idx = list(range(lo, min(lo + mb, len(tokens))))
+            batch = collate([tokens[i] for i in idx], self.tokenizer.pad_token_id)
+            hidden, _ = self.policy.hidden_states(batch.input_ids, batch.attention_mask)
+            lp, _ = sequence_logprobs(hidden, self.policy.lm_head, batch.input_ids, batch.loss_mask,
+                                      chunk_size=self.cfg.teacher.chunk_size, temperature=self.cfg.rollout.temperature)
+            mask = batch.loss_mask.clone()
             for row, i in enumerate(idx):
                 for k, (s, e) in enumerate(tokens[i].turn_spans):
                     if (i, k) in hinted:
                         mask[row, s:e] = 0
-            log_ratio = lp - tb.behaviour_logprobs
-            k3 = torch.exp(log_ratio) - log_ratio - 1
-            total += float((k3 * mask).sum())
+            log_ratio = lp - batch.behaviour_logprobs
+            total += float(((torch.exp(log_ratio) - log_ratio - 1) * mask).sum())
             count += float(mask.sum())
-        return total / max(1.0, count)
+        return total / count if count else float("nan")
