@@ -152,7 +152,7 @@ def summary_markdown(results: dict[str, Any]) -> str:
         "",
         *verdict(results),
         "",
-        f"Wall time: {results.get('wall_s', '?')} s. Plot: curves.png. Raw numbers: results.json.",
+        f"Wall time: {results.get('wall_s', '?')} s (CPU time {results.get('cpu_s', '?')} s). Plot: curves.png. Raw numbers: results.json.",
         "",
     ]
     return "\n".join(parts)

@@ -56,7 +56,7 @@ class ExperimentConfig:
 
     @classmethod
     def quick(cls) -> ExperimentConfig:
-        return cls(seeds=[0], corpus_size=1000, sft_steps=200, gap_tasks=128, rl_steps=8)
+        return cls(seeds=[0], corpus_size=1000, gap_tasks=128, rl_steps=8)
 
     @property
     def episodes_per_step(self) -> int:
@@ -192,7 +192,7 @@ def run_experiment(
         torch.set_num_threads(exp.threads)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
+    t0, c0 = time.time(), time.process_time()
     transcripts = corpus(exp.corpus_seed, exp.corpus_size)
     tokenizer = build_tokenizer(exp, transcripts, out / "tokenizer")
     data = [encode_messages(tokenizer, m) for m in transcripts]
@@ -222,6 +222,7 @@ def run_experiment(
         "pre_rl_per_seed": {str(k): v for k, v in gaps.items()},
         "config": dataclasses.asdict(exp),
         "wall_s": round(time.time() - t0, 1),
+        "cpu_s": round(time.process_time() - c0, 1),
     }
     atomic_write_json(out / "results.json", results)
     report.plot_curves(results, out / "curves.png")

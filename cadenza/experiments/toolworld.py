@@ -4,7 +4,9 @@ Each episode belongs to a workspace *profile*; profiles name the same operations
 names (``view`` / ``read_file`` / ``cat_file``). The prompt states the profile but not its tool list,
 so a policy that has not learnt the profile's names must guess among aliases. Calling a tool the
 profile lacks returns the standard tool-not-found observation with ``error_kind="tool_not_found"``.
-The reward is 1 only if every operation of the episode completes.
+The reward is 1 only if every operation of the episode completes. A successful call is answered
+with the next pending operation (``ok. Next: delete log.``), so a tiny model need not count steps;
+the tool names are never revealed.
 
 Nothing here imports torch: the environment satisfies :class:`cadenza.agent.env.Env` and is driven by
 ``cadenza.rl`` rollouts like the real agent episode.
@@ -176,7 +178,10 @@ class ToolworldEnv:
         wanted = Step(operation=op, path=path)
         if wanted in self._remaining:
             self._remaining.remove(wanted)
-        return StepResult(observation="ok", done=False, info={"operation": op})
+        if not self._remaining:
+            return StepResult(observation="ok. All done.", done=False, info={"operation": op})
+        nxt = self._remaining[0]
+        return StepResult(observation=f"ok. Next: {nxt.operation} {nxt.path}.", done=False, info={"operation": op})
 
     def finish(self) -> dict[str, Any]:
         resolved = not self._remaining
