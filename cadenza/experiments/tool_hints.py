@@ -56,7 +56,7 @@ class ExperimentConfig:
 
     @classmethod
     def quick(cls) -> ExperimentConfig:
-        return cls(seeds=[0], corpus_size=1000, gap_tasks=128, rl_steps=8)
+        return cls(seeds=[0], corpus_size=1000, sft_steps=300, gap_tasks=128, rl_steps=8)
 
     @property
     def episodes_per_step(self) -> int:

@@ -95,7 +95,8 @@ class TeacherConfig:
 @dataclass(kw_only=True)
 class OptimConfig:
     name: Literal["adamw", "muon"] = "adamw"
-    lr: float = 1e-3
+    lr: float = 1e-3  # AdamW (and, with muon, the AdamW-handled embeddings/head/norms)
+    muon_lr: float = 0.02  # learning rate of Muon's matrix groups
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     weight_decay: float = 0.0
     grad_clip: float = 1.0  # 0 = off

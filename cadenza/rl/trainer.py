@@ -81,6 +81,18 @@ def build_policy(cfg: TrainConfig) -> tuple[Any, Any]:
     return tokenizer, policy
 
 
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW, or cadenza's Muon (matrix groups at the model's granularity, AdamW for the rest)."""
+    o = cfg.optim
+    if o.name == "muon":
+        from cadenza.optim.groups import muon_param_groups
+        from cadenza.optim.muon import Muon
+
+        groups = muon_param_groups(model, adamw_lr=o.lr, adamw_weight_decay=o.weight_decay)
+        return Muon(groups, lr=o.muon_lr, weight_decay=o.weight_decay)
+    return torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+
+
 class _HiddenToolsEnv:
     """View of an env whose tool list must not be rendered into the prompt (``env.show_tools = False``,
     e.g. toolworld); the real schemas stay available to the feedback generators."""
@@ -126,8 +138,7 @@ class Trainer:
         random.seed(cfg.run.seed)
         self.tokenizer, self.policy = build_policy(cfg)
         self.model = self.policy.model
-        o = cfg.optim
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+        self.optimizer = build_optimizer(self.model, cfg)
         lc, tc = cfg.loss, cfg.teacher
         self.sd_config = SelfDistillConfig(
             placement=cfg.feedback.placement, teacher=tc.weights, ema_decay=tc.ema_decay,
@@ -273,8 +284,8 @@ class Trainer:
             w_sd = res.sd.num_tokens / n_sd if n_sd else 0.0
             loss = res.grpo * w_grpo + lc.lambda_sd * res.sd.loss * w_sd
             loss.backward()
-            grpo_total += float(res.grpo) * w_grpo
-            sd_total += float(res.sd.loss) * w_sd
+            grpo_total += float(res.grpo.detach()) * w_grpo
+            sd_total += float(res.sd.loss.detach()) * w_sd
             n_unhinted = float((batch.loss_mask * (1 - hinted_mask(batch, chunk))).sum())
             ent_sum += res.entropy_unhinted * n_unhinted
             ent_n += n_unhinted
