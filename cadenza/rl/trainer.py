@@ -81,6 +81,26 @@ def build_policy(cfg: TrainConfig) -> tuple[Any, Any]:
     return tokenizer, policy
 
 
+# run options that may change between a run and its resumption
+_RESUMABLE_CHANGES = {"steps", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "out_dir"}
+
+
+def _check_same_run(path: Path, cfg: TrainConfig) -> None:
+    """Refuse to resume a checkpoint written under a different config (it would silently mix two runs)."""
+    if not path.exists():
+        return
+    import json
+
+    old, new = json.loads(path.read_text()), cfg.to_dict()
+    diffs = [f"{sec}.{k}" for sec in new for k in new[sec] if old.get(sec, {}).get(k) != new[sec][k]
+             and not (sec == "run" and k in _RESUMABLE_CHANGES)]
+    if diffs:
+        raise CadenzaError(
+            f"{path.parent} holds a run with a different config ({', '.join(diffs[:5])}); "
+            "use another run.out_dir, or --no-resume to start over"
+        )
+
+
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """AdamW, or cadenza's Muon (matrix groups at the model's granularity, AdamW for the rest)."""
     o = cfg.optim
@@ -133,6 +153,9 @@ class Trainer:
         validate(cfg)
         self.cfg = cfg
         self.out = Path(cfg.run.out_dir)
+        latest = ckpt.latest_checkpoint(self.out) if resume else None
+        if latest is not None:
+            _check_same_run(self.out / "config.json", cfg)
         self.source = load_source(cfg.env.name, cfg.env.options)
         torch.manual_seed(cfg.run.seed)
         random.seed(cfg.run.seed)
@@ -155,7 +178,6 @@ class Trainer:
         self.step = 0
         self.episodes = 0
         self.out.mkdir(parents=True, exist_ok=True)
-        latest = ckpt.latest_checkpoint(self.out) if resume else None
         if latest is not None:
             self.step, state = ckpt.load_checkpoint(latest, self.model, self.optimizer, modules=self._extra_modules())
             self.episodes = int(state.get("episodes", 0))
@@ -198,17 +220,16 @@ class Trainer:
         return read_metrics(self.logger.path)
 
     def _extra_modules(self) -> dict[str, torch.nn.Module]:
-        """Weights besides the policy that a resume needs (the EMA teacher; a frozen one is rebuilt from step 0's
-        weights only if saved, so it is saved too)."""
-        return {"teacher": self.teacher.model} if self.cfg.teacher.weights != "live" else {}
-
-    def save(self) -> Path:
-        modules = self._extra_modules()
+        """Weights besides the policy that an exact resume needs: an EMA or frozen teacher, the KL reference."""
+        modules = {"teacher": self.teacher.model} if self.cfg.teacher.weights != "live" else {}
         if self.ref_model is not None:
             modules["reference"] = self.ref_model
+        return modules
+
+    def save(self) -> Path:
         return ckpt.save_checkpoint(
             self.out, self.step, self.model, self.optimizer, trainer_state={"episodes": self.episodes},
-            modules=modules, keep=self.cfg.run.keep_checkpoints,
+            modules=self._extra_modules(), keep=self.cfg.run.keep_checkpoints,
         )
 
     def collect(self, step: int) -> list[Episode]:

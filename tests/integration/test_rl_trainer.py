@@ -10,6 +10,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from cadenza.errors import CadenzaError
 from cadenza.experiments.corpus import corpus
 from cadenza.experiments.tool_hints import CALL_PIECES, _plain_text
 from cadenza.rl.chat import CHAT_TEMPLATE, train_tokenizer
@@ -120,6 +121,9 @@ def test_exact_resume_matches_uninterrupted_run(sft_model, tmp_path):
     a = load_file(str(tmp_path / "a" / "checkpoints" / "step-000004" / "model.safetensors"))
     b = load_file(str(tmp_path / "b" / "checkpoints" / "step-000004" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # a checkpoint is never resumed under a different config
+    with pytest.raises(CadenzaError, match=r"different config \(loss.lambda_sd\)"):
+        Trainer(config(sft_model, tmp_path / "b", steps=4, lambda_sd=0.5, top_k=4))
     # resuming a finished run does nothing
     again = Trainer(config(sft_model, tmp_path / "b", steps=4, lambda_sd=1.0, top_k=4))
     assert again.step == 4 and len(again.train()) == 4
