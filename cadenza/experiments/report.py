@@ -1,7 +1,9 @@
 """Turning per-step trainer metrics into the tool-hint experiment's results: numbers, table, plot.
 
 Definitions (fixed before any arm was run):
-- a step's *valid rate* is ``1 - invalid_tool_rate`` over all tool calls of that step's rollouts;
+- a step's *valid rate* is the trainer's ``valid_call_rate``: the fraction of that step's turns that
+  call a tool the profile has (a turn with no tool call is not valid, so a policy cannot reach 95% by
+  no longer calling tools);
 - ``episodes_to_95``: episodes consumed up to the first step at which the mean valid rate over a
   window of ``window`` consecutive steps (that step and the ones before it) is >= 0.95 (``None``
   if never), so one lucky batch does not count;
@@ -24,7 +26,8 @@ ARM_LABELS = {
 
 
 def summarise_run(rows: list[dict[str, Any]], seed: int, *, target: float = 0.95, window: int = 3) -> dict[str, Any]:
-    curve = [[int(r["episodes"]), float(r["invalid_tool_rate"]), float(r["resolved_rate"])] for r in rows]
+    # "invalid" = the turn did not call an existing tool (a turn without any call is not a valid call)
+    curve = [[int(r["episodes"]), 1.0 - float(r["valid_call_rate"]), float(r["resolved_rate"])] for r in rows]
     episodes_to = None
     for i in range(window - 1, len(curve)):
         if mean(1.0 - c[1] for c in curve[i - window + 1 : i + 1]) >= target:

@@ -44,7 +44,7 @@ class ExperimentConfig:
     rl_steps: int = 30
     tasks_per_step: int = 4
     group_size: int = 8
-    rl_lr: float = 1e-3
+    rl_lr: float = 3e-4
     lambda_sd: float = 1.0
     top_k: int = 8
     temperature: float = 1.0

@@ -311,11 +311,15 @@ class Trainer:
             ent_sum += res.entropy_unhinted * n_unhinted
             ent_n += n_unhinted
             clip_sum += res.clip_fraction * w_grpo
-        grad_norm = float(clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip)) if cfg.optim.grad_clip else float("nan")
-        self.optimizer.step()
+        grad_norm = float(clip_grad_norm_(self.model.parameters(), cfg.optim.grad_clip or float("inf")))
+        # No signal (every group tied, no hinted token): skip the update. Adam would otherwise keep moving
+        # the weights along its stale momentum with a zero gradient.
+        skipped = grad_norm == 0.0
+        if not skipped:
+            self.optimizer.step()
+            self.teacher.update(self.model)
         self.optimizer.zero_grad(set_to_none=True)
-        self.teacher.update(self.model)
-        kl = self._update_kl(tokens, hinted) if cfg.run.measure_kl else float("nan")
+        kl = self._update_kl(tokens, hinted) if cfg.run.measure_kl and not skipped else 0.0
         self.episodes += len(episodes)
         turns = [t for e in episodes for t in e.trajectory.turns]
         n_turns = max(1, len(turns))
@@ -325,6 +329,7 @@ class Trainer:
             "reward": sum(rewards) / len(rewards),
             "resolved_rate": sum(bool(e.rollout.outcome.get("resolved")) for e in episodes) / len(episodes),
             "invalid_tool_rate": sum(t.error_kind == "tool_not_found" for t in turns) / n_turns,
+            "valid_call_rate": sum(t.tool is not None and t.error_kind != "tool_not_found" for t in turns) / n_turns,
             "tool_error_rate": sum(t.error_kind is not None for t in turns) / n_turns,
             "turns_per_episode": len(turns) / len(episodes),
             "hinted_turns": len(hinted),
@@ -337,6 +342,7 @@ class Trainer:
             "entropy_unhinted": ent_sum / ent_n if ent_n else float("nan"),
             "clip_fraction": clip_sum,
             "grad_norm": grad_norm,
+            "skipped_update": skipped,
             "model_tokens": n_tok,
             "tokens_per_s": sum(len(t) for t in tokens) / max(elapsed, 1e-9),
             "rollout_s": t_roll,
