@@ -143,6 +143,7 @@ def _rss_mb() -> float:
 
 
 def memory_worker(args: argparse.Namespace) -> None:
+    args.vocab = args.mem_vocab
     env = build(args)
     before = _rss_mb()
     if args.worker == "naive_full_logits":
@@ -164,10 +165,13 @@ def main() -> None:
     ap.add_argument("--vocab", type=int, default=16384)
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--chunk", type=int, default=512)
+    ap.add_argument("--mem-vocab", type=int, default=32768, help="vocabulary for the memory variants")
+    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: stable CPU-time measure)")
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
+    torch.set_num_threads(args.threads)
     if args.quick:
-        args.batch, args.repeats, args.vocab = 2, 3, 8192
+        args.batch, args.repeats, args.vocab, args.mem_vocab = 2, 3, 8192, 16384
     if args.worker:
         memory_worker(args)
         return
@@ -200,6 +204,7 @@ def main() -> None:
                   "turns": n_turns, "hinted_turns": len(env["items"]),
                   "hinted_target_tokens": sum(i.num_tokens for i in env["items"]), "vocab": args.vocab,
                   "hidden": args.hidden, "layers": 2, "chunk_size": args.chunk, "repeats": args.repeats,
+                  "memory_vocab": args.mem_vocab,
                   "device": "cpu", "threads": torch.get_num_threads()},
         "step_wall_seconds_min": {k: round(v, 4) for k, v in best.items()},
         "step_wall_seconds_median": {k: round(v, 4) for k, v in med.items()},

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from cadenza.agent.env import ToolCall
@@ -108,6 +109,23 @@ def train_tokenizer(
         additional_special_tokens=[t for t in specials if t not in (IM_END, PAD)],
         clean_up_tokenization_spaces=False,
     )
+
+
+def load_tokenizer(path: str | Path) -> Any:
+    """Load a tokenizer saved with ``save_pretrained`` (local only) and check it can render tool chats."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    if not path.is_dir():
+        raise CadenzaError(f"tokenizer path {str(path)!r} is not a directory; pass a save_pretrained directory")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+    except (OSError, ValueError) as exc:
+        raise CadenzaError(f"cannot load a tokenizer from {str(path)!r}: {str(exc).splitlines()[0]}") from None
+    require_chat_template(tokenizer)
+    if tokenizer.eos_token_id is None:
+        raise CadenzaError(f"tokenizer at {str(path)!r} has no eos token; set eos_token to the end-of-turn token")
+    return tokenizer
 
 
 def require_chat_template(tokenizer: Any) -> None:

@@ -36,6 +36,27 @@ def _map_chunks(
     return tuple(torch.cat(o, dim=0) for o in zip(*outs, strict=True))
 
 
+def token_logprobs(
+    hidden: torch.Tensor,
+    lm_head: torch.nn.Module,
+    targets: torch.Tensor,
+    *,
+    chunk_size: int | None = 1024,
+    temperature: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Log-prob of ``targets`` ``[N]`` under the distributions at ``hidden`` ``[N, D]``, and the entropy (no grad)."""
+
+    def chunk(hc: torch.Tensor, tc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = lm_head(hc)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32)) / temperature
+        lse = logits.logsumexp(-1)
+        lp = logits.gather(-1, tc[:, None])[:, 0] - lse
+        ent = (lse - (logits.softmax(-1) * logits).sum(-1)).detach()
+        return lp, ent
+
+    return _map_chunks(chunk, (hidden, targets), chunk_size)
+
+
 def sequence_logprobs(
     hidden: torch.Tensor,
     lm_head: torch.nn.Module,
@@ -60,17 +81,8 @@ def sequence_logprobs(
     select = select.clone()
     select[:, 0] = False
     b_idx, t_idx = select.nonzero(as_tuple=True)
-    h = hidden[b_idx, t_idx - 1]
-    targets = input_ids[b_idx, t_idx]
-
-    def chunk(hc: torch.Tensor, tc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = lm_head(hc).float() / temperature
-        lse = logits.logsumexp(-1)
-        lp = logits.gather(-1, tc[:, None])[:, 0] - lse
-        ent = (lse - (logits.softmax(-1) * logits).sum(-1)).detach()
-        return lp, ent
-
-    lp, ent = _map_chunks(chunk, (h, targets), chunk_size)
+    lp, ent = token_logprobs(hidden[b_idx, t_idx - 1], lm_head, input_ids[b_idx, t_idx],
+                             chunk_size=chunk_size, temperature=temperature)
     logprobs = torch.zeros((B, T), dtype=lp.dtype, device=hidden.device)
     entropy = torch.zeros((B, T), dtype=ent.dtype, device=hidden.device)
     logprobs = logprobs.index_put((b_idx, t_idx), lp)

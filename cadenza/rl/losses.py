@@ -121,11 +121,16 @@ def sampled_token_sd_loss(
     Needs only the log-probs of the sampled tokens, not the teacher's full distribution. Valid for
     on-policy tokens (the sampling policy is the current student).
     """
+    return masked_mean(sampled_token_surrogate(student_logprobs, teacher_logprobs), mask)
+
+
+def sampled_token_surrogate(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:
+    """Per-token surrogate of :func:`sampled_token_sd_loss`: value ``log p_s - log p_t``, gradient
+    ``(log p_s - log p_t) * grad log p_s``."""
     if student_logprobs.shape != teacher_logprobs.shape:
         raise CadenzaError("student and teacher log-probs must have the same shape")
     gap = (student_logprobs - teacher_logprobs.detach()).detach()
-    surrogate = gap + gap * (student_logprobs - student_logprobs.detach())
-    return masked_mean(surrogate, mask)
+    return gap + gap * (student_logprobs - student_logprobs.detach())
 
 
 def group_advantages(

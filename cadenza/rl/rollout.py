@@ -185,7 +185,7 @@ def _advance(
     tool_msgs, done = [], False
     for call in calls:
         result = ep.env.step(call)
-        tool_msgs.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": result.observation})
+        tool_msgs.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": str(result.observation)})
         if turn.error_kind is None and result.error_kind is not None:
             turn.error_kind = result.error_kind
         if result.info:

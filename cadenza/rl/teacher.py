@@ -18,6 +18,7 @@ live teacher the prefix the student already computed is reused from the student'
 from __future__ import annotations
 
 import copy
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -27,12 +28,13 @@ import torch
 from cadenza.errors import CadenzaError
 from cadenza.feedback.hints import Hint
 from cadenza.rl.chat import render_continuation, require_chat_template, turn_end_glue
-from cadenza.rl.logprobs import hidden_divergence
-from cadenza.rl.losses import check_divergence_args
+from cadenza.rl.logprobs import hidden_divergence, token_logprobs
+from cadenza.rl.losses import check_divergence_args, sampled_token_surrogate
 from cadenza.rl.tokens import Segment, TokenTrajectory
 
 PLACEMENTS = ("user_before_turn", "append_to_observation")
 TEACHER_WEIGHTS = ("live", "ema", "frozen")
+ESTIMATORS = ("full", "sampled")
 
 
 @dataclass(kw_only=True)
@@ -49,8 +51,11 @@ class SelfDistillConfig:
     temperature: float = 1.0
     chunk_size: int | None = 1024
     token_clip: float | None = None  # cap each token's divergence (OPSD's point-wise clipping); None = off
+    estimator: str = "full"  # full: divergence over the vocabulary; sampled: log p_s - log p_t on sampled tokens
 
     def __post_init__(self) -> None:
+        if self.estimator not in ESTIMATORS:
+            raise CadenzaError(f"unknown SD estimator {self.estimator!r}; use one of {', '.join(ESTIMATORS)}")
         if self.token_clip is not None and not self.token_clip > 0:
             raise CadenzaError(f"token_clip must be > 0 or None, got {self.token_clip}")
         if self.placement not in PLACEMENTS:
@@ -99,6 +104,12 @@ def merge_hints(hints: Sequence[Hint]) -> list[Hint]:
         hs[0] if len(hs) == 1 else Hint(turn=t, text="\n".join(h.text for h in hs), kind="+".join(h.kind for h in hs))
         for t, hs in sorted(by_turn.items())
     ]
+
+
+def select_rows(items: Sequence[HintedTurn], rows: Sequence[int]) -> list[HintedTurn]:
+    """The hinted turns of a micro-batch made of ``rows`` (in that order), with ``row`` re-indexed to it."""
+    where = {r: i for i, r in enumerate(rows)}
+    return [dataclasses.replace(it, row=where[it.row]) for it in items if it.row in where]
 
 
 def _segment_ending_at(traj: TokenTrajectory, pos: int) -> Segment | None:
@@ -247,13 +258,22 @@ class Teacher:
         cfg = self.config
         if not items:
             return SDResult(loss=student_hidden.sum() * 0.0, num_tokens=0)
-        teacher = self.target_hidden(items, student_cache)
-        student = [student_hidden[it.row, it.turn_start - 1: it.turn_end - 1] for it in items]
-        per_token = hidden_divergence(
-            torch.cat(student), torch.cat(teacher), student_head, self.lm_head if cfg.teacher != "live" else None,
-            divergence=cfg.divergence, beta=cfg.beta, top_k=cfg.top_k, temperature=cfg.temperature,
-            chunk_size=cfg.chunk_size,
-        )
+        teacher = torch.cat(self.target_hidden(items, student_cache))
+        student = torch.cat([student_hidden[it.row, it.turn_start - 1: it.turn_end - 1] for it in items])
+        t_head = self.lm_head if cfg.teacher != "live" else student_head
+        if cfg.estimator == "sampled":
+            targets = torch.tensor([t for it in items for t in it.teacher_ids[it.teacher_turn_start:]],
+                                   device=student.device)
+            kw = dict(chunk_size=cfg.chunk_size, temperature=cfg.temperature)
+            s_lp, _ = token_logprobs(student, student_head, targets, **kw)
+            with torch.no_grad():
+                t_lp, _ = token_logprobs(teacher, t_head, targets, **kw)
+            per_token = sampled_token_surrogate(s_lp, t_lp)
+        else:
+            per_token = hidden_divergence(
+                student, teacher, student_head, t_head, divergence=cfg.divergence, beta=cfg.beta, top_k=cfg.top_k,
+                temperature=cfg.temperature, chunk_size=cfg.chunk_size,
+            )
         if cfg.token_clip is not None:  # clipped tokens pass no gradient: one noisy token cannot dominate
             per_token = per_token.clamp(max=cfg.token_clip)
         per_turn = [float(x.mean()) for x in per_token.detach().split([it.num_tokens for it in items])]

@@ -67,6 +67,8 @@ class TokenTrajectory:
                 f"token trajectory {self.group_id!r}: input_ids ({n}), loss_mask ({len(self.loss_mask)}) and "
                 f"behaviour_logprobs ({len(self.behaviour_logprobs)}) must have equal length; rebuild it with rollout()"
             )
+        if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.input_ids):
+            raise CadenzaError(f"token trajectory {self.group_id!r}: input_ids must be non-negative integers")
         if not any(self.loss_mask) or not self.turn_spans:
             raise CadenzaError(
                 f"token trajectory {self.group_id!r} has no model tokens (empty loss mask); drop it from the batch "
@@ -182,6 +184,8 @@ def collate(trajectories: list[TokenTrajectory], pad_token_id: int, device: Any 
 
     if not trajectories:
         raise CadenzaError("empty batch: no token trajectories to train on")
+    if pad_token_id is None:
+        raise CadenzaError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to its eos token)")
     for t in trajectories:
         t.validate()
     lengths = [len(t) for t in trajectories]

@@ -10,6 +10,7 @@ from cadenza.errors import CadenzaError
 from cadenza.rl.chat import (
     CHAT_TEMPLATE,
     assistant_message,
+    load_tokenizer,
     parse_tool_calls,
     render,
     render_continuation,
@@ -119,3 +120,36 @@ def test_assistant_message_keeps_raw_arguments():
     msg = assistant_message('<tool_call>{"name": "view"...', calls)
     assert msg["content"] == ""
     assert msg["tool_calls"][0]["function"] == {"name": "view", "arguments": '{"path": "a"'}
+
+
+def test_template_that_rewrites_history_is_rejected(tok, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok.save_pretrained(tmp_path)
+    unstable = AutoTokenizer.from_pretrained(str(tmp_path))
+    # announces the number of messages up front, so appending a message changes earlier text
+    unstable.chat_template = "{{ messages | length }}{% for m in messages %}|{{ m['content'] }}{% endfor %}"
+    conv = _conversation()
+    with pytest.raises(CadenzaError, match="prefix-stable"):
+        render_continuation(unstable, conv[:2], conv[2:3])
+
+
+def test_load_tokenizer_checks(tok, tmp_path):
+    tok.save_pretrained(tmp_path / "ok")
+    assert load_tokenizer(tmp_path / "ok").chat_template == CHAT_TEMPLATE
+    with pytest.raises(CadenzaError, match="not a directory"):
+        load_tokenizer(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CadenzaError):
+        load_tokenizer(tmp_path / "empty")
+    tok.save_pretrained(tmp_path / "bare")
+    for name in ("chat_template.jinja",):
+        (tmp_path / "bare" / name).unlink(missing_ok=True)
+    import json
+
+    cfg_path = tmp_path / "bare" / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("chat_template", None)
+    cfg_path.write_text(json.dumps(cfg))
+    with pytest.raises(CadenzaError, match="no chat template"):
+        load_tokenizer(tmp_path / "bare")

@@ -13,7 +13,7 @@ from cadenza.rl.chat import render
 from cadenza.rl.losses import self_distillation_loss
 from cadenza.rl.policy import HFPolicy, tiny_qwen3_config, tiny_qwen3_moe_config
 from cadenza.rl.rollout import RolloutConfig, RolloutTask, rollout
-from cadenza.rl.teacher import SelfDistillConfig, Teacher, build_hinted_turns
+from cadenza.rl.teacher import SelfDistillConfig, Teacher, build_hinted_turns, select_rows
 from cadenza.rl.tokens import TokenTrajectory, collate
 from tests.unit.rl_helpers import CounterEnv, ScriptedPolicy, make_tokenizer
 
@@ -224,3 +224,38 @@ def test_bad_input_fails_before_compute(tok, trajectories):
         SelfDistillConfig(teacher="other")
     with pytest.raises(CadenzaError, match="2 trajectories"):
         build_hinted_turns(trajectories, HINTS[:1], tok)
+
+
+def test_sampled_estimator_uses_target_token_logprobs(tok, trajectories):
+    pol = _policy(tok, dtype="float64")
+    batch = collate(trajectories, tok.pad_token_id)
+    items = build_hinted_turns(trajectories, HINTS, tok)
+    teacher = Teacher(pol.model, SelfDistillConfig(estimator="sampled", chunk_size=4))
+    hidden, cache = pol.hidden_states(batch.input_ids, batch.attention_mask, use_cache=True)
+    hidden.retain_grad()
+    res = teacher.loss(hidden, pol.lm_head, items, cache)
+    gaps, count = 0.0, 0
+    with torch.no_grad():
+        for it in items:
+            s = torch.log_softmax(pol.lm_head(pol.hidden_states(batch.input_ids[it.row: it.row + 1])[0])[0], -1)
+            t = torch.log_softmax(pol.lm_head(pol.hidden_states(torch.tensor([it.teacher_ids]))[0])[0], -1)
+            for j in range(it.num_tokens):
+                tokid = it.teacher_ids[it.teacher_turn_start + j]
+                gaps += (s[it.turn_start - 1 + j, tokid] - t[it.teacher_turn_start - 1 + j, tokid]).item()
+                count += 1
+    assert res.loss.item() == pytest.approx(gaps / count, rel=1e-9)
+    res.loss.backward()
+    inside = torch.zeros(hidden.shape[:2], dtype=torch.bool)
+    for it in items:
+        inside[it.row, it.turn_start - 1: it.turn_end - 1] = True
+    assert torch.all(hidden.grad[~inside] == 0) and hidden.grad[inside].abs().sum() > 0
+    with pytest.raises(CadenzaError, match="estimator"):
+        SelfDistillConfig(estimator="mc")
+
+
+def test_select_rows_reindexes_for_micro_batches(tok, trajectories):
+    items = build_hinted_turns(trajectories, HINTS, tok)
+    sub = select_rows(items, [1])
+    assert [(it.row, it.turn) for it in sub] == [(0, 0)]
+    assert sub[0].teacher_ids == items[2].teacher_ids
+    assert [(it.row, it.turn) for it in select_rows(items, [1, 0])] == [(1, 1), (1, 3), (0, 0)]

@@ -52,6 +52,7 @@ def test_multi_turn_token_trajectory_round_trips_exactly(tmp_path):
         (lambda t: setattr(t.segments[1], "kind", "tool"), "unknown kind"),
         (lambda t: t.behaviour_logprobs.__setitem__(6, float("nan")), "finite"),
         (lambda t: (t.turn_spans.clear(), t.loss_mask.__init__([0] * 14)), "no model tokens"),
+        (lambda t: t.input_ids.__setitem__(2, "7"), "non-negative integers"),
     ],
 )
 def test_invalid_token_trajectories_are_rejected(mutate, msg):
