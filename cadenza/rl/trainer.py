@@ -35,7 +35,6 @@ from cadenza.feedback.hints import Hint
 from cadenza.jsonio import atomic_write_json
 from cadenza.optim.clip import clip_grad_norm_
 from cadenza.rl import checkpoint as ckpt
-from cadenza.rl.chat import require_chat_template
 from cadenza.rl.config import TrainConfig, validate
 from cadenza.rl.envs import load_source
 from cadenza.rl.logprobs import sequence_logprobs
@@ -52,17 +51,11 @@ from cadenza.rl.tokens import collate
 
 def build_policy(cfg: TrainConfig) -> tuple[Any, Any]:
     """Tokenizer + :class:`HFPolicy` from ``[model]``: a local HF directory, or random init."""
-    from transformers import AutoTokenizer
-
+    from cadenza.rl.chat import load_tokenizer
     from cadenza.rl.policy import HFPolicy, tiny_qwen3_config, tiny_qwen3_moe_config
 
     m = cfg.model
-    tok_dir = m.tokenizer or m.path
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(tok_dir)
-    except (OSError, ValueError) as exc:
-        raise CadenzaError(f"cannot load a tokenizer from {tok_dir!r}: {str(exc).splitlines()[0]}") from None
-    require_chat_template(tokenizer)
+    tokenizer = load_tokenizer(m.tokenizer or m.path)
     if m.path:
         policy = HFPolicy.from_pretrained(m.path, dtype=m.dtype)
     else:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -129,7 +130,7 @@ def test_exact_resume_matches_uninterrupted_run(sft_model, tmp_path):
     assert again.step == 4 and len(again.train()) == 4
 
 
-def test_train_cli_config_errors_are_one_line(tmp_path):
+def test_train_cli_config_errors_are_one_line(sft_model, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[model]\npath = "no/such/model"\n[loss]\nlambda_sd = 1.0\n')
     proc = subprocess.run([sys.executable, "-m", "cadenza", "train", str(bad)], capture_output=True, text=True, timeout=120)
@@ -139,3 +140,10 @@ def test_train_cli_config_errors_are_one_line(tmp_path):
     bad.write_text("[rollout]\ngroup_sise = 4\n")
     proc = subprocess.run([sys.executable, "-m", "cadenza", "train", str(bad)], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "did you mean 'group_size'" in proc.stderr and "Traceback" not in proc.stderr
+    # a model whose tokenizer cannot render chats is refused before any rollout
+    model = tmp_path / "model"
+    shutil.copytree(sft_model, model)
+    (model / "chat_template.jinja").unlink()
+    bad.write_text(f'[model]\npath = "{model}"\n')
+    proc = subprocess.run([sys.executable, "-m", "cadenza", "train", str(bad)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and "has no chat template" in proc.stderr and "Traceback" not in proc.stderr
