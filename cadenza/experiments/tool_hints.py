@@ -88,7 +88,8 @@ def train_config(exp: ExperimentConfig, arm: str, seed: int, model_dir: Path, ou
     lam = exp.lambda_sd if s["lambda_sd"] is None else s["lambda_sd"]
     top_k = exp.top_k if s["top_k"] is None else s["top_k"]
     return TrainConfig(
-        run=RunConfig(out_dir=str(out_dir), steps=exp.rl_steps, seed=seed, checkpoint_every=0, progress=False),
+        run=RunConfig(out_dir=str(out_dir), steps=exp.rl_steps, seed=seed, checkpoint_every=0, progress=False,
+                      threads=exp.threads, measure_kl=True),
         model=ModelConfig(path=str(model_dir), tokenizer=str(model_dir)),
         env=EnvConfig(name="toolworld", options={}),
         rollout=RolloutConfig(

@@ -75,7 +75,7 @@ def build_policy(cfg: TrainConfig) -> tuple[Any, Any]:
 
 
 # run options that may change between a run and its resumption
-_RESUMABLE_CHANGES = {"steps", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "out_dir"}
+_RESUMABLE_CHANGES = {"steps", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "out_dir", "threads", "measure_kl"}
 
 
 def _check_same_run(path: Path, cfg: TrainConfig) -> None:
@@ -150,6 +150,8 @@ class Trainer:
         if latest is not None:
             _check_same_run(self.out / "config.json", cfg)
         self.source = load_source(cfg.env.name, cfg.env.options)
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
         torch.manual_seed(cfg.run.seed)
         random.seed(cfg.run.seed)
         self.tokenizer, self.policy = build_policy(cfg)
