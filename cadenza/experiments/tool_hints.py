@@ -91,7 +91,7 @@ def train_config(exp: ExperimentConfig, arm: str, seed: int, model_dir: Path, ou
     top_k = exp.top_k if s["top_k"] is None else s["top_k"]
     return TrainConfig(
         run=RunConfig(out_dir=str(out_dir), steps=exp.rl_steps, seed=seed, checkpoint_every=0, progress=False,
-                      threads=exp.threads, measure_kl=True),
+                      threads=exp.threads, measure_kl=True, monitor="off"),  # no workspace, nothing to hack
         model=ModelConfig(path=str(model_dir), tokenizer=str(model_dir)),
         env=EnvConfig(name="toolworld", options={}),
         rollout=RolloutConfig(

@@ -169,7 +169,7 @@ class Trainer:
         )
         self.teacher = Teacher(self.model, self.sd_config)
         self.ref_model = self._frozen_copy() if lc.kl_ref > 0 else None
-        self.monitor = find_monitor()
+        self.monitor = find_monitor() if cfg.run.monitor == "auto" else None
         self.step = 0
         self.episodes = 0
         self.out.mkdir(parents=True, exist_ok=True)
