@@ -109,7 +109,7 @@ class Episode:
             index=len(traj.turns), message_index=len(traj.messages) - 1, tool=call.name,
             arguments=call.arguments if isinstance(call.arguments, dict) else {"_raw": call.arguments},
             error_kind=result.error_kind, exit_code=result.exit_code, duration_s=duration,
-            token_ids=token_ids, logprobs=logprobs))
+            token_ids=token_ids, logprobs=logprobs, extra=dict(result.edit) if result.edit else {}))
         observation = result.observation
         self._tokens += tokens if tokens is not None else len(token_ids or [])
         reason = "submit" if result.done else self._budget_exhausted()

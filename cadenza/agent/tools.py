@@ -66,12 +66,19 @@ class ToolsConfig:
                 raise ConfigError(f"tools {name} must be positive, got {getattr(self, name)!r}")
 
 
+_EDIT_RECORD_MAX = 200_000  # characters; larger files are not copied into the trajectory
+
+
 @dataclass(kw_only=True)
 class ToolResult:
+    """``edit`` records a successful file edit (``path``, ``content_before``, ``content_after``) so that
+    feedback (e.g. style hints from ruff) can compare the file before and after the turn."""
+
     observation: str
     error_kind: str | None = None
     exit_code: int | None = None
     done: bool = False
+    edit: dict[str, str] | None = None
 
 
 class _Fail(Exception):
@@ -182,13 +189,16 @@ class Toolbox:
         if target.is_dir():
             raise _Fail("tool_error", f"{path} is a directory")
         existed = target.exists()
+        before = ""
         if existed:
             self._regular(target, path)
+            before = self._before(target)
         target.parent.mkdir(parents=True, exist_ok=True)
         confine(self.workspace, str(target))  # parents may have been symlinks created meanwhile
         self._write(target, content)
         verb = "Overwrote" if existed else "Created"
-        return ToolResult(observation=f"{verb} {display(self.workspace, target)} ({len(content.splitlines())} lines).")
+        return ToolResult(observation=f"{verb} {display(self.workspace, target)} ({len(content.splitlines())} lines).",
+                          edit=self._edit(target, before, content))
 
     def str_replace(self, path: str, old: str, new: str) -> ToolResult:
         target = confine(self.workspace, path)
@@ -207,9 +217,11 @@ class Toolbox:
             raise _Fail("tool_error", f"`old` occurs {count} times in {path} (lines {', '.join(map(str, starts))}); "
                         "include more surrounding lines so it occurs exactly once")
         pos = text.index(old)
-        self._write(target, text.replace(old, new, 1))
+        after = text.replace(old, new, 1)
+        self._write(target, after)
         first = text.count("\n", 0, pos) + 1
-        return ToolResult(observation=f"Edited {path}.\n" + self._snippet(target, first, new.count("\n") + 1))
+        return ToolResult(observation=f"Edited {path}.\n" + self._snippet(target, first, new.count("\n") + 1),
+                          edit=self._edit(target, text, after))
 
     def insert(self, path: str, line: int, text: str) -> ToolResult:
         target = confine(self.workspace, path)
@@ -221,10 +233,24 @@ class Toolbox:
             lines[-1] += "\n"
         block = text if text.endswith("\n") else text + "\n"
         lines.insert(line, block)
-        self._write(target, "".join(lines))
-        return ToolResult(observation=f"Inserted into {path}.\n" + self._snippet(target, line + 1, block.count("\n")))
+        after = "".join(lines)
+        self._write(target, after)
+        return ToolResult(observation=f"Inserted into {path}.\n" + self._snippet(target, line + 1, block.count("\n")),
+                          edit=self._edit(target, content, after))
 
     # -- helpers ---------------------------------------------------------------------------------------
+    def _before(self, target: Path) -> str:
+        try:
+            return self._read_text(target, str(target))
+        except _Fail:  # binary or too large: nothing a style check could compare
+            return ""
+
+    def _edit(self, target: Path, before: str, after: str) -> dict[str, str] | None:
+        """The edit record for Python files small enough to lint; None otherwise."""
+        if target.suffix != ".py" or max(len(before), len(after)) > _EDIT_RECORD_MAX:
+            return None
+        return {"path": display(self.workspace, target), "content_before": before, "content_after": after}
+
     def _regular(self, target: Path, shown: str) -> os.stat_result:
         try:
             st = os.stat(target)

@@ -65,3 +65,21 @@ def test_a_command_cannot_outlast_the_time_budget(task_dir: Path):  # noqa: F811
         res = ep.step(ToolCall(name="bash", arguments={"command": "sleep 60"}))
         assert res.error_kind == "timeout" and res.done and res.info["end_reason"] == "time_budget"
         assert ep.trajectory.turns[-1].duration_s < 10
+
+
+def test_edit_turns_record_the_file_before_and_after_for_style_feedback(task_dir: Path):  # noqa: F811
+    from cadenza.feedback.style import style
+
+    with Episode(task_dir) as ep:
+        ep.reset()
+        ep.step(ToolCall(name="create", arguments={"path": "calc/extra.py", "content": "import os\n\nX = 1\n"}))
+        ep.step(ToolCall(name="str_replace", arguments={"path": "calc/extra.py", "old": "X = 1", "new": "X = 2"}))
+        ep.step(ToolCall(name="create", arguments={"path": "notes.txt", "content": "plain text\n"}))
+        turns = ep.trajectory.turns
+        assert turns[0].extra == {"path": "calc/extra.py", "content_before": "", "content_after": "import os\n\nX = 1\n"}
+        assert turns[1].extra["content_before"] == "import os\n\nX = 1\n"
+        assert turns[1].extra["content_after"] == "import os\n\nX = 2\n"
+        assert turns[2].extra == {}  # not Python: nothing to lint
+        hints = style(ep.trajectory)
+    # The unused import was introduced by turn 0 only; turn 1 changed a line without adding a violation.
+    assert [h.turn for h in hints] == [0] and "F401" in hints[0].text
