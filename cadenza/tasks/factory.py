@@ -188,8 +188,19 @@ def build_source(spec: str, cfg: BuildConfig, events: Any = None, build_id: int 
     return rep
 
 
+_EVENTS: Any = None  # a source worker's progress queue, set once per process by _init_worker
+
+
+def _init_worker(events: Any, parent: int) -> None:
+    from cadenza.tasks.parallel import exit_with_parent
+
+    global _EVENTS
+    _EVENTS = events
+    exit_with_parent(parent)
+
+
 def _worker(spec: str, cfg: BuildConfig, events: Any, build_id: int, workers: int = 1) -> SourceReport:
-    rep = build_source(spec, cfg, events, build_id, workers)
+    rep = build_source(spec, cfg, events if events is not None else _EVENTS, build_id, workers)
     TaskStore(cfg.out).record_source(build_id, cfg.params_key(), rep)
     return rep
 
@@ -251,8 +262,7 @@ def _run_parallel(todo: list[str], cfg: BuildConfig, build_id: int, console: Any
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     ctx = mp.get_context("spawn")
-    manager = ctx.Manager()
-    events = manager.Queue()
+    events = ctx.Queue()  # handed to source workers at start (no manager process to orphan on kill -9)
     per_source = cfg.max_tasks
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
                         TimeElapsedColumn(), console=console, disable=not cfg.progress, transient=False)
@@ -292,12 +302,13 @@ def _run_parallel(todo: list[str], cfg: BuildConfig, build_id: int, console: Any
             if len(per) == 1:
                 reports = [_worker(s, cfg, events, build_id, per[0]) for s in todo]
             else:
-                with ProcessPoolExecutor(max_workers=len(per), mp_context=ctx) as pool:
-                    futures = [pool.submit(_worker, s, cfg, events, build_id, per[i % len(per)]) for i, s in enumerate(todo)]
+                with ProcessPoolExecutor(max_workers=len(per), mp_context=ctx, initializer=_init_worker,
+                                         initargs=(events, os.getpid())) as pool:
+                    futures = [pool.submit(_worker, s, cfg, None, build_id, per[i % len(per)]) for i, s in enumerate(todo)]
                     reports = [f.result() for f in futures]
         finally:
             time.sleep(0.3)
             stop.set()
             drainer.join(timeout=5)
-            manager.shutdown()
+            events.close()
     return reports

@@ -11,6 +11,9 @@ the caller may discard when it stops.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
+import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
@@ -20,9 +23,21 @@ from cadenza.tasks.pipeline import Attempt, SourcePlan, attempt_candidate
 _PLAN: SourcePlan | None = None
 
 
-def _init(plan: SourcePlan) -> None:
+def _init(plan: SourcePlan, parent: int) -> None:
     global _PLAN
     _PLAN = plan
+    exit_with_parent(parent)
+
+
+def exit_with_parent(parent: int) -> None:
+    """Make this worker exit once ``parent`` is gone (``kill -9`` of a build) instead of idling forever."""
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        os._exit(1)
+
+    threading.Thread(target=watch, daemon=True).start()
 
 
 def _attempt(index: int, cand_dir: Path) -> Attempt:
@@ -47,7 +62,8 @@ def iter_attempts(plan: SourcePlan, work_dir: Path, workers: int = 1) -> Iterato
             yield attempt_candidate(plan, index, cand_dir(work_dir, index))
         return
     window = 2 * workers  # keeps every worker busy while the head of the line is still running
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_init, initargs=(plan,))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_init,
+                               initargs=(plan, os.getpid()))
     pending: dict[int, Future[Attempt]] = {}
     try:
         submitted = 0
