@@ -2,7 +2,8 @@
 
 The core pipeline (:func:`cadenza.tasks.pipeline.iter_task_drafts`) yields validated drafts for
 one source; this module turns each draft into a published task (copy, scrub, light environment,
-leak scan, atomic publish) and runs sources in worker processes with a rich progress bar. A
+leak scan, atomic publish) and runs sources in worker processes with a rich progress bar; spare
+workers validate candidates of one source in parallel (:mod:`cadenza.tasks.parallel`). A
 source that fails is one row with a one-line reason in the build report; a draft with leak
 findings is dropped, never published.
 """
