@@ -150,7 +150,8 @@ def build_source(spec: str, cfg: BuildConfig, events: Any = None, build_id: int 
             work.mkdir(parents=True)
             plan = _prepare(spec, work, cfg, stats, store.keys(spec))
             emit(("plan", spec, len(plan.ordered), stats.skipped))
-            attempts = iter_attempts(plan, work, workers)
+            attempts = iter_attempts(plan, work, workers,
+                                     need=None if cfg.max_tasks is None else (lambda: cfg.max_tasks - have))
             for att in attempts:
                 record_attempt(stats, att)
                 emit(("tried", spec, stats.tried, stats.validated))

@@ -4,8 +4,8 @@ The shared work (:func:`cadenza.tasks.pipeline.prepare_source`: fetch, base env,
 coverage map) runs once in the caller; the resulting :class:`SourcePlan` goes to each worker once
 (the pool initializer), and each job is just a candidate index. Results come back in the order a
 single process would produce them, so a build that stops at ``--max-tasks`` publishes the same
-tasks whatever the worker count; the price is at most ``2 * workers`` speculative attempts that
-the caller may discard when it stops.
+tasks whatever the worker count; the price is at most ``2 * workers`` speculative attempts (fewer
+near ``--max-tasks``) that the caller may discard when it stops.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import multiprocessing as mp
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
@@ -49,12 +49,15 @@ def cand_dir(work_dir: Path, index: int) -> Path:
     return Path(work_dir) / f"cand-{index:04d}"
 
 
-def iter_attempts(plan: SourcePlan, work_dir: Path, workers: int = 1) -> Iterator[Attempt]:
+def iter_attempts(plan: SourcePlan, work_dir: Path, workers: int = 1,
+                  need: Callable[[], int | None] | None = None) -> Iterator[Attempt]:
     """Every candidate of ``plan`` attempted, yielded in order; close the generator to stop early.
 
-    ``workers == 1`` runs in this process (no pool). On close, queued attempts are cancelled and
-    running ones finish (a pytest run is never killed half way); their directories stay under
-    ``work_dir`` for the caller to remove.
+    ``workers == 1`` runs in this process (no pool). ``need()``: how many more drafts the caller
+    still wants (None: no limit); no more attempts than that are in flight, so a build that is
+    about to finish does not start work it will throw away. On close, queued attempts are
+    cancelled and running ones finish (a pytest run is never killed half way); their directories
+    stay under ``work_dir`` for the caller to remove.
     """
     n = len(plan.ordered)
     if workers <= 1:
@@ -68,7 +71,9 @@ def iter_attempts(plan: SourcePlan, work_dir: Path, workers: int = 1) -> Iterato
     try:
         submitted = 0
         for index in range(n):
-            while submitted < n and submitted < index + window:
+            want = need() if need is not None else None
+            limit = window if want is None else max(1, min(window, want))
+            while submitted < n and submitted < index + limit:
                 pending[submitted] = pool.submit(_attempt, submitted, cand_dir(work_dir, submitted))
                 submitted += 1
             yield pending.pop(index).result()
