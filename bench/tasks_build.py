@@ -3,9 +3,14 @@
 Per package: validated tasks per core-minute (CPU seconds of this process and every pytest/git
 child, base env already cached), yield (validated / candidates tried) and full-suite-equivalent
 pytest runs per validated task. Targets: <= 2 full-suite runs per validated task and >= 10
-validated tasks per core-minute on suites that run in under 3 s.
+validated tasks per core-minute on suites that run in under 3 s (single worker).
 
-    python bench/tasks_build.py [--max-tasks 8] [--packages pypi:a,pypi:b,pypi:c]
+``speedup``: the first package built again through ``build_source`` (fetch, baseline, candidates,
+publish) with 1 and with ``--workers`` candidate workers on fresh sets: wall-clock seconds, core
+seconds, the speedup, and whether both published the same task ids. On a shared machine the
+speedup is bounded by the idle cores, which the JSON reports as ``cores`` and ``loadavg``.
+
+    python bench/tasks_build.py [--max-tasks 8] [--packages pypi:a,pypi:b,pypi:c] [--workers 2]
 """
 
 from __future__ import annotations
@@ -63,11 +68,34 @@ def bench_one(spec: str, root: Path, max_tasks: int) -> dict:
     }
 
 
+def bench_speedup(spec: str, root: Path, max_tasks: int, workers: int) -> dict:
+    from cadenza.tasks.factory import BuildConfig as SetConfig
+    from cadenza.tasks.factory import build_source
+    from cadenza.tasks.store import TaskStore
+
+    out: dict = {"source": spec, "workers": workers}
+    ids = {}
+    for w in (1, workers):
+        set_dir = root / f"set-w{w}"
+        TaskStore(set_dir, create=True)
+        cpu0, wall0 = cpu_seconds(), time.monotonic()
+        rep = build_source(spec, SetConfig(out=set_dir, max_tasks=max_tasks, progress=False), workers=w)
+        out[f"w{w}"] = {"wall_seconds": round(time.monotonic() - wall0, 1), "cpu_seconds": round(cpu_seconds() - cpu0, 1),
+                        "published": rep.emitted, "status": rep.status}
+        ids[w] = sorted(r["id"] for r in TaskStore(set_dir).rows())
+    w1, wn = out["w1"]["wall_seconds"], out[f"w{workers}"]["wall_seconds"]
+    out["speedup"] = round(w1 / wn, 2) if wn else None
+    out["same_task_ids"] = ids[1] == ids[workers]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-tasks", type=int, default=8)
     ap.add_argument("--packages", default=",".join(PACKAGES))
+    ap.add_argument("--workers", type=int, default=2, help="candidate workers for the speedup run (1: skip it)")
     args = ap.parse_args()
+    speedup = None
     results = {}
     with tempfile.TemporaryDirectory(prefix="cadenza-bench-") as tmp:
         for i, spec in enumerate(args.packages.split(",")):
@@ -75,9 +103,14 @@ def main() -> None:
             root.mkdir()
             results[spec] = bench_one(spec, root, args.max_tasks)
             shutil.rmtree(root, ignore_errors=True)
+        if args.workers > 1:
+            root = Path(tmp) / "speedup"
+            root.mkdir()
+            speedup = bench_speedup(args.packages.split(",")[0], root, args.max_tasks, args.workers)
     vals = [r for r in results.values() if r["validated"]]
     print(json.dumps({
-        "benchmark": "tasks_build", "max_tasks": args.max_tasks, "cores": os.cpu_count(), "packages": results,
+        "benchmark": "tasks_build", "max_tasks": args.max_tasks, "cores": os.cpu_count(),
+        "loadavg": [round(x, 2) for x in os.getloadavg()], "packages": results, "speedup": speedup,
         "targets": {"full_suite_runs_per_task_max": 2, "tasks_per_core_minute_min": 10},
         "met": {
             "full_suite_runs_per_task": all(r["full_suite_runs_per_task"] <= 2 for r in vals) if vals else False,

@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
     def build(
         sources: list[str] = typer.Argument(..., help="Local dir, local git repo, or pypi:NAME[==VERSION]; many allowed."),
         out: Path = typer.Option(..., "--out", help="Task set directory (created; a rerun resumes it)."),
-        workers: int = typer.Option(1, "--workers", help="Worker processes (sources build in parallel)."),
+        workers: int = typer.Option(1, "--workers", help="Worker processes: sources in parallel, spare ones validate candidates of a source."),
         max_tasks: int | None = typer.Option(None, "--max-tasks", help="At most this many tasks per source."),
         levels: str = typer.Option("1,2,3", "--levels", help="Deletion levels to build, e.g. 1,2."),
         seed: int = typer.Option(0, "--seed", help="Candidate order seed."),

@@ -2,7 +2,8 @@
 
 The core pipeline (:func:`cadenza.tasks.pipeline.iter_task_drafts`) yields validated drafts for
 one source; this module turns each draft into a published task (copy, scrub, light environment,
-leak scan, atomic publish) and runs sources in worker processes with a rich progress bar. A
+leak scan, atomic publish) and runs sources in worker processes with a rich progress bar; spare
+workers validate candidates of one source in parallel (:mod:`cadenza.tasks.parallel`). A
 source that fails is one row with a one-line reason in the build report; a draft with leak
 findings is dropped, never published.
 """
@@ -18,7 +19,7 @@ import queue as queue_mod
 import shutil
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -66,7 +67,7 @@ class BuildSummary:
 
 @dataclass(kw_only=True)
 class Published:
-    status: str  # added | exists | leak
+    status: str  # added | exists | leak | full
     task_id: str
     findings: list[Finding] = field(default_factory=list)
 
@@ -74,8 +75,11 @@ class Published:
 # --------------------------------------------------------------------------- one draft -> one task
 
 
-def publish_draft(store: TaskStore, draft: TaskDraft, spec: str | None = None) -> Published:
-    """Copy, scrub, give an environment, scan, and atomically publish one validated draft."""
+def publish_draft(store: TaskStore, draft: TaskDraft, spec: str | None = None, *, limit: int | None = None) -> Published:
+    """Copy, scrub, give an environment, scan, and atomically publish one validated draft.
+
+    ``limit``: at most that many tasks of ``spec`` in the set (status ``full`` once reached).
+    """
     from cadenza.tasks.venv import make_task_env
 
     task = draft.task
@@ -96,21 +100,23 @@ def publish_draft(store: TaskStore, draft: TaskDraft, spec: str | None = None) -
         findings = scan_tasks([tmp])
         if findings:
             return Published(status="leak", task_id=task.id, findings=findings)
-        added = store.publish(tmp, task)
+        added = store.publish(tmp, task, limit=limit)
+    if not added and limit is not None and not store.has(task):
+        return Published(status="full", task_id=task.id)
     return Published(status="added" if added else "exists", task_id=task.id)
 
 
 # --------------------------------------------------------------------------- one source
 
 
-def _drafts(spec: str, work_dir: Path, cfg: BuildConfig, stats: Any) -> Iterator[Any]:
+def _prepare(spec: str, work_dir: Path, cfg: BuildConfig, stats: Any, skip: set[tuple[str, int]]) -> Any:
     from cadenza.tasks.pipeline import BuildConfig as SourceConfig
-    from cadenza.tasks.pipeline import iter_task_drafts
+    from cadenza.tasks.pipeline import prepare_source
 
-    # No max_tasks here: drafts the scan rejects or the set already holds must not count, so the
-    # caller stops the generator once the set has enough tasks of this source.
+    # No max_tasks here: drafts the scan rejects must not count, so the caller stops once the
+    # set has enough tasks of this source.
     config = SourceConfig(levels=tuple(cfg.levels), seed=cfg.seed, llm_url=cfg.statement_llm)
-    return iter_task_drafts(spec, work_dir, levels=tuple(cfg.levels), seed=cfg.seed, config=config, stats=stats)
+    return prepare_source(spec, work_dir, levels=tuple(cfg.levels), seed=cfg.seed, config=config, stats=stats, skip=skip)
 
 
 def _new_stats(spec: str) -> Any:
@@ -119,26 +125,40 @@ def _new_stats(spec: str) -> Any:
     return BuildStats(source=spec)
 
 
-def build_source(spec: str, cfg: BuildConfig, events: Any = None, build_id: int | None = None) -> SourceReport:
-    """Build the tasks of one source into the set; never raises for a bad source."""
+def build_source(spec: str, cfg: BuildConfig, events: Any = None, build_id: int | None = None,
+                 workers: int = 1) -> SourceReport:
+    """Build the tasks of one source into the set; never raises for a bad source.
+
+    The shared work runs once here; ``workers`` processes then validate candidates, and drafts
+    are published in candidate order, so the set does not depend on ``workers``. Candidates whose
+    task the set already holds (a resumed build) are skipped before any test runs.
+    """
+    from cadenza.tasks.parallel import iter_attempts
+    from cadenza.tasks.pipeline import record_attempt
+
     t0 = time.monotonic()
     store = TaskStore(cfg.out)
     rep = SourceReport(source=spec, status="done")
     work = cfg.out / WORK / f"{hashlib.sha256(spec.encode()).hexdigest()[:12]}.{os.getpid()}"
     emit = events.put if events is not None else (lambda _msg: None)
-    gen = None
+    attempts = None
     stats = _new_stats(spec)
     try:
         have = store.count(spec)
-        if cfg.max_tasks is not None and have >= cfg.max_tasks:
-            rep.emitted = 0
-        else:
+        if cfg.max_tasks is None or have < cfg.max_tasks:
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
-            gen = _drafts(spec, work, cfg, stats)
-            for draft in gen:
-                res = publish_draft(store, draft, spec)
-                shutil.rmtree(Path(draft.workspace).parent, ignore_errors=True)  # the candidate dir
+            plan = _prepare(spec, work, cfg, stats, store.keys(spec))
+            emit(("plan", spec, len(plan.ordered), stats.skipped))
+            attempts = iter_attempts(plan, work, workers,
+                                     need=None if cfg.max_tasks is None else (lambda: cfg.max_tasks - have))
+            for att in attempts:
+                record_attempt(stats, att)
+                emit(("tried", spec, stats.tried, stats.validated))
+                if att.draft is None:
+                    continue
+                res = publish_draft(store, att.draft, spec, limit=cfg.max_tasks)
+                shutil.rmtree(Path(att.draft.workspace).parent, ignore_errors=True)  # the candidate dir
                 if res.status == "added":
                     rep.emitted += 1
                     have += 1
@@ -150,6 +170,8 @@ def build_source(spec: str, cfg: BuildConfig, events: Any = None, build_id: int 
                         store.record_rejection(build_id, spec, res.task_id,
                                                f"leak ({len(res.findings)} finding(s)): {f.channel} {f.path}: {f.evidence}")
                     emit(("leak", spec, res.task_id, [asdict(f) for f in res.findings[:3]]))
+                elif res.status == "full":
+                    break  # another publisher filled this source's quota
                 if cfg.max_tasks is not None and have >= cfg.max_tasks:
                     break
     except CadenzaError as exc:
@@ -157,19 +179,30 @@ def build_source(spec: str, cfg: BuildConfig, events: Any = None, build_id: int 
     except Exception as exc:  # one bad source never stops the others
         rep.status, rep.reason = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
     finally:
-        if gen is not None and hasattr(gen, "close"):
+        if attempts is not None:
             with contextlib.suppress(Exception):
-                gen.close()
+                attempts.close()
         shutil.rmtree(work, ignore_errors=True)
-    rep.candidates, rep.validated = stats.tried, stats.validated
+    rep.candidates, rep.validated, rep.skipped = stats.tried, stats.validated, stats.skipped
     rep.suite_runs = round(stats.full_suite_runs, 2)
     rep.seconds = round(time.monotonic() - t0, 2)
     emit(("source", spec, asdict(rep)))
     return rep
 
 
-def _worker(spec: str, cfg: BuildConfig, events: Any, build_id: int) -> SourceReport:
-    rep = build_source(spec, cfg, events, build_id)
+_EVENTS: Any = None  # a source worker's progress queue, set once per process by _init_worker
+
+
+def _init_worker(events: Any, parent: int) -> None:
+    from cadenza.tasks.parallel import exit_with_parent
+
+    global _EVENTS
+    _EVENTS = events
+    exit_with_parent(parent)
+
+
+def _worker(spec: str, cfg: BuildConfig, events: Any, build_id: int, workers: int = 1) -> SourceReport:
+    rep = build_source(spec, cfg, events if events is not None else _EVENTS, build_id, workers)
     TaskStore(cfg.out).record_source(build_id, cfg.params_key(), rep)
     return rep
 
@@ -206,12 +239,10 @@ def build_tasks(sources: Sequence[str], cfg: BuildConfig, *, console: Any = None
     build_id = store.start_build({**asdict(cfg), "out": str(cfg.out), "sources": list(sources)})
     todo = []
     for s in dict.fromkeys(sources):
-        earlier = store.source_done(s, key)
-        if earlier is None:
+        if store.source_done(s, key) is None:
             todo.append(s)
-        else:
-            earlier.reason = "resumed: built earlier (numbers from that build)"
-            store.record_source(build_id, key, earlier)
+        else:  # this run's numbers: nothing tried
+            store.record_source(build_id, key, SourceReport(source=s, status="done", reason="resumed: finished in an earlier build"))
     if todo:
         _run_parallel(todo, cfg, build_id, console)
     store.finish_build(build_id)
@@ -219,12 +250,21 @@ def build_tasks(sources: Sequence[str], cfg: BuildConfig, *, console: Any = None
                         seconds=round(time.monotonic() - t0, 2), rejections=store.rejections(build_id))
 
 
+def split_workers(workers: int, n_sources: int) -> list[int]:
+    """Candidate workers per source process: sources first, spare workers go to candidates.
+
+    ``[2, 1]`` means two source processes, the first validating with two candidate workers; a
+    single entry means sources run one after the other in this process.
+    """
+    procs = max(1, min(workers, n_sources))
+    return [workers // procs + (i < workers % procs) for i in range(procs)]
+
+
 def _run_parallel(todo: list[str], cfg: BuildConfig, build_id: int, console: Any) -> list[SourceReport]:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     ctx = mp.get_context("spawn")
-    manager = ctx.Manager()
-    events = manager.Queue()
+    events = ctx.Queue()  # handed to source workers at start (no manager process to orphan on kill -9)
     per_source = cfg.max_tasks
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
                         TimeElapsedColumn(), console=console, disable=not cfg.progress, transient=False)
@@ -243,6 +283,11 @@ def _run_parallel(todo: list[str], cfg: BuildConfig, build_id: int, console: Any
                 kind, spec = msg[0], msg[1]
                 if kind == "task":
                     progress.advance(bars[spec])
+                elif kind == "plan":
+                    skipped = f", {msg[3]} already in the set" if msg[3] else ""
+                    progress.update(bars[spec], note=f"{msg[2]} candidates{skipped}")
+                elif kind == "tried":
+                    progress.update(bars[spec], note=f"validated {msg[3]} of {msg[2]} tried")
                 elif kind == "leak":
                     progress.update(bars[spec], note=f"[yellow]dropped {msg[2]} (leak)")
                 elif kind == "source":
@@ -255,15 +300,17 @@ def _run_parallel(todo: list[str], cfg: BuildConfig, build_id: int, console: Any
         drainer = threading.Thread(target=drain, daemon=True)
         drainer.start()
         try:
-            if cfg.workers == 1 or len(todo) == 1:
-                reports = [_worker(s, cfg, events, build_id) for s in todo]
+            per = split_workers(cfg.workers, len(todo))
+            if len(per) == 1:
+                reports = [_worker(s, cfg, events, build_id, per[0]) for s in todo]
             else:
-                with ProcessPoolExecutor(max_workers=min(cfg.workers, len(todo)), mp_context=ctx) as pool:
-                    futures = [pool.submit(_worker, s, cfg, events, build_id) for s in todo]
+                with ProcessPoolExecutor(max_workers=len(per), mp_context=ctx, initializer=_init_worker,
+                                         initargs=(events, os.getpid())) as pool:
+                    futures = [pool.submit(_worker, s, cfg, None, build_id, per[i % len(per)]) for i, s in enumerate(todo)]
                     reports = [f.result() for f in futures]
         finally:
             time.sleep(0.3)
             stop.set()
             drainer.join(timeout=5)
-            manager.shutdown()
+            events.close()
     return reports

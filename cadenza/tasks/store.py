@@ -72,6 +72,8 @@ MIGRATIONS: list[str] = [
         reason TEXT NOT NULL
     );
     """,
+    # 2: candidates skipped because the set already held their task (resumed builds).
+    "ALTER TABLE build_sources ADD COLUMN skipped INTEGER NOT NULL DEFAULT 0",
 ]
 
 
@@ -90,6 +92,7 @@ class SourceReport:
     validated: int = 0
     emitted: int = 0
     rejected: int = 0
+    skipped: int = 0
     suite_runs: float = 0.0
     seconds: float = 0.0
 
@@ -202,8 +205,12 @@ class TaskStore:
             if tmp.exists():
                 shutil.rmtree(tmp, ignore_errors=True)
 
-    def publish(self, tmp: Path, task: Task) -> bool:
-        """Move an assembled task into place and index it; False if the set already has it."""
+    def publish(self, tmp: Path, task: Task, *, limit: int | None = None) -> bool:
+        """Move an assembled task into place and index it; False if the set already has it.
+
+        ``limit``: also False once the set holds that many tasks of the task's build argument
+        (checked under the write lock, so concurrent publishers never exceed ``--max-tasks``).
+        """
         if not (tmp / TASK_JSON).is_file():
             raise AssertionError("publish() needs task.json written last in the staging dir")
         final = self.root / task.id
@@ -211,6 +218,9 @@ class TaskStore:
             dup = con.execute("SELECT 1 FROM tasks WHERE id = ? OR (source = ? AND qualname = ? AND level = ?)",
                               (task.id, task.source, task.feature.qualname, task.level)).fetchone()
             if dup is not None or final.exists():
+                return False
+            spec = str(task.meta.get("spec", task.source))
+            if limit is not None and con.execute("SELECT COUNT(*) FROM tasks WHERE spec = ?", (spec,)).fetchone()[0] >= limit:
                 return False
             os.rename(tmp, final)
             return self._insert(con, task)
@@ -229,9 +239,9 @@ class TaskStore:
         with self.db() as con:
             con.execute(
                 "INSERT OR REPLACE INTO build_sources (build_id, source, params_key, status, reason, candidates, validated,"
-                " emitted, rejected, suite_runs, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " emitted, rejected, skipped, suite_runs, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (build_id, rep.source, params_key, rep.status, rep.reason, rep.candidates, rep.validated,
-                 rep.emitted, rep.rejected, rep.suite_runs, rep.seconds),
+                 rep.emitted, rep.rejected, rep.skipped, rep.suite_runs, rep.seconds),
             )
 
     def record_rejection(self, build_id: int, source: str, task_id: str, reason: str) -> None:
@@ -273,6 +283,12 @@ class TaskStore:
             if spec is None:
                 return con.execute("SELECT COUNT(*) FROM tasks").fetchone()[0]
             return con.execute("SELECT COUNT(*) FROM tasks WHERE spec = ?", (spec,)).fetchone()[0]
+
+    def keys(self, spec: str) -> set[tuple[str, int]]:
+        """``(qualname, level)`` of the tasks built from ``spec``: what a resumed build must not redo."""
+        with self.db() as con:
+            rows = con.execute("SELECT qualname, level FROM tasks WHERE spec = ? OR source = ?", (spec, spec)).fetchall()
+        return {(r["qualname"], int(r["level"])) for r in rows}
 
     def task_dir(self, task_id: str) -> Path:
         _check_id(task_id)

@@ -46,6 +46,19 @@ def stage_copy(store: TaskStore, template: Path, task_id: str | None = None):
     return ctx, tmp, task
 
 
+def test_publish_limit_and_keys(tmp_path, template):
+    store = TaskStore(tmp_path / "set", create=True)
+    spec = str(load_task(template).meta.get("spec", load_task(template).source))
+    published = []
+    for tid in ("a-1", "a-2", "a-3"):
+        ctx, tmp, task = stage_copy(store, template, tid)
+        published.append(store.publish(tmp, task, limit=2))
+        ctx.__exit__(None, None, None)
+    assert published == [True, True, False] and store.count(spec) == 2  # never past --max-tasks
+    assert store.keys(spec) == {(r["qualname"], r["level"]) for r in store.rows()} and len(store.keys(spec)) == 2
+    assert store.keys("pypi:something-else") == set()
+
+
 def test_publish_is_atomic_and_unique(tmp_path, template):
     store = TaskStore(tmp_path / "set", create=True)
     ctx, tmp, task = stage_copy(store, template)
