@@ -1,0 +1,72 @@
+"""The supervised corpus that makes the pre-RL policy of the tool-hint experiment.
+
+Transcripts of toolworld episodes in which, once the available tools are listed in context (the
+tool-list hint, as a user message right before a turn), every call uses a listed tool; before that,
+each call picks uniformly among the operation's aliases across profiles (tool-not-found answers
+follow as the environment would give them, and the step is retried). So the SFT model *can* use the
+right tool when told, but has no reason to prefer one alias from the profile name alone: that gap is
+what RL, with or without hints, has to close. Uninformative reminders of the same shape as the
+placebo arm's hint appear at the same rate and change nothing, so the placebo is a true control.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+from cadenza.agent.env import ToolCall
+from cadenza.experiments.toolworld import PROFILES, ToolworldConfig, ToolworldEnv, sample_task
+from cadenza.feedback.generate import placebo_text
+from cadenza.feedback.rules import tool_not_found as tool_not_found_hints
+
+
+def aliases(operation: str, profiles: list[str]) -> list[str]:
+    return [PROFILES[p][operation] for p in profiles]
+
+
+def tool_list_hint(env: ToolworldEnv) -> str:
+    """The exact text the ``tool_not_found`` generator produces for this episode."""
+    from cadenza.agent.trajectory import Trajectory, TurnMeta
+
+    probe = Trajectory(task_id="probe", turns=[TurnMeta(index=0, message_index=0, error_kind="tool_not_found")])
+    return tool_not_found_hints(probe, env.tools())[0].text
+
+
+def _call_message(name: str, path: str, i: int) -> dict[str, Any]:
+    args = json.dumps({"path": path})
+    return {"role": "assistant", "content": "", "tool_calls": [{"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": args}}]}
+
+
+def transcript(rng: random.Random, config: ToolworldConfig, *, p_hint: float = 0.25, p_placebo: float = 0.25) -> list[dict[str, Any]]:
+    """One SFT transcript (OpenAI messages). At each turn before any hint, a hint (tool list) is inserted
+    with probability ``p_hint`` and an uninformative reminder with probability ``p_placebo``."""
+    task = sample_task(rng, config)
+    env = ToolworldEnv(task, config)
+    messages = env.reset()
+    listed = False
+    remaining = list(task.steps)
+    for i in range(env.max_turns):
+        if not listed:
+            r = rng.random()
+            if r < p_hint:
+                messages.append({"role": "user", "content": tool_list_hint(env)})
+                listed = True
+            elif r < p_hint + p_placebo:
+                messages.append({"role": "user", "content": placebo_text(tool_list_hint(env))})
+        step = remaining[0]
+        name = PROFILES[task.profile][step.operation] if listed else rng.choice(aliases(step.operation, config.profiles))
+        messages.append(_call_message(name, step.path, i))
+        result = env.step(ToolCall(name=name, arguments={"path": step.path}, id=f"call_{i}"))
+        messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": result.observation})
+        if result.error_kind is None:
+            remaining.pop(0)
+        if result.done:
+            break
+    return messages
+
+
+def corpus(seed: int, n: int, config: ToolworldConfig | None = None) -> list[list[dict[str, Any]]]:
+    rng = random.Random(seed)
+    config = config or ToolworldConfig()
+    return [transcript(rng, config) for _ in range(n)]

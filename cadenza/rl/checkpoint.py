@@ -1,0 +1,110 @@
+"""Checkpoints for exact resume: safetensors weights, optimizer state, every RNG, trainer state.
+
+A checkpoint is a directory ``step-000012/`` written under a temporary name and renamed when
+complete, so a crash mid-save never leaves a checkpoint that looks valid. Resuming restores the
+RNG streams (Python, NumPy, torch, and any named generators the trainer owns), so steps after a
+resume sample exactly the same tokens as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors.torch import load_model, save_model
+
+from cadenza.errors import CadenzaError
+from cadenza.jsonio import atomic_write_json
+
+_STEP_DIR = re.compile(r"^step-(\d{6,})$")
+
+
+def rng_state(generators: dict[str, Any] | None = None) -> dict[str, Any]:
+    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    for name, gen in (generators or {}).items():
+        state[f"gen:{name}"] = gen.getstate() if isinstance(gen, random.Random) else gen.get_state()
+    return state
+
+
+def set_rng_state(state: dict[str, Any], generators: dict[str, Any] | None = None) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    for name, gen in (generators or {}).items():
+        s = state[f"gen:{name}"]
+        gen.setstate(s) if isinstance(gen, random.Random) else gen.set_state(s)
+
+
+def save_checkpoint(
+    out_dir: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    trainer_state: dict[str, Any] | None = None,
+    modules: dict[str, torch.nn.Module] | None = None,
+    generators: dict[str, Any] | None = None,
+    keep: int = 2,
+) -> Path:
+    """Write ``out_dir/checkpoints/step-XXXXXX``; ``modules`` are extra weights (e.g. an EMA teacher)."""
+    root = Path(out_dir) / "checkpoints"
+    final = root / f"step-{step:06d}"
+    tmp = root / f".step-{step:06d}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_model(model, str(tmp / "model.safetensors"))
+    for name, mod in (modules or {}).items():
+        save_model(mod, str(tmp / f"{name}.safetensors"))
+    torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
+    torch.save({"rng": rng_state(generators), "trainer": trainer_state or {}}, tmp / "state.pt")
+    atomic_write_json(tmp / "meta.json", {"step": step, "modules": sorted(modules or {})})
+    shutil.rmtree(final, ignore_errors=True)
+    tmp.rename(final)
+    for old in list_checkpoints(out_dir)[:-keep]:
+        shutil.rmtree(old, ignore_errors=True)
+    return final
+
+
+def list_checkpoints(out_dir: str | Path) -> list[Path]:
+    root = Path(out_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name) and (p / "meta.json").exists()]
+    return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+
+
+def latest_checkpoint(out_dir: str | Path) -> Path | None:
+    ckpts = list_checkpoints(out_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def load_checkpoint(
+    path: str | Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    modules: dict[str, torch.nn.Module] | None = None,
+    generators: dict[str, Any] | None = None,
+) -> tuple[int, dict[str, Any]]:
+    """Restore everything in place; return ``(step, trainer_state)``."""
+    path = Path(path)
+    if not (path / "meta.json").exists():
+        raise CadenzaError(f"{path} is not a cadenza checkpoint (no meta.json); pass a step-XXXXXX directory")
+    meta = json.loads((path / "meta.json").read_text())
+    load_model(model, str(path / "model.safetensors"))
+    for name, mod in (modules or {}).items():
+        load_model(mod, str(path / f"{name}.safetensors"))
+    optimizer.load_state_dict(torch.load(path / "optimizer.pt", weights_only=False))
+    state = torch.load(path / "state.pt", weights_only=False)
+    set_rng_state(state["rng"], generators)
+    return int(meta["step"]), state["trainer"]

@@ -1,0 +1,274 @@
+"""Trainer configuration: ``@dataclass(kw_only=True)`` sections loaded from TOML with strict checks.
+
+Every mistake (unknown key, wrong type, impossible value, missing model path) is a one-line
+:class:`ConfigError` naming the key and the fix, raised by :func:`load_config` before any compute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from cadenza.errors import ConfigError
+from cadenza.feedback.generate import FeedbackConfig
+
+
+@dataclass(kw_only=True)
+class RunConfig:
+    out_dir: str = "runs/train"
+    steps: int = 10
+    seed: int = 0
+    checkpoint_every: int = 0  # 0 = only at the end
+    keep_checkpoints: int = 2
+    tensorboard: bool = False  # only used if the tensorboard package is installed
+    progress: bool = True
+    measure_kl: bool = True  # KL(before || after) of each update on un-hinted turns (one extra forward)
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    """``path``: an HF causal-LM directory. Empty ``path`` = random init from ``arch`` (tests, toy runs),
+    which needs ``tokenizer`` (a directory saved with ``save_pretrained``, with a chat template)."""
+
+    path: str = ""
+    tokenizer: str = ""
+    arch: Literal["qwen3", "qwen3_moe"] = "qwen3"
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    num_kv_heads: int = 2
+    intermediate_size: int = 128
+    num_experts: int = 8
+    experts_per_token: int = 2
+    dtype: Literal["float32", "bfloat16"] = "float32"
+
+
+@dataclass(kw_only=True)
+class EnvConfig:
+    """``name``: a registered environment (``toolworld``, ``agent``) or ``package.module:factory``."""
+
+    name: str = "toolworld"
+    options: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class RolloutConfig:
+    group_size: int = 8  # G samples per task
+    tasks_per_step: int = 4
+    max_new_tokens: int = 64
+    temperature: float = 1.0
+    top_k: int = 0  # 0 = off; keep 0 for on-policy GRPO ratios
+    max_turns: int = 8
+
+
+@dataclass(kw_only=True)
+class LossConfig:
+    """``L = L_grpo + lambda_sd * L_sd``; SD is gated per turn to the hinted turns only."""
+
+    lambda_sd: float = 1.0
+    divergence: Literal["reverse_kl", "forward_kl", "jsd"] = "reverse_kl"
+    beta: float = 0.5  # jsd weight: 0 = forward KL, 1 = reverse KL
+    top_k: int = 0  # 0 = full vocabulary; k = teacher's top-k tokens plus one tail bucket
+    sd_temperature: float = 1.0
+    token_clip: float = 0.0  # cap on each token's divergence (0 = off)
+    clip_eps: float = 0.2  # PPO/GRPO ratio clip, lower side
+    clip_eps_high: float = 0.28  # upper side (clip-higher)
+    aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
+    std_normalize: bool = True  # GRPO advantages divided by the group std (False = Dr. GRPO)
+    kl_ref: float = 0.0  # coefficient of the k3 KL to the frozen initial policy (0 = off)
+
+
+@dataclass(kw_only=True)
+class TeacherConfig:
+    weights: Literal["live", "ema", "frozen"] = "live"
+    ema_decay: float = 0.99
+    chunk_size: int = 1024  # tokens per logits chunk
+    reuse_prefix_cache: bool = True  # live teacher: reuse the student's KV cache for the shared prefix
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    name: Literal["adamw", "muon"] = "adamw"
+    lr: float = 1e-3  # AdamW (and, with muon, the AdamW-handled embeddings/head/norms)
+    muon_lr: float = 0.02  # learning rate of Muon's matrix groups
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0  # 0 = off
+    microbatch: int = 8  # trajectories per forward/backward
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    loss: LossConfig = field(default_factory=LossConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    feedback: FeedbackConfig = field(default_factory=FeedbackConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------- strict loading
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return " or ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (types.UnionType, typing.Union):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    if origin is not None:
+        return getattr(origin, "__name__", str(tp))
+    return getattr(tp, "__name__", str(tp))
+
+
+def _convert(value: Any, tp: Any, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a table ([{where}]), got {type(value).__name__}")
+        return from_dict(tp, value, where)
+    if tp is Any:
+        return value
+    if origin is Literal:
+        if value not in typing.get_args(tp):
+            raise ConfigError(f"{where} = {value!r} is not allowed; use {_type_name(tp)}")
+        return value
+    if origin in (types.UnionType, typing.Union):
+        errors = []
+        for arg in typing.get_args(tp):
+            if arg is type(None):
+                if value is None:
+                    return None
+                continue
+            try:
+                return _convert(value, arg, where)
+            except ConfigError as exc:
+                errors.append(str(exc))
+        raise ConfigError(f"{where} = {value!r} has the wrong type; expected {_type_name(tp)}")
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{where} must be a list, got {type(value).__name__} {value!r}")
+        (item,) = typing.get_args(tp) or (Any,)
+        return [_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where} must be a table, got {type(value).__name__}")
+        return dict(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where} must be true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{where} must be an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ConfigError(f"{where} must be a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where} must be a string, got {value!r}")
+        return value
+    raise AssertionError(f"unsupported config type {tp!r} at {where}")
+
+
+def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
+    """Build dataclass ``cls`` from ``data``, rejecting unknown keys and wrong types with the key's path."""
+    hints = typing.get_type_hints(cls)
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        name = f"{where}.{key}" if where else key
+        if key not in fields:
+            close = difflib.get_close_matches(key, sorted(fields), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(fields))})"
+            raise ConfigError(f"unknown config key {name!r}{hint}")
+        kwargs[key] = _convert(value, hints[key], name)
+    return cls(**kwargs)
+
+
+def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
+    """Value checks that need no compute: ranges, cross-field rules, paths that must exist."""
+
+    def need(ok: bool, msg: str) -> None:
+        if not ok:
+            raise ConfigError(msg)
+
+    need(cfg.run.steps >= 1, "run.steps must be >= 1")
+    need(cfg.run.checkpoint_every >= 0, "run.checkpoint_every must be >= 0 (0 = only at the end)")
+    need(cfg.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1")
+    need(cfg.rollout.group_size >= 2, "rollout.group_size must be >= 2 (GRPO normalises within a group)")
+    need(cfg.rollout.tasks_per_step >= 1, "rollout.tasks_per_step must be >= 1")
+    need(cfg.rollout.max_new_tokens >= 1 and cfg.rollout.max_turns >= 1, "rollout.max_new_tokens and max_turns must be >= 1")
+    need(cfg.rollout.temperature > 0, "rollout.temperature must be > 0")
+    need(cfg.rollout.top_k >= 0, "rollout.top_k must be >= 0 (0 = off)")
+    need(cfg.loss.lambda_sd >= 0, "loss.lambda_sd must be >= 0")
+    need(0 <= cfg.loss.beta <= 1, "loss.beta must be in [0, 1]")
+    need(cfg.loss.top_k >= 0, "loss.top_k must be >= 0 (0 = full vocabulary)")
+    need(cfg.loss.sd_temperature > 0, "loss.sd_temperature must be > 0")
+    need(cfg.loss.clip_eps > 0 and cfg.loss.clip_eps_high > 0, "loss.clip_eps and loss.clip_eps_high must be > 0")
+    need(cfg.loss.token_clip >= 0, "loss.token_clip must be >= 0 (0 = off)")
+    need(cfg.loss.kl_ref >= 0, "loss.kl_ref must be >= 0")
+    need(0 < cfg.teacher.ema_decay < 1, "teacher.ema_decay must be in (0, 1)")
+    need(cfg.teacher.chunk_size >= 1, "teacher.chunk_size must be >= 1")
+    need(cfg.optim.lr > 0, "optim.lr must be > 0")
+    need(len(cfg.optim.betas) == 2 and all(0 <= b < 1 for b in cfg.optim.betas), "optim.betas must be two numbers in [0, 1)")
+    need(cfg.optim.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 = off)")
+    need(cfg.optim.microbatch >= 1, "optim.microbatch must be >= 1")
+    cfg.feedback.validate()
+    m = cfg.model
+    if m.path:
+        p = _resolve(m.path, base)
+        need(p.is_dir(), f"model.path {str(p)!r} does not exist or is not a directory; point it at an HF model directory")
+        m.path = str(p)
+    else:
+        need(bool(m.tokenizer), "model.path is empty and model.tokenizer is not set; random init needs a tokenizer directory")
+    if m.tokenizer:
+        t = _resolve(m.tokenizer, base)
+        need(t.is_dir(), f"model.tokenizer {str(t)!r} does not exist; point it at a tokenizer saved with save_pretrained")
+        m.tokenizer = str(t)
+    need(m.hidden_size % m.num_heads == 0, "model.hidden_size must be divisible by model.num_heads")
+    need(m.num_heads % m.num_kv_heads == 0, "model.num_heads must be divisible by model.num_kv_heads")
+    need(m.experts_per_token <= m.num_experts, "model.experts_per_token must be <= model.num_experts")
+    if cfg.optim.name == "muon":
+        try:
+            import cadenza.optim.muon  # noqa: F401
+        except ModuleNotFoundError:
+            raise ConfigError("optim.name = 'muon' needs cadenza.optim.muon, which is not in this build; use 'adamw'") from None
+
+
+def _resolve(path: str, base: Path) -> Path:
+    p = Path(path).expanduser()
+    return p if p.is_absolute() else (base / p).resolve()
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
+    """Parse and validate a TOML config; relative paths resolve against the config file's directory."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file {str(path)!r} not found")
+    try:
+        data = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    for dotted, value in (overrides or {}).items():
+        section = data
+        *heads, last = dotted.split(".")
+        for h in heads:
+            section = section.setdefault(h, {})
+        section[last] = value
+    cfg = from_dict(TrainConfig, data)
+    validate(cfg, path.parent.resolve())
+    return cfg

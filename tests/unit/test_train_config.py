@@ -1,0 +1,51 @@
+"""`cadenza train` configs: every mistake is a one-line ConfigError naming the key, before any compute."""
+
+from __future__ import annotations
+
+import pytest
+
+from cadenza.errors import ConfigError
+from cadenza.rl.config import TrainConfig, load_config
+
+
+def write(tmp_path, text: str):
+    (tmp_path / "tok").mkdir(exist_ok=True)
+    p = tmp_path / "c.toml"
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ('[loss]\nlamda_sd = 1.0\n[model]\ntokenizer = "tok"', r"unknown config key 'loss.lamda_sd' \(did you mean 'lambda_sd'\?\)"),
+        ('[nope]\nx = 1\n[model]\ntokenizer = "tok"', r"unknown config key 'nope'"),
+        ('[run]\nsteps = "3"\n[model]\ntokenizer = "tok"', r"run.steps must be an integer, got '3'"),
+        ('[run]\nsteps = 2.5\n[model]\ntokenizer = "tok"', r"run.steps must be an integer"),
+        ('[run]\ntensorboard = 1\n[model]\ntokenizer = "tok"', r"run.tensorboard must be true or false"),
+        ('[loss]\ndivergence = "kl"\n[model]\ntokenizer = "tok"', r"loss.divergence = 'kl' is not allowed"),
+        ('[optim]\nbetas = [0.9, "x"]\n[model]\ntokenizer = "tok"', r"optim.betas\[1\] must be a number"),
+        ('[model]\npath = "missing-model"', r"model.path .*missing-model.* does not exist"),
+        ("[run]\nsteps = 1", r"model.path is empty and model.tokenizer is not set"),
+        ('[model]\ntokenizer = "nowhere"', r"model.tokenizer .*nowhere.* does not exist"),
+        ('[rollout]\ngroup_size = 1\n[model]\ntokenizer = "tok"', r"group_size must be >= 2"),
+        ('[feedback]\nkinds = ["tool_not_found", "vibes"]\n[model]\ntokenizer = "tok"', r"unknown kinds \['vibes'\]"),
+        ('[feedback]\nplacement = "end"\n[model]\ntokenizer = "tok"', r"unknown hint placement 'end'"),
+        ("run = 3", r"run must be a table"),
+        ("[run\n", r"invalid TOML"),
+    ],
+)
+def test_config_errors(tmp_path, text, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(write(tmp_path, text))
+
+
+def test_valid_config_resolves_paths_relative_to_file(tmp_path):
+    p = write(tmp_path, '[model]\ntokenizer = "tok"\n[loss]\nlambda_sd = 2\n[feedback.critic]\ntimeout_s = 5\n')
+    cfg = load_config(p)
+    assert isinstance(cfg, TrainConfig)
+    assert cfg.model.tokenizer == str((tmp_path / "tok").resolve())
+    assert cfg.loss.lambda_sd == 2.0 and isinstance(cfg.loss.lambda_sd, float)
+    assert cfg.feedback.critic.timeout_s == 5.0
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "absent.toml")
