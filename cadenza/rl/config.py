@@ -47,6 +47,7 @@ class ModelConfig:
     num_experts: int = 8
     experts_per_token: int = 2
     dtype: Literal["float32", "bfloat16"] = "float32"
+    device: str = "cpu"  # e.g. "cuda" for real runs
 
 
 @dataclass(kw_only=True)

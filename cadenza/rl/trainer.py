@@ -58,7 +58,7 @@ def build_policy(cfg: TrainConfig) -> tuple[Any, Any]:
     m = cfg.model
     tokenizer = load_tokenizer(m.tokenizer or m.path)
     if m.path:
-        policy = HFPolicy.from_pretrained(m.path, dtype=m.dtype)
+        policy = HFPolicy.from_pretrained(m.path, dtype=m.dtype, device=m.device)
     else:
         common = dict(
             hidden_size=m.hidden_size, num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
@@ -69,7 +69,7 @@ def build_policy(cfg: TrainConfig) -> tuple[Any, Any]:
                                          num_experts=m.num_experts, num_experts_per_tok=m.experts_per_token, **common)
         else:
             conf = tiny_qwen3_config(len(tokenizer), intermediate_size=m.intermediate_size, **common)
-        policy = HFPolicy.from_config(conf, seed=cfg.run.seed, dtype=m.dtype)
+        policy = HFPolicy.from_config(conf, seed=cfg.run.seed, dtype=m.dtype, device=m.device)
     if policy.vocab_size < len(tokenizer):
         raise CadenzaError(f"model vocab ({policy.vocab_size}) is smaller than the tokenizer's ({len(tokenizer)}); they do not belong together")
     return tokenizer, policy
@@ -300,14 +300,14 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         grpo_total = sd_total = ent_sum = ent_n = clip_sum = 0.0
         for idx, chunk in zip(chunks, items, strict=True):
-            batch = collate([tokens[i] for i in idx], self.tokenizer.pad_token_id)
-            # zero-variance groups leave the GRPO term (their hinted turns still feed the SD loss)
-            keep = torch.tensor([float(i in grpo_rows) for i in idx], dtype=batch.loss_mask.dtype)
-            batch.loss_mask = batch.loss_mask * keep[:, None]
+            batch = collate([tokens[i] for i in idx], self.tokenizer.pad_token_id, device=self.policy.device)
             ref_lp = self._ref_logprobs(batch) if self.ref_model is not None else None
             res = rl_losses(self.policy, batch, adv[idx], items=chunk, teacher=self.teacher, config=self.step_config, ref_logprobs=ref_lp)
             # token means over the whole step, not per microbatch
-            w_grpo = res.num_model_tokens / n_tok if n_tok else 0.0
+            # Zero-variance groups leave the GRPO term: their advantages are exactly 0, and the token mean
+            # runs over the kept groups' tokens only (their hinted turns still feed the SD loss).
+            kept = sum(tokens[i].num_model_tokens for i in idx if i in grpo_rows)
+            w_grpo = res.num_model_tokens / n_tok if kept else 0.0
             w_sd = res.sd.num_tokens / n_sd if n_sd else 0.0
             loss = res.grpo * w_grpo + lc.lambda_sd * res.sd.loss * w_sd
             loss.backward()
@@ -376,7 +376,7 @@ class Trainer:
         from cadenza.rl.taskset import GroupOutcome
 
         outcomes = [
-            GroupOutcome(task_id=str(e.trajectory.meta.get("task_id")), reward=float(e.rollout.tokens.reward),
+            GroupOutcome(task_id=e.rollout.tokens.group_id.split(":", 1)[1], reward=float(e.rollout.tokens.reward),
                          resolved=bool(e.rollout.outcome.get("resolved")), flagged=e.flags > 0 or bool(e.trajectory.flags))
             for e in episodes
         ]
@@ -396,7 +396,7 @@ class Trainer:
         mb = self.cfg.optim.microbatch
         for lo in range(0, len(tokens), mb):
             idx = list(range(lo, min(lo + mb, len(tokens))))
-            batch = collate([tokens[i] for i in idx], self.tokenizer.pad_token_id)
+            batch = collate([tokens[i] for i in idx], self.tokenizer.pad_token_id, device=self.policy.device)
             hidden, _ = self.policy.hidden_states(batch.input_ids, batch.attention_mask)
             lp, _ = sequence_logprobs(hidden, self.policy.lm_head, batch.input_ids, batch.loss_mask,
                                       chunk_size=self.cfg.teacher.chunk_size, temperature=self.cfg.rollout.temperature)
