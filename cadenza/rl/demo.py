@@ -37,7 +37,7 @@ class DemoConfig:
     max_turns: int = 3
     max_new_tokens: int = 40
     transcripts: int = 200
-    sft_steps: int = 40
+    sft_steps: int = 30
     vocab_size: int = 600
     model: str | None = None  # a local HF checkpoint (with its tokenizer) instead of the tiny policy
     device: str = "cpu"
@@ -114,10 +114,9 @@ def build_tiny_policy(task_dirs: list[Path], out: Path, cfg: DemoConfig, log: An
     tok = train_tokenizer(texts, vocab_size=cfg.vocab_size, extra_special_tokens=CALL_PIECES)
     torch.manual_seed(cfg.seed)
     policy = HFPolicy.from_config(tiny_qwen3_config(len(tok), hidden_size=64, intermediate_size=128), seed=cfg.seed)
-    from cadenza.agent.tools import TOOL_SCHEMAS
-
-    data = [encode_messages(tok, t, TOOL_SCHEMAS) for t in transcripts]  # the tools render as in rollouts
-    losses = supervised_finetune(policy, tok, data, SFTConfig(steps=cfg.sft_steps, batch_size=8, lr=1e-2, warmup=5, seed=cfg.seed))
+    # encoded as the rollouts see them: the system prompt lists the tools, the template does not repeat them
+    data = [encode_messages(tok, t) for t in transcripts]
+    losses = supervised_finetune(policy, tok, data, SFTConfig(steps=cfg.sft_steps, batch_size=4, lr=1e-2, warmup=5, seed=cfg.seed))
     log(f"SFT warm-up on {len(data)} call-format transcripts: loss {losses[0]:.2f} -> {losses[-1]:.2f}")
     out.mkdir(parents=True, exist_ok=True)
     policy.model.save_pretrained(str(out))
@@ -205,7 +204,7 @@ def report_table(rows: list[dict[str, Any]]) -> Any:
     table = Table(title="cadenza demo: RL over the task pool")
     cols = [("step", "step", "{}"), ("reward", "reward", "{:.2f}"), ("resolved", "resolved_rate", "{:.2f}"),
             ("invalid tool", "invalid_tool_rate", "{:.2f}"), ("hinted turns", "hinted_turns", "{}"),
-            ("SD loss", "sd_loss", "{:.3f}"), ("0-var groups", "zero_variance_groups", "{}"),
+            ("SD loss", "sd_loss", "{:.2e}"), ("0-var groups", "zero_variance_groups", "{}"),
             ("pool active", "pool_active", "{}"), ("mean pass", "pool_mean_pass", "{:.2f}"),
             ("escalation", "escalation_started", "{}")]
     for name, *_ in cols:

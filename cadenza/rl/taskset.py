@@ -46,6 +46,7 @@ class TaskSetOptions:
     time_budget_s: float = 300.0
     escalate: bool = True
     factory_workers: int = 1
+    template_tools: bool = False  # also render the tool schemas through the chat template (the system prompt lists them already)
     curriculum: dict[str, Any] = field(default_factory=dict)
     pool: dict[str, Any] = field(default_factory=dict)
 
@@ -104,7 +105,9 @@ class TaskSetSource:
     def make_env(self, task: TaskRef) -> Any:
         from cadenza.agent.episode import Episode, EpisodeConfig
 
-        return Episode(task.dir, EpisodeConfig(max_turns=self.options.max_turns, time_budget_s=self.options.time_budget_s))
+        env = Episode(task.dir, EpisodeConfig(max_turns=self.options.max_turns, time_budget_s=self.options.time_budget_s))
+        env.show_tools = self.options.template_tools  # the trainer honours it; halves the prompt by default
+        return env
 
     def record(self, step: int, outcomes: Sequence[GroupOutcome]) -> dict[str, Any]:
         """Write each task's group to the pool (idempotent per step), maybe escalate; returns metrics."""
