@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cadenza.errors import CadenzaError
 from cadenza.experiments import report
 from cadenza.experiments.corpus import corpus, tool_list_hint
 from cadenza.experiments.toolworld import PROFILES, ToolworldConfig, ToolworldEnv, sample_task
@@ -88,7 +90,8 @@ def train_config(exp: ExperimentConfig, arm: str, seed: int, model_dir: Path, ou
     lam = exp.lambda_sd if s["lambda_sd"] is None else s["lambda_sd"]
     top_k = exp.top_k if s["top_k"] is None else s["top_k"]
     return TrainConfig(
-        run=RunConfig(out_dir=str(out_dir), steps=exp.rl_steps, seed=seed, checkpoint_every=0, progress=False),
+        run=RunConfig(out_dir=str(out_dir), steps=exp.rl_steps, seed=seed, checkpoint_every=0, progress=False,
+                      threads=exp.threads, measure_kl=True, monitor="off"),  # no workspace, nothing to hack
         model=ModelConfig(path=str(model_dir), tokenizer=str(model_dir)),
         env=EnvConfig(name="toolworld", options={}),
         rollout=RolloutConfig(
@@ -191,6 +194,8 @@ def run_experiment(
     if exp.threads:
         torch.set_num_threads(exp.threads)
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise CadenzaError(f"--out {str(out)!r} is a file; pass a directory")
     out.mkdir(parents=True, exist_ok=True)
     t0, c0 = time.time(), time.process_time()
     transcripts = corpus(exp.corpus_seed, exp.corpus_size)
@@ -204,6 +209,7 @@ def run_experiment(
         log(f"seed {seed}: pre-RL P(valid | hint) = {gaps[seed]['valid_with_hint']:.3f}, P(valid | no hint) = {gaps[seed]['valid_without_hint']:.3f}")
         for arm in report.ARMS:
             run_dir = out / "runs" / f"{arm}-seed{seed}"
+            shutil.rmtree(run_dir, ignore_errors=True)  # a stale run from another SFT model must not be resumed
             cfg = train_config(exp, arm, seed, model_dir, run_dir)
             Trainer(cfg).train()
             summary = report.summarise_run(read_metrics(run_dir / "metrics.jsonl"), seed, window=exp.window)

@@ -28,6 +28,8 @@ class RunConfig:
     keep_checkpoints: int = 2
     tensorboard: bool = False  # only used if the tensorboard package is installed
     progress: bool = True
+    monitor: Literal["auto", "off"] = "auto"  # auto: use cadenza.monitor when it is installed
+    threads: int = 0  # torch intra-op threads (0 = torch's default); 1 suits tiny models on shared CPUs
     measure_kl: bool = True  # KL(before || after) of each update on un-hinted turns (one extra forward)
 
 
@@ -210,6 +212,7 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
 
     need(cfg.run.steps >= 1, "run.steps must be >= 1")
     need(cfg.run.checkpoint_every >= 0, "run.checkpoint_every must be >= 0 (0 = only at the end)")
+    need(cfg.run.threads >= 0, "run.threads must be >= 0 (0 = torch's default)")
     need(cfg.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1")
     need(cfg.rollout.group_size >= 2, "rollout.group_size must be >= 2 (GRPO normalises within a group)")
     need(cfg.rollout.tasks_per_step >= 1, "rollout.tasks_per_step must be >= 1")

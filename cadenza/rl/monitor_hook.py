@@ -1,7 +1,7 @@
 """Optional reward-hacking monitor in the training loop.
 
-If :mod:`cadenza.monitor` is importable and exposes a callable ``check_trajectory(traj) -> list[Flag]``
-(or ``monitor_trajectory``), flagged trajectories get their flags recorded and their reward zeroed,
+If :mod:`cadenza.monitor` is importable and exposes a callable ``monitor(traj) -> list[Flag]`` (or
+``check_trajectory``), flagged trajectories get their flags recorded and their reward zeroed,
 so the policy is never paid for hacking. Without a monitor the hook does nothing.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 from cadenza.agent.trajectory import Trajectory
 
-_CANDIDATES = ("check_trajectory", "monitor_trajectory", "scan_trajectory")
+_CANDIDATES = ("monitor", "check_trajectory")
 
 
 def find_monitor() -> Callable[[Trajectory], list[Any]] | None:

@@ -76,7 +76,7 @@ def build_policy(cfg: TrainConfig) -> tuple[Any, Any]:
 
 
 # run options that may change between a run and its resumption
-_RESUMABLE_CHANGES = {"steps", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "out_dir"}
+_RESUMABLE_CHANGES = {"steps", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "out_dir", "threads", "measure_kl"}
 
 
 def _check_same_run(path: Path, cfg: TrainConfig) -> None:
@@ -151,6 +151,8 @@ class Trainer:
         if latest is not None:
             _check_same_run(self.out / "config.json", cfg)
         self.source = load_source(cfg.env.name, cfg.env.options)
+        if cfg.run.threads:
+            torch.set_num_threads(cfg.run.threads)
         torch.manual_seed(cfg.run.seed)
         random.seed(cfg.run.seed)
         self.tokenizer, self.policy = build_policy(cfg)
@@ -168,7 +170,7 @@ class Trainer:
         )
         self.teacher = Teacher(self.model, self.sd_config)
         self.ref_model = self._frozen_copy() if lc.kl_ref > 0 else None
-        self.monitor = find_monitor()
+        self.monitor = find_monitor() if cfg.run.monitor == "auto" else None
         self.step = 0
         self.episodes = 0
         self.out.mkdir(parents=True, exist_ok=True)

@@ -35,6 +35,14 @@ from cadenza.rl.trainer import Trainer
 TIMING = {"tokens_per_s", "rollout_s", "step_s"}
 
 
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    """The trainer sets torch's thread count (run.threads); leave the process as it was."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(scope="module")
 def sft_model(tmp_path_factory) -> Path:
     """A tiny Qwen3 that has learnt toolworld's call format (and nothing about which alias fits a profile)."""
@@ -59,7 +67,7 @@ def sft_model(tmp_path_factory) -> Path:
 
 def config(model: Path, out: Path, steps: int, **loss) -> TrainConfig:
     return TrainConfig(
-        run=RunConfig(out_dir=str(out), steps=steps, seed=3, checkpoint_every=2, progress=False),
+        run=RunConfig(out_dir=str(out), steps=steps, seed=3, checkpoint_every=2, progress=False, threads=1),
         model=ModelConfig(path=str(model)),
         env=EnvConfig(name="toolworld", options={"min_steps": 2, "max_steps": 2, "extra_turns": 1}),
         rollout=RolloutConfig(group_size=4, tasks_per_step=2, max_new_tokens=24, max_turns=3),

@@ -49,3 +49,15 @@ def test_valid_config_resolves_paths_relative_to_file(tmp_path):
     assert cfg.feedback.critic.timeout_s == 5.0
     with pytest.raises(ConfigError, match="not found"):
         load_config(tmp_path / "absent.toml")
+
+
+def test_monitor_hook_zeroes_reward_of_flagged_trajectories():
+    from cadenza.agent.trajectory import Flag, Trajectory
+    from cadenza.rl.monitor_hook import apply_monitor
+
+    traj = Trajectory(task_id="t")
+    flag = Flag(rule="edits_tests", turn=0, evidence="x")
+    assert apply_monitor(lambda t: [flag], traj, 1.0) == (0.0, 1) and traj.flags == [flag]
+    clean = Trajectory(task_id="t")
+    assert apply_monitor(lambda t: [], clean, 1.0) == (1.0, 0) and clean.flags == []
+    assert apply_monitor(None, clean, 0.5) == (0.5, 0)
