@@ -172,6 +172,18 @@ def prepare_tasks(cfg: DemoConfig, console: Any = None) -> Path:
     return out
 
 
+def check_device(device: str) -> None:
+    """Fail before any work when the requested device does not exist here."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise CadenzaError(f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise CadenzaError(f"--device {device!r} needs a CUDA GPU, and torch sees none here; use --device cpu")
+
+
 def run_demo(cfg: DemoConfig, console: Any = None, log: Any = print) -> DemoResult:
     """Tasks -> policy -> RL with curriculum -> metrics, checkpoints and a pass-rate PNG under ``cfg.out``."""
     from cadenza.rl.trainer import Trainer
@@ -179,6 +191,7 @@ def run_demo(cfg: DemoConfig, console: Any = None, log: Any = print) -> DemoResu
     from cadenza.tasks.pool_report import plot_pass_rates
     from cadenza.tasks.store import TaskStore
 
+    check_device(cfg.device)
     task_set = prepare_tasks(cfg, console)
     if cfg.model:
         model_dir = Path(cfg.model).expanduser().resolve()

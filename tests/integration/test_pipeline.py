@@ -133,3 +133,14 @@ def test_escalation_through_the_real_factory_adds_harder_tasks(tmp_path: Path, t
     for s in new:  # real, indexed task directories at the asked level
         data = json.loads((root / s.task_id / "task.json").read_text())
         assert data["level"] == 2 and data["fail_to_pass"]
+
+
+@pytest.mark.parametrize(("args", "needle"), [
+    (["--model", "/nonexistent/ckpt"], "--model"),
+    (["--device", "nonsense"], "--device"),
+])
+def test_demo_bad_input_is_one_line(demo_run, tmp_path: Path, args: list[str], needle: str) -> None:
+    _, result = demo_run
+    out = subprocess.run([sys.executable, "-m", "cadenza", "demo", "--out", str(tmp_path), "--task-set",
+                          str(result.task_set), *args], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr
