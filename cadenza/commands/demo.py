@@ -23,6 +23,10 @@ def register(app: typer.Typer) -> None:
         model: Path | None = typer.Option(None, "--model", help="Local HF checkpoint (with its tokenizer) as the policy."),
         device: str = typer.Option("cpu", "--device", help="Torch device for the policy, e.g. cuda."),
         task_set: Path | None = typer.Option(None, "--task-set", help="Train on this existing task set instead of building one."),
+        tasks_per_step: int = typer.Option(2, "--tasks-per-step", help="Tasks per RL step."),
+        group_size: int = typer.Option(4, "--group-size", help="Rollouts per task (a GRPO group)."),
+        max_turns: int = typer.Option(3, "--max-turns", help="Tool calls per episode."),
+        max_new_tokens: int = typer.Option(40, "--max-new-tokens", help="Tokens per model turn."),
     ) -> None:
         """Tasks from a real package -> tiny policy -> RL (sandbox, monitor, feedback, GRPO + SD, curriculum) -> report."""
         from rich.console import Console
@@ -50,7 +54,8 @@ def register(app: typer.Typer) -> None:
 
         err = Console(stderr=True)
         cfg = DemoConfig(out=out, source=source, steps=steps, model=str(model) if model else None, device=device,
-                         task_set=task_set, **({"max_tasks": max_tasks} if max_tasks else {}))
+                         task_set=task_set, tasks_per_step=tasks_per_step, group_size=group_size, max_turns=max_turns,
+                         max_new_tokens=max_new_tokens, **({"max_tasks": max_tasks} if max_tasks else {}))
         result = run_demo(cfg, console=err, log=lambda m: err.print(f"[dim]{m}"))
         console.print(report_table(result.rows))
         with TaskPool(result.task_set) as pool:

@@ -46,8 +46,10 @@ class DemoConfig:
     task_set: Path | None = None  # use this existing task set instead of building one
 
     def __post_init__(self) -> None:
-        if self.steps < 1 or self.tasks_per_step < 1 or self.group_size < 2 or self.max_tasks < 1:
-            raise CadenzaError("demo needs steps >= 1, tasks_per_step >= 1, group_size >= 2 and max_tasks >= 1")
+        if (self.steps < 1 or self.tasks_per_step < 1 or self.group_size < 2 or self.max_tasks < 1
+                or self.max_turns < 1 or self.max_new_tokens < 1):
+            raise CadenzaError("demo needs --steps, --tasks-per-step, --max-tasks, --max-turns, --max-new-tokens >= 1 "
+                               "and --group-size >= 2")
 
 
 # ------------------------------------------------------------------ warm-up transcripts
@@ -192,6 +194,9 @@ def run_demo(cfg: DemoConfig, console: Any = None, log: Any = print) -> DemoResu
     from cadenza.tasks.store import TaskStore
 
     check_device(cfg.device)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # the demo shows its own progress; shard bars are noise here
     task_set = prepare_tasks(cfg, console)
     if cfg.model:
         model_dir = Path(cfg.model).expanduser().resolve()

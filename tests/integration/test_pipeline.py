@@ -138,6 +138,7 @@ def test_escalation_through_the_real_factory_adds_harder_tasks(tmp_path: Path, t
 @pytest.mark.parametrize(("args", "needle"), [
     (["--model", "/nonexistent/ckpt"], "--model"),
     (["--device", "nonsense"], "--device"),
+    (["--group-size", "1"], "--group-size"),
 ])
 def test_demo_bad_input_is_one_line(demo_run, tmp_path: Path, args: list[str], needle: str) -> None:
     _, result = demo_run
