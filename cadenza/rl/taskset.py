@@ -123,7 +123,8 @@ class TaskSetSource:
         escalated = self.escalator.maybe_escalate(self.pool, step) if self.escalator else None
         done = self.escalator.drain() if self.escalator else []
         return {**pool_metrics(self.pool, self.curriculum), "zero_variance_groups_total": self.zero_variance_groups,
-                "escalation_started": escalated, "escalation_added": sum(r.added for r in done)}
+                "escalation_started": escalated, "escalation_added": sum(r.added for r in done),
+                "escalation_failed": sum(r.error is not None for r in done)}  # details: pool_events
 
 
 def make_source(options: dict[str, Any]) -> TaskSetSource:

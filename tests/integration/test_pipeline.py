@@ -68,7 +68,7 @@ def test_pipeline_records_every_rollout_and_logs_pool_metrics(demo_run) -> None:
         assert row["resolved_rate"] == pytest.approx(sum(k for *_, k in mine) / sum(n for *_, n, _ in mine))
     attempts = db.execute("SELECT COUNT(*) FROM pool_attempts").fetchone()[0]
     assert attempts == len(rows) * cfg.tasks_per_step * cfg.group_size
-    for key in ("pool_active", "pool_mean_pass", "zero_variance_groups_total", "escalation_added", "sd_loss",
+    for key in ("pool_active", "pool_mean_pass", "zero_variance_groups_total", "escalation_added", "escalation_failed", "sd_loss",
                 "invalid_tool_rate"):
         assert key in rows[-1], key
     assert rows[-1]["zero_variance_groups_total"] == sum(r["zero_variance_groups"] for r in rows)
