@@ -97,6 +97,7 @@ class TaskSetSource:
         self.escalator = (Escalator(pool_path=str(self.pool.path), factory=factory_for(self.root, options.factory_workers),
                                     config=self.curriculum) if options.escalate else None)
         self.zero_variance_groups = 0
+        self.run_id = "run"  # the trainer sets one per run directory: group ids never collide across runs
 
     def sample_tasks(self, rng: random.Random, n: int, start_index: int = 0) -> list[TaskRef]:
         self.sampler.rng = rng  # the trainer seeds per step: a resumed run draws the same tasks
@@ -110,12 +111,12 @@ class TaskSetSource:
         return env
 
     def record(self, step: int, outcomes: Sequence[GroupOutcome]) -> dict[str, Any]:
-        """Write each task's group to the pool (idempotent per step), maybe escalate; returns metrics."""
+        """Write each task's group to the pool (idempotent per run and step), maybe escalate; returns metrics."""
         groups: dict[str, list[GroupOutcome]] = defaultdict(list)
         for o in outcomes:
             groups[o.task_id].append(o)
         for task_id, rows in groups.items():
-            self.pool.record_group(task_id, f"step{step}-{task_id}", step,
+            self.pool.record_group(task_id, f"{self.run_id}-step{step}-{task_id}", step,
                                    [Rollout(success=o.resolved and not o.flagged, reward=o.reward, flagged=o.flagged)
                                     for o in rows])
             if len({o.reward for o in rows}) <= 1:

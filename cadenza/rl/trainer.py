@@ -151,6 +151,10 @@ class Trainer:
         if latest is not None:
             _check_same_run(self.out / "config.json", cfg)
         self.source = load_source(cfg.env.name, cfg.env.options)
+        if hasattr(self.source, "run_id"):  # pool records of this run stay apart from other runs' (same on resume)
+            import hashlib
+
+            self.source.run_id = hashlib.sha1(str(self.out.resolve()).encode()).hexdigest()[:12]
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         torch.manual_seed(cfg.run.seed)

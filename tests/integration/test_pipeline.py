@@ -145,3 +145,27 @@ def test_demo_bad_input_is_one_line(demo_run, tmp_path: Path, args: list[str], n
     out = subprocess.run([sys.executable, "-m", "cadenza", "demo", "--out", str(tmp_path), "--task-set",
                           str(result.task_set), *args], capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr
+
+
+def test_train_cli_over_a_task_set(demo_run, tmp_path: Path) -> None:
+    """`cadenza train CONFIG.toml` with ``[env] name = "taskset"``: the pool grows by one step's rollouts."""
+    import tomli_w
+
+    from cadenza.rl.demo import train_config
+    from cadenza.rl.metrics import read_metrics
+
+    _, result = demo_run
+    task_set = shutil.copytree(result.task_set, tmp_path / "set")  # the module's run stays as it was
+    with TaskPool(task_set) as pool:
+        before = sum(s.attempts for s in pool.stats())
+    tc = train_config(DemoConfig(out=tmp_path / "run", steps=1, tasks_per_step=1, group_size=2, max_turns=1,
+                                 max_new_tokens=16, escalate=False), task_set, result.model_dir)
+    tc.run.progress = False
+    (tmp_path / "train.toml").write_text(tomli_w.dumps(tc.to_dict()))
+    out = subprocess.run([sys.executable, "-m", "cadenza", "train", str(tmp_path / "train.toml")],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    (row,) = read_metrics(tmp_path / "run" / "train" / "metrics.jsonl")
+    with TaskPool(task_set) as pool:
+        after = sum(s.attempts for s in pool.stats())
+    assert after - before == 2 and row["pool_active"] >= 1 and "zero_variance_groups" in row
