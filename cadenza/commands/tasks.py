@@ -1,4 +1,4 @@
-"""``cadenza tasks ...``: build, scan, list, show, verify, env, export (see README section ``tasks``)."""
+"""``cadenza tasks ...``: build, scan, list, show, verify, env, export, stats (see README sections ``tasks``, ``curriculum``)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def _levels(text: str) -> tuple[int, ...]:
 
 
 def register(app: typer.Typer) -> None:
-    tasks = typer.Typer(help="Feature-deletion tasks: build, scan, list, show, verify, env, export.", no_args_is_help=True)
+    tasks = typer.Typer(help="Feature-deletion tasks: build, scan, list, show, verify, env, export, stats.", no_args_is_help=True)
     app.add_typer(tasks, name="tasks")
 
     @tasks.command()
@@ -133,3 +133,22 @@ def register(app: typer.Typer) -> None:
             sys.stdout.write(text)
         else:
             atomic_write_text(output, text)
+
+    @tasks.command()
+    def stats(
+        path: Path = typer.Argument(..., help="Task set."),
+        plot: Path | None = typer.Option(None, "--plot", help="Also write a PNG of the pass-rate distribution over training."),
+    ) -> None:
+        """The task pool by state and level: tasks, attempts, mean pass rate, pass-rate histograms."""
+        from cadenza.tasks.pool import TaskPool
+        from cadenza.tasks.pool_report import plot_pass_rates, stats_table
+        from cadenza.tasks.report import out_console
+        from cadenza.tasks.store import TaskStore
+
+        rows = TaskStore(path).rows()  # a clear error when PATH is not a task set
+        with TaskPool(path) as pool:
+            pool.add_tasks([(r["id"], r["spec"], int(r["level"])) for r in rows])  # tasks never trained on show too
+            console = out_console()
+            console.print(stats_table(pool))
+            if plot is not None:
+                console.print(f"pass-rate plot: {plot_pass_rates(pool, plot)}")

@@ -49,6 +49,7 @@ class ModelConfig:
     num_experts: int = 8
     experts_per_token: int = 2
     dtype: Literal["float32", "bfloat16"] = "float32"
+    device: str = "cpu"  # e.g. "cuda" for real runs
 
 
 @dataclass(kw_only=True)
@@ -84,6 +85,7 @@ class LossConfig:
     aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
     std_normalize: bool = True  # GRPO advantages divided by the group std (False = Dr. GRPO)
     kl_ref: float = 0.0  # coefficient of the k3 KL to the frozen initial policy (0 = off)
+    drop_zero_variance: bool = True  # groups whose rewards are all equal leave the GRPO term (counted, logged)
 
 
 @dataclass(kw_only=True)

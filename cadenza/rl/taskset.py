@@ -46,6 +46,7 @@ class TaskSetOptions:
     time_budget_s: float = 300.0
     escalate: bool = True
     factory_workers: int = 1
+    template_tools: bool = False  # also render the tool schemas through the chat template (the system prompt lists them already)
     curriculum: dict[str, Any] = field(default_factory=dict)
     pool: dict[str, Any] = field(default_factory=dict)
 
@@ -96,6 +97,7 @@ class TaskSetSource:
         self.escalator = (Escalator(pool_path=str(self.pool.path), factory=factory_for(self.root, options.factory_workers),
                                     config=self.curriculum) if options.escalate else None)
         self.zero_variance_groups = 0
+        self.run_id = "run"  # the trainer sets one per run directory: group ids never collide across runs
 
     def sample_tasks(self, rng: random.Random, n: int, start_index: int = 0) -> list[TaskRef]:
         self.sampler.rng = rng  # the trainer seeds per step: a resumed run draws the same tasks
@@ -104,15 +106,17 @@ class TaskSetSource:
     def make_env(self, task: TaskRef) -> Any:
         from cadenza.agent.episode import Episode, EpisodeConfig
 
-        return Episode(task.dir, EpisodeConfig(max_turns=self.options.max_turns, time_budget_s=self.options.time_budget_s))
+        env = Episode(task.dir, EpisodeConfig(max_turns=self.options.max_turns, time_budget_s=self.options.time_budget_s))
+        env.show_tools = self.options.template_tools  # the trainer honours it; halves the prompt by default
+        return env
 
     def record(self, step: int, outcomes: Sequence[GroupOutcome]) -> dict[str, Any]:
-        """Write each task's group to the pool (idempotent per step), maybe escalate; returns metrics."""
+        """Write each task's group to the pool (idempotent per run and step), maybe escalate; returns metrics."""
         groups: dict[str, list[GroupOutcome]] = defaultdict(list)
         for o in outcomes:
             groups[o.task_id].append(o)
         for task_id, rows in groups.items():
-            self.pool.record_group(task_id, f"step{step}-{task_id}", step,
+            self.pool.record_group(task_id, f"{self.run_id}-step{step}-{task_id}", step,
                                    [Rollout(success=o.resolved and not o.flagged, reward=o.reward, flagged=o.flagged)
                                     for o in rows])
             if len({o.reward for o in rows}) <= 1:
@@ -120,7 +124,8 @@ class TaskSetSource:
         escalated = self.escalator.maybe_escalate(self.pool, step) if self.escalator else None
         done = self.escalator.drain() if self.escalator else []
         return {**pool_metrics(self.pool, self.curriculum), "zero_variance_groups_total": self.zero_variance_groups,
-                "escalation_started": escalated, "escalation_added": sum(r.added for r in done)}
+                "escalation_started": escalated, "escalation_added": sum(r.added for r in done),
+                "escalation_failed": sum(r.error is not None for r in done)}  # details: pool_events
 
 
 def make_source(options: dict[str, Any]) -> TaskSetSource:

@@ -36,6 +36,7 @@ from cadenza.jsonio import atomic_write_json
 from cadenza.optim.clip import clip_grad_norm_
 from cadenza.rl import checkpoint as ckpt
 from cadenza.rl.config import TrainConfig, validate
+from cadenza.rl.curriculum import PoolExhausted, drop_zero_variance
 from cadenza.rl.envs import load_source
 from cadenza.rl.logprobs import sequence_logprobs
 from cadenza.rl.losses import group_advantages
@@ -57,7 +58,7 @@ def build_policy(cfg: TrainConfig) -> tuple[Any, Any]:
     m = cfg.model
     tokenizer = load_tokenizer(m.tokenizer or m.path)
     if m.path:
-        policy = HFPolicy.from_pretrained(m.path, dtype=m.dtype)
+        policy = HFPolicy.from_pretrained(m.path, dtype=m.dtype, device=m.device)
     else:
         common = dict(
             hidden_size=m.hidden_size, num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
@@ -68,7 +69,7 @@ def build_policy(cfg: TrainConfig) -> tuple[Any, Any]:
                                          num_experts=m.num_experts, num_experts_per_tok=m.experts_per_token, **common)
         else:
             conf = tiny_qwen3_config(len(tokenizer), intermediate_size=m.intermediate_size, **common)
-        policy = HFPolicy.from_config(conf, seed=cfg.run.seed, dtype=m.dtype)
+        policy = HFPolicy.from_config(conf, seed=cfg.run.seed, dtype=m.dtype, device=m.device)
     if policy.vocab_size < len(tokenizer):
         raise CadenzaError(f"model vocab ({policy.vocab_size}) is smaller than the tokenizer's ({len(tokenizer)}); they do not belong together")
     return tokenizer, policy
@@ -150,6 +151,10 @@ class Trainer:
         if latest is not None:
             _check_same_run(self.out / "config.json", cfg)
         self.source = load_source(cfg.env.name, cfg.env.options)
+        if hasattr(self.source, "run_id"):  # pool records of this run stay apart from other runs' (same on resume)
+            import hashlib
+
+            self.source.run_id = hashlib.sha1(str(self.out.resolve()).encode()).hexdigest()[:12]
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
         torch.manual_seed(cfg.run.seed)
@@ -201,7 +206,13 @@ class Trainer:
         try:
             while self.step < cfg.run.steps:
                 self.step += 1
-                row = self.train_step(self.step)
+                try:
+                    row = self.train_step(self.step)
+                except PoolExhausted as exc:
+                    self.step -= 1
+                    if self.step:
+                        self.save()
+                    raise PoolExhausted(f"training stopped after step {self.step}: {exc}") from None
                 self.logger.log(self.step, row)
                 every = cfg.run.checkpoint_every
                 if (every and self.step % every == 0) or self.step == cfg.run.steps:
@@ -269,13 +280,16 @@ class Trainer:
     def train_step(self, step: int) -> dict[str, Any]:
         cfg, lc = self.cfg, self.cfg.loss
         t0 = time.perf_counter()
-        episodes = [e for e in self.collect(step) if e.rollout.tokens.turn_spans]
+        collected = self.collect(step)
+        pool_row = self._record_pool(step, collected)
+        episodes = [e for e in collected if e.rollout.tokens.turn_spans]
         t_roll = time.perf_counter() - t0
         if not episodes:
             raise CadenzaError("no rollout produced a model turn; check rollout.max_new_tokens and the env")
         tokens = [e.rollout.tokens for e in episodes]
         rewards = [t.reward for t in tokens]
         adv = group_advantages(rewards, [t.group_id for t in tokens], normalize_std=lc.std_normalize)
+        grpo_rows, zero_var = self._signal_rows(tokens)
         mb = cfg.optim.microbatch
         chunks = [list(range(lo, min(lo + mb, len(episodes)))) for lo in range(0, len(episodes), mb)]
         # every teacher input is built (and validated) before any forward pass
@@ -285,18 +299,21 @@ class Trainer:
             if use_sd else []
             for idx in chunks
         ]
-        n_tok = sum(t.num_model_tokens for t in tokens)
+        n_tok = sum(tokens[i].num_model_tokens for i in grpo_rows)
         n_sd = sum(it.num_tokens for chunk in items for it in chunk)
         hinted = {(idx[it.row], it.turn) for idx, chunk in zip(chunks, items, strict=True) for it in chunk}
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         grpo_total = sd_total = ent_sum = ent_n = clip_sum = 0.0
         for idx, chunk in zip(chunks, items, strict=True):
-            batch = collate([tokens[i] for i in idx], self.tokenizer.pad_token_id)
+            batch = collate([tokens[i] for i in idx], self.tokenizer.pad_token_id, device=self.policy.device)
             ref_lp = self._ref_logprobs(batch) if self.ref_model is not None else None
             res = rl_losses(self.policy, batch, adv[idx], items=chunk, teacher=self.teacher, config=self.step_config, ref_logprobs=ref_lp)
             # token means over the whole step, not per microbatch
-            w_grpo = res.num_model_tokens / n_tok
+            # Zero-variance groups leave the GRPO term: their advantages are exactly 0, and the token mean
+            # runs over the kept groups' tokens only (their hinted turns still feed the SD loss).
+            kept = sum(tokens[i].num_model_tokens for i in idx if i in grpo_rows)
+            w_grpo = res.num_model_tokens / n_tok if kept else 0.0
             w_sd = res.sd.num_tokens / n_sd if n_sd else 0.0
             loss = res.grpo * w_grpo + lc.lambda_sd * res.sd.loss * w_sd
             loss.backward()
@@ -338,11 +355,38 @@ class Trainer:
             "clip_fraction": clip_sum,
             "grad_norm": grad_norm,
             "skipped_update": skipped,
-            "model_tokens": n_tok,
+            "model_tokens": sum(t.num_model_tokens for t in tokens),
+            "zero_variance_groups": zero_var,
+            **pool_row,
             "tokens_per_s": sum(len(t) for t in tokens) / max(elapsed, 1e-9),
             "rollout_s": t_roll,
             "step_s": elapsed,
         }
+
+    def _signal_rows(self, tokens: list[Any]) -> tuple[set[int], int]:
+        """Rows whose group's rewards vary (all rows when ``loss.drop_zero_variance`` is off) and the dropped group count."""
+        groups: dict[str, list[int]] = {}
+        for i, t in enumerate(tokens):
+            groups.setdefault(t.group_id, []).append(i)
+        rows = list(groups.values())
+        keep, dropped = drop_zero_variance([[tokens[i].reward for i in r] for r in rows])
+        if not self.cfg.loss.drop_zero_variance:
+            return set(range(len(tokens))), dropped
+        return {i for k in keep for i in rows[k]}, dropped
+
+    def _record_pool(self, step: int, episodes: list[Episode]) -> dict[str, Any]:
+        """Hand every rollout's outcome to a source that keeps a task pool (``record``); its metrics join the step's."""
+        record = getattr(self.source, "record", None)
+        if not callable(record):
+            return {}
+        from cadenza.rl.taskset import GroupOutcome
+
+        outcomes = [
+            GroupOutcome(task_id=e.rollout.tokens.group_id.split(":", 1)[1], reward=float(e.rollout.tokens.reward),
+                         resolved=bool(e.rollout.outcome.get("resolved")), flagged=e.flags > 0 or bool(e.trajectory.flags))
+            for e in episodes
+        ]
+        return dict(record(step, outcomes) or {})
 
     @torch.no_grad()
     def _ref_logprobs(self, batch: Any) -> torch.Tensor:
@@ -358,7 +402,7 @@ class Trainer:
         mb = self.cfg.optim.microbatch
         for lo in range(0, len(tokens), mb):
             idx = list(range(lo, min(lo + mb, len(tokens))))
-            batch = collate([tokens[i] for i in idx], self.tokenizer.pad_token_id)
+            batch = collate([tokens[i] for i in idx], self.tokenizer.pad_token_id, device=self.policy.device)
             hidden, _ = self.policy.hidden_states(batch.input_ids, batch.attention_mask)
             lp, _ = sequence_logprobs(hidden, self.policy.lm_head, batch.input_ids, batch.loss_mask,
                                       chunk_size=self.cfg.teacher.chunk_size, temperature=self.cfg.rollout.temperature)
