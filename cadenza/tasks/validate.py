@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -138,9 +139,12 @@ def _apply_patch(workspace: Path, patch: str) -> str | None:
     with tempfile.NamedTemporaryFile("w", suffix=".patch", delete=False) as fh:
         fh.write(patch)
         name = fh.name
+    # Never let git discover an enclosing repository (e.g. a task set built inside a checkout): inside
+    # one, ``git apply`` takes paths relative to *that* repository and silently skips the rest.
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(Path(workspace).resolve().parent)}
     try:
         proc = subprocess.run(["git", "apply", "--whitespace=nowarn", name], cwd=workspace, capture_output=True, text=True,
-                              timeout=120)
+                              timeout=120, env=env)
     finally:
         Path(name).unlink()
     return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["git apply failed"])[0]

@@ -30,6 +30,9 @@ def test_hangs_forever():
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("pipeline")
+    # Build inside an enclosing git checkout, as `make demo` does (runs/ in the cadenza clone): git
+    # commands on workspaces must never discover that outer repository.
+    subprocess.run(["git", "init", "-q", str(tmp)], check=True)
     src = make_repo(tmp / "minilib")
     stats = BuildStats(source=str(src))
     cfg = BuildConfig(env_cache_dir=shared_env_cache(tmp_path_factory), per_test_timeout_s=10, probe=True)
