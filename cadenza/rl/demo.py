@@ -29,8 +29,8 @@ class DemoConfig:
 
     out: Path = Path("runs/demo")
     source: str | None = None  # default: cadenza.tasks.demo.DEMO_SOURCE
-    max_tasks: int = 6
-    levels: tuple[int, ...] = (1,)  # escalation asks the factory for levels 2-3 when the pool goes easy
+    max_tasks: int = 12
+    levels: tuple[int, ...] = (1, 2)  # escalation asks the factory for level 3 when the pool goes easy
     steps: int = 3
     tasks_per_step: int = 2
     group_size: int = 4
@@ -171,6 +171,10 @@ def prepare_tasks(cfg: DemoConfig, console: Any = None) -> Path:
                                seed=cfg.seed, console=console)
     if not summary.tasks:
         raise CadenzaError(f"the task factory built no task from {cfg.source or DEMO_SOURCE}; see {out}")
+    if console is not None:
+        from cadenza.tasks.report import print_summary
+
+        print_summary(summary, console)  # tasks per level, F2P/P2P, yield, time
     return out
 
 
