@@ -172,9 +172,9 @@ def prepare_tasks(cfg: DemoConfig, console: Any = None) -> Path:
     if not summary.tasks:
         raise CadenzaError(f"the task factory built no task from {cfg.source or DEMO_SOURCE}; see {out}")
     if console is not None:
-        from cadenza.tasks.report import print_summary
+        from cadenza.tasks.report import out_console, print_summary
 
-        print_summary(summary, console)  # tasks per level, F2P/P2P, yield, time
+        print_summary(summary, out_console())  # tasks per level, F2P/P2P, yield, time; wide when piped
     return out
 
 
