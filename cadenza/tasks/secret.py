@@ -252,24 +252,8 @@ def _code_fingerprints(source: str, filename: str) -> set[tuple[str, bytes]]:
 
 
 def _defined_names(source: str) -> set[str]:
-    try:
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError):
-        return set()
-    out: set[str] = set()
-
-    def visit(body: list[ast.stmt], prefix: str) -> None:
-        for node in body:
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
-                out.add(prefix + node.name)
-                if isinstance(node, ast.ClassDef):
-                    visit(node.body, f"{prefix}{node.name}.")
-            elif isinstance(node, ast.If | ast.Try):
-                visit(node.body, prefix)
-                visit(getattr(node, "orelse", []), prefix)
-
-    visit(tree.body, "")
-    return out
+    """Qualified names of the functions and classes ``source`` defines."""
+    return set(stub_definitions(source))
 
 
 def stub_definitions(source: str) -> dict[str, list[tuple[int, int]]]:
