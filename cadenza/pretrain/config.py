@@ -15,13 +15,13 @@ Relative paths are resolved against the config file's directory.
 from __future__ import annotations
 
 import dataclasses
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from cadenza.errors import ConfigError
 from cadenza.parallel.dims import ParallelDims
+from cadenza.tomlio import read_toml
 
 
 @dataclass(kw_only=True)
@@ -129,12 +129,7 @@ def _section(cls: type, name: str, data: Any) -> Any:
 def load_config(path: str | Path) -> PretrainConfig:
     """Parse and validate ``path``; every problem is a one-line ConfigError."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {path} does not exist")
-    try:
-        raw = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path} is not valid TOML: {exc}") from None
+    raw = read_toml(path)
     unknown = sorted(set(raw) - set(_SECTIONS))
     if unknown:
         raise ConfigError(f"unknown section(s) {unknown} in {path}; known: {sorted(_SECTIONS)}")

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
-import tomllib
 import types
 import typing
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from typing import Any, Literal
 
 from cadenza.errors import ConfigError
 from cadenza.feedback.generate import FeedbackConfig
+from cadenza.tomlio import read_toml
 
 
 @dataclass(kw_only=True)
@@ -262,12 +262,7 @@ def _resolve(path: str, base: Path) -> Path:
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Parse and validate a TOML config; relative paths resolve against the config file's directory."""
     path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config file {str(path)!r} not found")
-    try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}") from None
+    data = read_toml(path)
     for dotted, value in (overrides or {}).items():
         section = data
         *heads, last = dotted.split(".")
