@@ -51,15 +51,27 @@ def bench_single(E: int = 16, A: int = 128, B: int = 384, reps: int = 2) -> dict
     t_ours = run(ours, [stacked], [grad])
     t_theirs = run(theirs, loose, list(grad.unbind(0)))
     diff = max(float((stacked[e] - loose[e]).detach().abs().max()) for e in range(E))
-    return {"experts": E, "matrix": [A, B], "ns_dtype": "bfloat16", "threads": torch.get_num_threads(),
-            "batched_step_s": t_ours, "torch_muon_loop_step_s": t_theirs, "speedup": t_theirs / t_ours,
-            "max_abs_param_diff": diff}
+    return {
+        "experts": E,
+        "matrix": [A, B],
+        "ns_dtype": "bfloat16",
+        "threads": torch.get_num_threads(),
+        "batched_step_s": t_ours,
+        "torch_muon_loop_step_s": t_theirs,
+        "speedup": t_theirs / t_ours,
+        "max_abs_param_diff": diff,
+    }
 
 
 # ------------------------------------------------------------------------------------------- (b)
 
-SHAPES = {"attn_q": (256, 256), "attn_o": (256, 256), "attn_kv": (128, 256),
-          "experts_gate_up": (16, 256, 256), "experts_down": (16, 256, 128)}
+SHAPES = {
+    "attn_q": (256, 256),
+    "attn_o": (256, 256),
+    "attn_kv": (128, 256),
+    "experts_gate_up": (16, 256, 256),
+    "experts_down": (16, 256, 128),
+}
 LAYERS = 3
 STEPS = 3
 
@@ -133,10 +145,12 @@ def _overlap(opt, params, grads, rounds: int = 10) -> dict:
         opt.step()
         steps[n].append(time.perf_counter() - t0)
         waits[n].append(opt.last_stats.exposed_wait_s)
-    return {"overlap_exposed_wait_s_in_flight_1": statistics.median(waits[1]),
-            "overlap_exposed_wait_s_in_flight_4": statistics.median(waits[4]),
-            "overlap_step_s_in_flight_1": statistics.median(steps[1]),
-            "overlap_step_s_in_flight_4": statistics.median(steps[4])}
+    return {
+        "overlap_exposed_wait_s_in_flight_1": statistics.median(waits[1]),
+        "overlap_exposed_wait_s_in_flight_4": statistics.median(waits[4]),
+        "overlap_step_s_in_flight_1": statistics.median(steps[1]),
+        "overlap_step_s_in_flight_4": statistics.median(steps[4]),
+    }
 
 
 def _worker(rank: int, world: int) -> dict:
@@ -149,8 +163,13 @@ def _worker(rank: int, world: int) -> dict:
         groups = [{"params": [p], "granularity": "expert" if p.ndim == 3 else "matrix"} for p in params]
         try:
             if name.startswith("cadenza"):
-                opt = Muon(groups, lr=0.02, adjust_lr="match_rms_adamw", max_in_flight=int(name[-1]),
-                           bucket_numel=1 << 16)
+                opt = Muon(
+                    groups,
+                    lr=0.02,
+                    adjust_lr="match_rms_adamw",
+                    max_in_flight=int(name[-1]),
+                    bucket_numel=1 << 16,
+                )
                 out[name] = _time_steps(opt.step, params, grads)
                 out[name + "_jobs"] = opt.last_stats.jobs
                 results[name] = [p.detach().full_tensor() for p in params]
@@ -164,8 +183,9 @@ def _worker(rank: int, world: int) -> dict:
 
                 # its NS loop is torch.compile'd; inductor's first CPU compile alone takes ~100 s per rank
                 # here, so run the package's own function eagerly (same math, same collectives)
-                muon_fsdp2.nsloop_torch = getattr(muon_fsdp2.nsloop_torch, "_torchdynamo_orig_callable",
-                                                  muon_fsdp2.nsloop_torch)
+                muon_fsdp2.nsloop_torch = getattr(
+                    muon_fsdp2.nsloop_torch, "_torchdynamo_orig_callable", muon_fsdp2.nsloop_torch
+                )
                 opt = muon_fsdp2.Muon([{"params": params, "use_muon": True, "lr": 0.02, "weight_decay": 0.0}])
                 out[name] = _time_steps(opt.step, params, grads)
             results[name] = [p.detach().full_tensor() for p in params]
@@ -175,17 +195,23 @@ def _worker(rank: int, world: int) -> dict:
     ref = results.get("naive_all_gather")
     init = [p.detach().full_tensor() for p in _params(world)[0]]
     if ref is not None:  # the step really moved the weights (so equal results are not vacuous)
-        out["naive_rel_change"] = min(float((a - b).norm() / b.norm()) for a, b in zip(ref, init, strict=True))
+        out["naive_rel_change"] = min(
+            float((a - b).norm() / b.norm()) for a, b in zip(ref, init, strict=True)
+        )
     for name, ps in results.items():
         if ref is not None and name != "naive_all_gather":
-            out[name + "_max_rel_diff_vs_naive"] = max(float((a - b).norm() / b.norm()) for a, b in zip(ps, ref, strict=True))
+            out[name + "_max_rel_diff_vs_naive"] = max(
+                float((a - b).norm() / b.norm()) for a, b in zip(ps, ref, strict=True)
+            )
     return out
 
 
 def bench_distributed(world: int) -> dict:
     from cadenza.testing import spawn
 
-    per_rank = spawn(_worker, world, preload=("torch", "torch.distributed.tensor", "muon_fsdp2", "cadenza.optim"))
+    per_rank = spawn(
+        _worker, world, preload=("torch", "torch.distributed.tensor", "muon_fsdp2", "cadenza.optim")
+    )
     r0 = per_rank[0]
     res = {k: v for k, v in r0.items() if not isinstance(v, float) or "_rel_" in k}
     for key in r0:
@@ -198,7 +224,11 @@ def bench_distributed(world: int) -> dict:
         for other in ("naive_all_gather", "muon_fsdp2"):
             if res.get(other):
                 res[f"speedup_vs_{other}"] = res[other] / res["cadenza_in_flight_4"]
-    res["model"] = {"layers": LAYERS, "params": {k: list(v) for k, v in SHAPES.items()}, "placement": "Shard(0)"}
+    res["model"] = {
+        "layers": LAYERS,
+        "params": {k: list(v) for k, v in SHAPES.items()},
+        "placement": "Shard(0)",
+    }
     return res
 
 
@@ -212,7 +242,9 @@ def kimi_matrices(heads: int = 64) -> list[tuple[int, int]]:
     c = DeepseekV3Config()  # MLA dims: q_lora 1536, kv_lora 512, rope 64, nope 128, v 128
     H, E, inter = 7168, 384, 2048
     qk = c.qk_nope_head_dim + c.qk_rope_head_dim
-    attn = [(c.q_lora_rank, H)] + [(qk, c.q_lora_rank)] * heads + [(c.kv_lora_rank, H), (c.qk_rope_head_dim, H)]
+    attn = (
+        [(c.q_lora_rank, H)] + [(qk, c.q_lora_rank)] * heads + [(c.kv_lora_rank, H), (c.qk_rope_head_dim, H)]
+    )
     attn += [(c.qk_nope_head_dim + c.v_head_dim, c.kv_lora_rank)] * heads + [(H, c.v_head_dim)] * heads
     dense_layers, layers = 1, 61
     mats: list[tuple[int, int]] = []
@@ -221,15 +253,17 @@ def kimi_matrices(heads: int = 64) -> list[tuple[int, int]]:
         if layer < dense_layers:
             mats += [(18432, H), (18432, H), (H, 18432)]
         else:
-            mats += [(inter, H), (inter, H), (H, inter)] * (E + 1) + [(E, H)]  # routed + 1 shared expert, router
+            mats += [(inter, H), (inter, H), (H, inter)] * (E + 1) + [
+                (E, H)
+            ]  # routed + 1 shared expert, router
     return mats
 
 
 def analytical(ns: list[int] = (256, 512, 1024, 2048)) -> dict:
-    peak, mfu = 989e12, 0.5        # H100 SXM dense bf16, achieved fraction on large batched matmuls
-    link = 50e9                    # bytes/s per GPU across nodes (400 Gb/s InfiniBand)
-    alpha = 30e-6                  # latency per all_to_all
-    bucket = 256 << 20             # bytes per job
+    peak, mfu = 989e12, 0.5  # H100 SXM dense bf16, achieved fraction on large batched matmuls
+    link = 50e9  # bytes/s per GPU across nodes (400 Gb/s InfiniBand)
+    alpha = 30e-6  # latency per all_to_all
+    bucket = 256 << 20  # bytes per job
     mats = kimi_matrices()
     flops = [ns_flops(a, b) for a, b in mats]
     elems = [a * b for a, b in mats]
@@ -243,18 +277,41 @@ def analytical(ns: list[int] = (256, 512, 1024, 2048)) -> dict:
             heapq.heappush(heap, (load + f, r))
         compute = max(load for load, _ in heap) / (peak * mfu)
         row = {"gpus": n, "ns_pflop_total": sum(flops) / 1e15, "compute_s": compute}
-        for layout, moved in (("experts_whole_on_rank", total_elems - expert_elems), ("fully_sharded", total_elems)):
+        for layout, moved in (
+            ("experts_whole_on_rank", total_elems - expert_elems),
+            ("fully_sharded", total_elems),
+        ):
             per_rank = 2 * 2 * moved / n  # bf16, gather + return
             comm = per_rank / link + 2 * alpha * math.ceil(per_rank / bucket)
-            row[layout] = {"bytes_per_rank_GB": per_rank / 1e9, "comm_s": comm,
-                           "step_s_overlapped": max(compute, comm) + 2 * alpha, "step_s_serial": compute + comm}
+            row[layout] = {
+                "bytes_per_rank_GB": per_rank / 1e9,
+                "comm_s": comm,
+                "step_s_overlapped": max(compute, comm) + 2 * alpha,
+                "step_s_serial": compute + comm,
+            }
         rows.append(row)
-    return {"model": {"layers": 61, "dense_layers": 1, "experts": 384, "expert_matrix": [2048, 7168],
-                      "shared_experts": 1, "attention": "MLA, 64 heads, dims from DeepseekV3Config()",
-                      "matrices": len(mats), "muon_params_B": total_elems / 1e9},
-            "assumptions": {"peak_bf16_flops": peak, "mfu": mfu, "link_bytes_per_s": link, "alpha_s": alpha,
-                            "ns_steps": 5, "flops_per_matrix": "5 * (4 m^2 n + 2 m^3), m=min(A,B), n=max"},
-            "per_gpu_count": rows, "reported_step_s": 0.2}
+    return {
+        "model": {
+            "layers": 61,
+            "dense_layers": 1,
+            "experts": 384,
+            "expert_matrix": [2048, 7168],
+            "shared_experts": 1,
+            "attention": "MLA, 64 heads, dims from DeepseekV3Config()",
+            "matrices": len(mats),
+            "muon_params_B": total_elems / 1e9,
+        },
+        "assumptions": {
+            "peak_bf16_flops": peak,
+            "mfu": mfu,
+            "link_bytes_per_s": link,
+            "alpha_s": alpha,
+            "ns_steps": 5,
+            "flops_per_matrix": "5 * (4 m^2 n + 2 m^3), m=min(A,B), n=max",
+        },
+        "per_gpu_count": rows,
+        "reported_step_s": 0.2,
+    }
 
 
 def main() -> None:

@@ -34,9 +34,19 @@ def _model():
     from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
 
     torch.manual_seed(0)
-    cfg = Qwen3MoeConfig(vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=128,
-                         num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                         num_experts=16, num_experts_per_tok=2, max_position_embeddings=SEQ)
+    cfg = Qwen3MoeConfig(
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=16,
+        num_experts_per_tok=2,
+        max_position_embeddings=SEQ,
+    )
     cfg._attn_implementation = "sdpa"
     return Qwen3MoeForCausalLM(cfg).float()
 
@@ -108,7 +118,9 @@ def _bench(rank: int, world: int) -> dict:
         for step in range(STEPS + 1):
             ids = torch.randint(0, 512, (BATCH, SEQ), generator=g)
             counts.clear()
-            counts["_on"] = step == STEPS  # count the last step only (all steps move the same bytes up to routing)
+            counts["_on"] = (
+                step == STEPS
+            )  # count the last step only (all steps move the same bytes up to routing)
             torch.distributed.barrier()
             t0 = time.perf_counter()
             loss = pm(input_ids=ids, labels=ids).loss
@@ -120,8 +132,12 @@ def _bench(rank: int, world: int) -> dict:
                 times.append(time.perf_counter() - t0)
         counts.pop("_on")
         experts = sum(p.to_local().numel() for n, p in pm.model.named_parameters() if ".experts." in n)
-        out[name] = {"bytes": dict(counts), "step_s": statistics.median(times),
-                     "local_expert_params": experts, "loss": float(loss)}
+        out[name] = {
+            "bytes": dict(counts),
+            "step_s": statistics.median(times),
+            "local_expert_params": experts,
+            "loss": float(loss),
+        }
     return out
 
 
@@ -130,22 +146,30 @@ def main() -> None:
 
     t0 = time.perf_counter()
     per_rank = spawn(_bench, WORLD)
-    result = {"world_size": WORLD, "seq_len": SEQ, "batch_per_dp_rank": BATCH,
-              "model": "Qwen3-MoE hidden 128, 2 layers, 16 experts top-2, float32",
-              "bytes_method": "wrapped torch.distributed collectives; per call (n-1)/n of the buffer for "
-                              "all-gather/reduce-scatter, 2(n-1)/n for all-reduce, off-rank rows for all-to-all; "
-                              "summed over ranks, one step"}
+    result = {
+        "world_size": WORLD,
+        "seq_len": SEQ,
+        "batch_per_dp_rank": BATCH,
+        "model": "Qwen3-MoE hidden 128, 2 layers, 16 experts top-2, float32",
+        "bytes_method": "wrapped torch.distributed collectives; per call (n-1)/n of the buffer for "
+        "all-gather/reduce-scatter, 2(n-1)/n for all-reduce, off-rank rows for all-to-all; "
+        "summed over ranks, one step",
+    }
     for name, dims_kw in LAYOUTS.items():
         collectives: dict[str, int] = defaultdict(int)
         for r in per_rank:
             for k, v in r[name]["bytes"].items():
                 collectives[k.replace("_into_tensor", "_single").replace("_tensor", "_single")] += v
-        result[name] = {"dims": dims_kw, "bytes_per_step": dict(collectives),
-                        "total_bytes_per_step": sum(collectives.values()),
-                        "step_seconds": max(r[name]["step_s"] for r in per_rank),
-                        "expert_params_per_rank": per_rank[0][name]["local_expert_params"]}
+        result[name] = {
+            "dims": dims_kw,
+            "bytes_per_step": dict(collectives),
+            "total_bytes_per_step": sum(collectives.values()),
+            "step_seconds": max(r[name]["step_s"] for r in per_rank),
+            "expert_params_per_rank": per_rank[0][name]["local_expert_params"],
+        }
     result["bytes_ratio_shared_over_dual"] = round(
-        result["shared"]["total_bytes_per_step"] / max(result["dual"]["total_bytes_per_step"], 1), 3)
+        result["shared"]["total_bytes_per_step"] / max(result["dual"]["total_bytes_per_step"], 1), 3
+    )
     result["bench_seconds"] = round(time.perf_counter() - t0, 1)
     print(json.dumps(result))
 

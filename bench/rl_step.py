@@ -45,10 +45,38 @@ from cadenza.rl.step import LossConfig, rl_losses
 from cadenza.rl.teacher import SelfDistillConfig, Teacher, build_hinted_turns
 from cadenza.rl.tokens import collate
 
-WORDS = ("file", "test", "error", "value", "return", "import", "class", "def", "self", "path", "line", "fix",
-         "assert", "module", "result", "count", "index", "print", "none", "true")
-TOOLS = [{"type": "function", "function": {"name": "run", "description": "run a shell command",
-                                           "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
+WORDS = (
+    "file",
+    "test",
+    "error",
+    "value",
+    "return",
+    "import",
+    "class",
+    "def",
+    "self",
+    "path",
+    "line",
+    "fix",
+    "assert",
+    "module",
+    "result",
+    "count",
+    "index",
+    "print",
+    "none",
+    "true",
+)
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "run",
+            "description": "run a shell command",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}},
+        },
+    }
+]
 
 
 def _text(rng: random.Random, n: int) -> str:
@@ -62,8 +90,10 @@ class ShellLikeEnv:
         self.rng, self.obs_words = random.Random(seed), obs_words
 
     def reset(self) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": "You are a coding agent."},
-                {"role": "user", "content": "Fix the failing test. " + _text(self.rng, 60)}]
+        return [
+            {"role": "system", "content": "You are a coding agent."},
+            {"role": "user", "content": "Fix the failing test. " + _text(self.rng, 60)},
+        ]
 
     def tools(self) -> list[dict[str, Any]]:
         return TOOLS
@@ -94,21 +124,45 @@ class FillerPolicy:
 def build(args: argparse.Namespace) -> dict[str, Any]:
     corpus = [_text(random.Random(i), 50) for i in range(200)] + [json.dumps(TOOLS)] * 5
     tok = train_tokenizer(corpus, vocab_size=600)
-    tasks = [RolloutTask(task_id=f"t{i}", make_env=lambda i=i: ShellLikeEnv(i, args.obs_words))
-             for i in range(args.batch // 2)]
-    out = rollout(FillerPolicy(tok, 0, args.turn_words), tok, tasks,
-                  RolloutConfig(group_size=2, max_turns=args.turns, max_context_tokens=100_000))
+    tasks = [
+        RolloutTask(task_id=f"t{i}", make_env=lambda i=i: ShellLikeEnv(i, args.obs_words))
+        for i in range(args.batch // 2)
+    ]
+    out = rollout(
+        FillerPolicy(tok, 0, args.turn_words),
+        tok,
+        tasks,
+        RolloutConfig(group_size=2, max_turns=args.turns, max_context_tokens=100_000),
+    )
     trajs = [r.tokens for r in out]
     # 1 model turn in 10 gets a hint (spread over the batch)
-    hints = [[Hint(turn=t, text="Reminder: the available tools are run.", kind="bench")
-              for t in range(len(tr.turn_spans)) if (7 * b + t) % 10 == 3] for b, tr in enumerate(trajs)]
-    config = tiny_qwen3_config(args.vocab, hidden_size=args.hidden, intermediate_size=2 * args.hidden,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=args.hidden // 4)
+    hints = [
+        [
+            Hint(turn=t, text="Reminder: the available tools are run.", kind="bench")
+            for t in range(len(tr.turn_spans))
+            if (7 * b + t) % 10 == 3
+        ]
+        for b, tr in enumerate(trajs)
+    ]
+    config = tiny_qwen3_config(
+        args.vocab,
+        hidden_size=args.hidden,
+        intermediate_size=2 * args.hidden,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=args.hidden // 4,
+    )
     policy = HFPolicy.from_config(config, seed=0)
     batch = collate(trajs, tok.pad_token_id)
-    return dict(tok=tok, trajs=trajs, hints=hints, policy=policy, batch=batch,
-                adv=group_advantages(batch.rewards, batch.group_ids),
-                items=build_hinted_turns(trajs, hints, tok))
+    return dict(
+        tok=tok,
+        trajs=trajs,
+        hints=hints,
+        policy=policy,
+        batch=batch,
+        adv=group_advantages(batch.rewards, batch.group_ids),
+        items=build_hinted_turns(trajs, hints, tok),
+    )
 
 
 def step(
@@ -119,8 +173,14 @@ def step(
     policy.model.zero_grad(set_to_none=True)
     teacher = Teacher(policy.model, SelfDistillConfig(reuse_prefix_cache=reuse_cache, chunk_size=chunk_size))
     w0, c0 = time.perf_counter(), time.process_time()
-    res = rl_losses(policy, env["batch"], env["adv"], items=env["items"] if sd else (), teacher=teacher,
-                    config=LossConfig(chunk_size=chunk_size))
+    res = rl_losses(
+        policy,
+        env["batch"],
+        env["adv"],
+        items=env["items"] if sd else (),
+        teacher=teacher,
+        config=LossConfig(chunk_size=chunk_size),
+    )
     res.loss.backward()
     return time.perf_counter() - w0, time.process_time() - c0
 
@@ -166,7 +226,9 @@ def main() -> None:
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--chunk", type=int, default=512)
     ap.add_argument("--mem-vocab", type=int, default=32768, help="vocabulary for the memory variants")
-    ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (1: stable CPU-time measure)")
+    ap.add_argument(
+        "--threads", type=int, default=1, help="torch intra-op threads (1: stable CPU-time measure)"
+    )
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -178,8 +240,11 @@ def main() -> None:
     torch.manual_seed(0)
     env = build(args)
     step(env, sd=True)  # warm-up
-    variants = {"grpo": dict(sd=False), "grpo_sd_kv_reuse": dict(sd=True),
-                "grpo_sd_no_reuse": dict(sd=True, reuse_cache=False)}
+    variants = {
+        "grpo": dict(sd=False),
+        "grpo_sd_kv_reuse": dict(sd=True),
+        "grpo_sd_no_reuse": dict(sd=True, reuse_cache=False),
+    }
     wall: dict[str, list[float]] = {k: [] for k in variants}
     cpu: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(args.repeats):  # interleaved, so load changes on a shared machine hit all variants alike
@@ -198,27 +263,46 @@ def main() -> None:
         proc = subprocess.run([*base, "--worker", variant], capture_output=True, text=True, check=True)
         memory[variant] = json.loads(proc.stdout.strip().splitlines()[-1])["peak_delta_mb"]
     overhead = 100 * (cpu_best["grpo_sd_kv_reuse"] / cpu_best["grpo"] - 1)
-    print(json.dumps({
-        "bench": "rl_step",
-        "setup": {"batch": len(env["trajs"]), "tokens": n_tokens, "model_tokens": int(env["batch"].loss_mask.sum()),
-                  "turns": n_turns, "hinted_turns": len(env["items"]),
-                  "hinted_target_tokens": sum(i.num_tokens for i in env["items"]), "vocab": args.vocab,
-                  "hidden": args.hidden, "layers": 2, "chunk_size": args.chunk, "repeats": args.repeats,
-                  "memory_vocab": args.mem_vocab,
-                  "device": "cpu", "threads": torch.get_num_threads()},
-        "step_wall_seconds_min": {k: round(v, 4) for k, v in best.items()},
-        "step_wall_seconds_median": {k: round(v, 4) for k, v in med.items()},
-        "step_cpu_seconds_min": {k: round(v, 4) for k, v in cpu_best.items()},
-        "tokens_per_s": {k: round(n_tokens / v, 1) for k, v in best.items()},
-        "tokens_per_cpu_s": {k: round(n_tokens / v, 1) for k, v in cpu_best.items()},
-        "sd_overhead_pct": round(overhead, 1),
-        "sd_overhead_pct_wall": round(100 * (best["grpo_sd_kv_reuse"] / best["grpo"] - 1), 1),
-        "sd_overhead_pct_no_kv_reuse": round(100 * (cpu_best["grpo_sd_no_reuse"] / cpu_best["grpo"] - 1), 1),
-        "target_sd_overhead_pct": 30.0,
-        "target_met": overhead <= 30.0,
-        "peak_memory": {"method": "ru_maxrss minus RSS before the step, fresh subprocess per variant (CPU)",
-                        "unit": "MiB", **memory},
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "rl_step",
+                "setup": {
+                    "batch": len(env["trajs"]),
+                    "tokens": n_tokens,
+                    "model_tokens": int(env["batch"].loss_mask.sum()),
+                    "turns": n_turns,
+                    "hinted_turns": len(env["items"]),
+                    "hinted_target_tokens": sum(i.num_tokens for i in env["items"]),
+                    "vocab": args.vocab,
+                    "hidden": args.hidden,
+                    "layers": 2,
+                    "chunk_size": args.chunk,
+                    "repeats": args.repeats,
+                    "memory_vocab": args.mem_vocab,
+                    "device": "cpu",
+                    "threads": torch.get_num_threads(),
+                },
+                "step_wall_seconds_min": {k: round(v, 4) for k, v in best.items()},
+                "step_wall_seconds_median": {k: round(v, 4) for k, v in med.items()},
+                "step_cpu_seconds_min": {k: round(v, 4) for k, v in cpu_best.items()},
+                "tokens_per_s": {k: round(n_tokens / v, 1) for k, v in best.items()},
+                "tokens_per_cpu_s": {k: round(n_tokens / v, 1) for k, v in cpu_best.items()},
+                "sd_overhead_pct": round(overhead, 1),
+                "sd_overhead_pct_wall": round(100 * (best["grpo_sd_kv_reuse"] / best["grpo"] - 1), 1),
+                "sd_overhead_pct_no_kv_reuse": round(
+                    100 * (cpu_best["grpo_sd_no_reuse"] / cpu_best["grpo"] - 1), 1
+                ),
+                "target_sd_overhead_pct": 30.0,
+                "target_met": overhead <= 30.0,
+                "peak_memory": {
+                    "method": "ru_maxrss minus RSS before the step, fresh subprocess per variant (CPU)",
+                    "unit": "MiB",
+                    **memory,
+                },
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -52,7 +52,9 @@ def main() -> None:
             subprocess.run(["true"], stdin=subprocess.DEVNULL, capture_output=True)
             bare_calls.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
-            subprocess.run(raw_bwrap, stdin=subprocess.DEVNULL, capture_output=True, env={"PATH": "/usr/bin:/bin"})
+            subprocess.run(
+                raw_bwrap, stdin=subprocess.DEVNULL, capture_output=True, env={"PATH": "/usr/bin:/bin"}
+            )
             bwrap_calls.append(time.perf_counter() - t0)
             for sandbox, times in ((box, boxed_calls), (kept, kept_calls)):
                 t0 = time.perf_counter()
@@ -76,36 +78,47 @@ def main() -> None:
             assert result.resolved, result
             graded.append(result.duration_s)
 
-    modes = {"per_call": _mode(bare_calls, boxed_calls), "persistent": {**_mode(bare_calls, kept_calls),
-                                                                      "startup_ms": round(startup_ms, 2)}}
+    modes = {
+        "per_call": _mode(bare_calls, boxed_calls),
+        "persistent": {**_mode(bare_calls, kept_calls), "startup_ms": round(startup_ms, 2)},
+    }
     ratio = statistics.median(graded) / statistics.median(bare_tests)
-    print(json.dumps({
-        "bench": "sandbox",
-        "calls": CALLS,
-        "bare_call_median_ms": round(statistics.median(bare_calls) * 1e3, 2),
-        "raw_bwrap_call_median_ms": round(statistics.median(bwrap_calls) * 1e3, 2),  # same bwrap line, no limits/capture
-        **modes,
-        "overhead_target_ms": TARGET_MS,
-        "overhead_median_ms": modes["persistent"]["overhead_median_ms"],  # what episodes use
-        "overhead_ok": modes["persistent"]["overhead_ok"],
-        "grades": GRADES,
-        "bare_tests_median_s": round(statistics.median(bare_tests), 3),
-        "grade_median_s": round(statistics.median(graded), 3),
-        "grade_ratio": round(ratio, 3),
-        "grade_ratio_target": 1.3,
-        "grade_ratio_ok": ratio < 1.3,
-        "process_limit_enforced": box.process_limit_enforced,
-        "loadavg_1m": round(os.getloadavg()[0], 2),
-        "cpus": os.cpu_count(),
-    }))
+    print(
+        json.dumps(
+            {
+                "bench": "sandbox",
+                "calls": CALLS,
+                "bare_call_median_ms": round(statistics.median(bare_calls) * 1e3, 2),
+                "raw_bwrap_call_median_ms": round(
+                    statistics.median(bwrap_calls) * 1e3, 2
+                ),  # same bwrap line, no limits/capture
+                **modes,
+                "overhead_target_ms": TARGET_MS,
+                "overhead_median_ms": modes["persistent"]["overhead_median_ms"],  # what episodes use
+                "overhead_ok": modes["persistent"]["overhead_ok"],
+                "grades": GRADES,
+                "bare_tests_median_s": round(statistics.median(bare_tests), 3),
+                "grade_median_s": round(statistics.median(graded), 3),
+                "grade_ratio": round(ratio, 3),
+                "grade_ratio_target": 1.3,
+                "grade_ratio_ok": ratio < 1.3,
+                "process_limit_enforced": box.process_limit_enforced,
+                "loadavg_1m": round(os.getloadavg()[0], 2),
+                "cpus": os.cpu_count(),
+            }
+        )
+    )
 
 
 def _mode(bare: list[float], boxed: list[float]) -> dict[str, float | bool]:
     """Median call time, and the median of paired (same round) differences to the bare subprocess."""
     overhead = statistics.median(b - a for a, b in zip(bare, boxed, strict=True)) * 1e3
-    return {"call_median_ms": round(statistics.median(boxed) * 1e3, 2), "overhead_median_ms": round(overhead, 2),
-            "call_minus_bare_median_ms": round((statistics.median(boxed) - statistics.median(bare)) * 1e3, 2),
-            "overhead_ok": overhead < TARGET_MS}
+    return {
+        "call_median_ms": round(statistics.median(boxed) * 1e3, 2),
+        "overhead_median_ms": round(overhead, 2),
+        "call_minus_bare_median_ms": round((statistics.median(boxed) - statistics.median(bare)) * 1e3, 2),
+        "overhead_ok": overhead < TARGET_MS,
+    }
 
 
 if __name__ == "__main__":

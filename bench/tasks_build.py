@@ -47,7 +47,9 @@ def bench_one(spec: str, root: Path, max_tasks: int) -> dict:
     stats = BuildStats(source=spec)
     cpu0, wall0 = cpu_seconds(), time.monotonic()
     published, publish_s, cpu_publish, rejected = 0, 0.0, 0.0, []
-    for draft in iter_task_drafts(spec, root / "work", max_tasks=max_tasks, config=BuildConfig(max_tasks=max_tasks), stats=stats):
+    for draft in iter_task_drafts(
+        spec, root / "work", max_tasks=max_tasks, config=BuildConfig(max_tasks=max_tasks), stats=stats
+    ):
         t, c = time.monotonic(), cpu_seconds()
         res = publish_draft(store, draft, spec)
         publish_s, cpu_publish = publish_s + time.monotonic() - t, cpu_publish + cpu_seconds() - c
@@ -58,13 +60,20 @@ def bench_one(spec: str, root: Path, max_tasks: int) -> dict:
     cpu, wall = cpu_seconds() - cpu0, time.monotonic() - wall0
     validated = stats.validated
     return {
-        "validated": validated, "published": published, "tried": stats.tried,
+        "validated": validated,
+        "published": published,
+        "tried": stats.tried,
         "yield": round(validated / stats.tried, 3) if stats.tried else None,
         "tasks_per_core_minute": round(published / (cpu / 60), 2) if cpu else None,
         "full_suite_runs_per_task": round(stats.full_suite_runs / validated, 2) if validated else None,
-        "suite_size": stats.suite_size, "by_level": dict(stats.by_level),
-        "pytest_seconds": round(stats.counter.seconds, 1), "cpu_seconds": round(cpu, 1), "wall_seconds": round(wall, 1),
-        "publish_cpu_seconds": round(cpu_publish, 1), "publish_wall_seconds": round(publish_s, 1), "rejected": rejected,
+        "suite_size": stats.suite_size,
+        "by_level": dict(stats.by_level),
+        "pytest_seconds": round(stats.counter.seconds, 1),
+        "cpu_seconds": round(cpu, 1),
+        "wall_seconds": round(wall, 1),
+        "publish_cpu_seconds": round(cpu_publish, 1),
+        "publish_wall_seconds": round(publish_s, 1),
+        "rejected": rejected,
     }
 
 
@@ -80,8 +89,12 @@ def bench_speedup(spec: str, root: Path, max_tasks: int, workers: int) -> dict:
         TaskStore(set_dir, create=True)
         cpu0, wall0 = cpu_seconds(), time.monotonic()
         rep = build_source(spec, SetConfig(out=set_dir, max_tasks=max_tasks, progress=False), workers=w)
-        out[f"w{w}"] = {"wall_seconds": round(time.monotonic() - wall0, 1), "cpu_seconds": round(cpu_seconds() - cpu0, 1),
-                        "published": rep.emitted, "status": rep.status}
+        out[f"w{w}"] = {
+            "wall_seconds": round(time.monotonic() - wall0, 1),
+            "cpu_seconds": round(cpu_seconds() - cpu0, 1),
+            "published": rep.emitted,
+            "status": rep.status,
+        }
         ids[w] = sorted(r["id"] for r in TaskStore(set_dir).rows())
     w1, wn = out["w1"]["wall_seconds"], out[f"w{workers}"]["wall_seconds"]
     out["speedup"] = round(w1 / wn, 2) if wn else None
@@ -93,7 +106,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--max-tasks", type=int, default=8)
     ap.add_argument("--packages", default=",".join(PACKAGES))
-    ap.add_argument("--workers", type=int, default=2, help="candidate workers for the speedup run (1: skip it)")
+    ap.add_argument(
+        "--workers", type=int, default=2, help="candidate workers for the speedup run (1: skip it)"
+    )
     args = ap.parse_args()
     speedup = None
     results = {}
@@ -108,15 +123,27 @@ def main() -> None:
             root.mkdir()
             speedup = bench_speedup(args.packages.split(",")[0], root, args.max_tasks, args.workers)
     vals = [r for r in results.values() if r["validated"]]
-    print(json.dumps({
-        "benchmark": "tasks_build", "max_tasks": args.max_tasks, "cores": os.cpu_count(),
-        "loadavg": [round(x, 2) for x in os.getloadavg()], "packages": results, "speedup": speedup,
-        "targets": {"full_suite_runs_per_task_max": 2, "tasks_per_core_minute_min": 10},
-        "met": {
-            "full_suite_runs_per_task": all(r["full_suite_runs_per_task"] <= 2 for r in vals) if vals else False,
-            "tasks_per_core_minute": all((r["tasks_per_core_minute"] or 0) >= 10 for r in vals) if vals else False,
-        },
-    }))
+    print(
+        json.dumps(
+            {
+                "benchmark": "tasks_build",
+                "max_tasks": args.max_tasks,
+                "cores": os.cpu_count(),
+                "loadavg": [round(x, 2) for x in os.getloadavg()],
+                "packages": results,
+                "speedup": speedup,
+                "targets": {"full_suite_runs_per_task_max": 2, "tasks_per_core_minute_min": 10},
+                "met": {
+                    "full_suite_runs_per_task": all(r["full_suite_runs_per_task"] <= 2 for r in vals)
+                    if vals
+                    else False,
+                    "tasks_per_core_minute": all((r["tasks_per_core_minute"] or 0) >= 10 for r in vals)
+                    if vals
+                    else False,
+                },
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

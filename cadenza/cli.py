@@ -22,6 +22,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
+
 @app.callback()
 def _root() -> None:
     """Training stack for coding agents: tasks, sandbox, RL with text feedback, Muon, dual-mesh HSDP."""

@@ -24,8 +24,14 @@ def free_port() -> int:
 
 
 def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue: Any) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank), OMP_NUM_THREADS="1")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world_size),
+        LOCAL_RANK=str(rank),
+        OMP_NUM_THREADS="1",
+    )
     import torch
 
     torch.set_num_threads(1)
@@ -40,8 +46,9 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
             dist.destroy_process_group()
 
 
-def spawn(fn: Callable, world_size: int, *args: Any, timeout: float = 600.0,
-          preload: tuple[str, ...] = ()) -> list[Any]:
+def spawn(
+    fn: Callable, world_size: int, *args: Any, timeout: float = 600.0, preload: tuple[str, ...] = ()
+) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo ranks; return results by rank.
 
     ``preload`` (e.g. ``("torch", "transformers")``) forks ranks from a forkserver that imported those
@@ -55,8 +62,10 @@ def spawn(fn: Callable, world_size: int, *args: Any, timeout: float = 600.0,
         ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue), daemon=True)
-             for r in range(world_size)]
+    procs = [
+        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue), daemon=True)
+        for r in range(world_size)
+    ]
     for p in procs:
         p.start()
     results: dict[int, Any] = {}

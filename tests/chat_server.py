@@ -20,14 +20,33 @@ Policy = Callable[[dict[str, Any]], Any]
 
 def tool_call(name: str, **arguments: Any) -> dict[str, Any]:
     """An assistant message with one tool call (arguments JSON-encoded as servers send them)."""
-    return {"role": "assistant", "content": None, "tool_calls": [
-        {"id": f"call_{name}_{time.monotonic_ns()}", "type": "function", "function": {"name": name, "arguments": json.dumps(arguments)}}]}
+    return {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": f"call_{name}_{time.monotonic_ns()}",
+                "type": "function",
+                "function": {"name": name, "arguments": json.dumps(arguments)},
+            }
+        ],
+    }
 
 
 def completion(message: dict[str, Any]) -> dict[str, Any]:
-    return {"id": "cmpl-1", "object": "chat.completion", "model": "scripted",
-            "choices": [{"index": 0, "message": message, "finish_reason": "tool_calls" if message.get("tool_calls") else "stop"}],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+    return {
+        "id": "cmpl-1",
+        "object": "chat.completion",
+        "model": "scripted",
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
+            }
+        ],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15},
+    }
 
 
 class ChatServer:

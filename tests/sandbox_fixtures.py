@@ -13,8 +13,18 @@ import pytest
 
 from cadenza.agent.toytask import F2P, FILES, GOLD_PATCH, OPS_REMOVED, OPS_SOLVED, P2P, make_task
 
-__all__ = ["F2P", "FILES", "GOLD_PATCH", "OPS_REMOVED", "OPS_SOLVED", "P2P", "make_task", "task_dir", "task_env",
-           "taskset"]
+__all__ = [
+    "F2P",
+    "FILES",
+    "GOLD_PATCH",
+    "OPS_REMOVED",
+    "OPS_SOLVED",
+    "P2P",
+    "make_task",
+    "task_dir",
+    "task_env",
+    "taskset",
+]
 
 
 _ENVS: dict[str, Path] = {}  # one env per session even though several modules import the fixture
@@ -27,8 +37,21 @@ def task_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if key not in _ENVS:
         env = tmp_path_factory.mktemp("task-env") / "env"
         subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
-        subprocess.run([sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"), "install", "-q",
-                        "--disable-pip-version-check", "pytest"], check=True, timeout=600)
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "--python",
+                str(env / "bin" / "python"),
+                "install",
+                "-q",
+                "--disable-pip-version-check",
+                "pytest",
+            ],
+            check=True,
+            timeout=600,
+        )
         _ENVS[key] = env
     return _ENVS[key]
 

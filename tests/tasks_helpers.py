@@ -70,7 +70,7 @@ def whisper(text):
     return text.lower() + "..."
 '''
 
-TEST_CORE = '''\
+TEST_CORE = """\
 from minilib import add, mul, Stack
 from minilib.core import plus
 
@@ -98,9 +98,9 @@ def test_stack_peek():
     s = Stack()
     s.push(7)
     assert s.peek() == 7 and s.top() == 7
-'''
+"""
 
-TEST_TEXT = '''\
+TEST_TEXT = """\
 import minilib
 
 
@@ -111,11 +111,16 @@ def test_shout():
 def test_whisper():
     from minilib.textutil import whisper
     assert whisper("HI") == "hi..."
-'''
+"""
 
 
-def make_repo(root: Path, *, layout: str = "flat", extra_tests: dict[str, str] | None = None,
-              pyproject: str | None = None) -> Path:
+def make_repo(
+    root: Path,
+    *,
+    layout: str = "flat",
+    extra_tests: dict[str, str] | None = None,
+    pyproject: str | None = None,
+) -> Path:
     """Write the mini project under ``root`` and return ``root``."""
     pkg = root / ("src/minilib" if layout == "src" else "minilib")
     pkg.mkdir(parents=True)
@@ -128,7 +133,9 @@ def make_repo(root: Path, *, layout: str = "flat", extra_tests: dict[str, str] |
     (tests / "test_text.py").write_text(TEST_TEXT)
     for name, text in (extra_tests or {}).items():
         (tests / name).write_text(textwrap.dedent(text))
-    (root / "pyproject.toml").write_text(pyproject or textwrap.dedent('''\
+    (root / "pyproject.toml").write_text(
+        pyproject
+        or textwrap.dedent("""\
         [project]
         name = "minilib"
         version = "0.3.1"
@@ -136,7 +143,8 @@ def make_repo(root: Path, *, layout: str = "flat", extra_tests: dict[str, str] |
 
         [tool.pytest.ini_options]
         addopts = "--cov=minilib --cov-report=term -p pytest_cov"
-        '''))
+        """)
+    )
     return root
 
 

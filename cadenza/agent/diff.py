@@ -11,7 +11,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-IGNORED_DIRS = frozenset({".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis", ".tox", ".nox"})
+IGNORED_DIRS = frozenset(
+    {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis", ".tox", ".nox"}
+)
 IGNORED_SUFFIXES = (".pyc", ".pyo")
 
 
@@ -22,8 +24,11 @@ class Changes:
     deleted: list[str] = field(default_factory=list)
 
     def all(self) -> list[tuple[str, str]]:
-        return ([("added", p) for p in self.added] + [("modified", p) for p in self.modified]
-                + [("deleted", p) for p in self.deleted])
+        return (
+            [("added", p) for p in self.added]
+            + [("modified", p) for p in self.modified]
+            + [("deleted", p) for p in self.deleted]
+        )
 
 
 def snapshot(root: Path) -> dict[str, str]:

@@ -27,7 +27,9 @@ from cadenza.errors import CadenzaError, ConfigError
 from cadenza.sandbox import Sandbox, SandboxConfig, hidden_roots
 from cadenza.tasks.task import WORKSPACE, load_task
 
-NO_TOOL_CALL = f"Error: no tool call found. Call one of the tools ({', '.join(TOOL_NAMES)}); call submit when done."
+NO_TOOL_CALL = (
+    f"Error: no tool call found. Call one of the tools ({', '.join(TOOL_NAMES)}); call submit when done."
+)
 
 
 @dataclass(kw_only=True)
@@ -41,8 +43,14 @@ class EpisodeConfig:
     judge: Any = None  # optional LLM judge handed to the monitor
 
     def __post_init__(self) -> None:
-        if self.max_turns <= 0 or self.time_budget_s < 0 or (self.token_budget is not None and self.token_budget <= 0):
-            raise ConfigError("episode max_turns and token_budget must be positive and time_budget_s not negative")
+        if (
+            self.max_turns <= 0
+            or self.time_budget_s < 0
+            or (self.token_budget is not None and self.token_budget <= 0)
+        ):
+            raise ConfigError(
+                "episode max_turns and token_budget must be positive and time_budget_s not negative"
+            )
 
 
 class Episode:
@@ -75,15 +83,30 @@ class Episode:
             raise CadenzaError(f"task {self.task.id} has no {WORKSPACE}/ directory; rebuild the task")
         self._tmp = tempfile.mkdtemp(prefix=f"cadenza-ep-{_safe(self.task.id)}-")
         if Path(self._tmp).resolve().is_relative_to(self.task_dir.parent.resolve()):
-            raise CadenzaError(f"the temporary directory {self._tmp} lies inside the task set; set TMPDIR elsewhere")
+            raise CadenzaError(
+                f"the temporary directory {self._tmp} lies inside the task set; set TMPDIR elsewhere"
+            )
         self.workspace = Path(self._tmp) / WORKSPACE
         shutil.copytree(pristine, self.workspace, symlinks=True)
-        sandbox = Sandbox(self.workspace, env_dir=task_env_dir(self.task_dir, self.task), config=self.config.sandbox,
-                          hidden=hidden_roots(self.task_dir), path_map={pristine: self.workspace})
-        self._toolbox = Toolbox(self.workspace, sandbox, config=self.config.tools, pytest_args=self.task.pytest_args)
-        messages = initial_messages(workspace=str(self.workspace), statement=self.task.statement, tools=self.tools())
-        self.trajectory = Trajectory(task_id=self.task.id, messages=[dict(m) for m in messages],
-                                     sandboxed=sandbox.sandboxed, meta={"workspace": str(self.workspace)})
+        sandbox = Sandbox(
+            self.workspace,
+            env_dir=task_env_dir(self.task_dir, self.task),
+            config=self.config.sandbox,
+            hidden=hidden_roots(self.task_dir),
+            path_map={pristine: self.workspace},
+        )
+        self._toolbox = Toolbox(
+            self.workspace, sandbox, config=self.config.tools, pytest_args=self.task.pytest_args
+        )
+        messages = initial_messages(
+            workspace=str(self.workspace), statement=self.task.statement, tools=self.tools()
+        )
+        self.trajectory = Trajectory(
+            task_id=self.task.id,
+            messages=[dict(m) for m in messages],
+            sandboxed=sandbox.sandboxed,
+            meta={"workspace": str(self.workspace)},
+        )
         self._start = time.monotonic()
         self._tokens = 0
         self.done = False
@@ -91,25 +114,55 @@ class Episode:
         self.grade_result = None
         return messages
 
-    def step(self, call: ToolCall, *, content: str | None = None, token_ids: list[int] | None = None,
-             logprobs: list[float] | None = None, tokens: int | None = None) -> StepResult:
+    def step(
+        self,
+        call: ToolCall,
+        *,
+        content: str | None = None,
+        token_ids: list[int] | None = None,
+        logprobs: list[float] | None = None,
+        tokens: int | None = None,
+    ) -> StepResult:
         """Execute ``call``; ``content``/``token_ids``/``logprobs`` describe the assistant message that made it."""
         traj, box = self._require()
         if self.done:
             return StepResult(observation="Error: the episode is over.", done=True, error_kind="tool_error")
         t0 = time.monotonic()
-        result = box.call(call.name, call.arguments,
-                          time_left_s=self.config.time_budget_s - (time.monotonic() - self._start))
+        result = box.call(
+            call.name,
+            call.arguments,
+            time_left_s=self.config.time_budget_s - (time.monotonic() - self._start),
+        )
         duration = time.monotonic() - t0
         call_id = call.id or f"call_{len(traj.turns)}"
         raw_args = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
-        traj.messages.append({"role": "assistant", "content": content, "tool_calls": [
-            {"id": call_id, "type": "function", "function": {"name": call.name, "arguments": raw_args}}]})
-        traj.turns.append(TurnMeta(
-            index=len(traj.turns), message_index=len(traj.messages) - 1, tool=call.name,
-            arguments=call.arguments if isinstance(call.arguments, dict) else {"_raw": call.arguments},
-            error_kind=result.error_kind, exit_code=result.exit_code, duration_s=duration,
-            token_ids=token_ids, logprobs=logprobs, extra=dict(result.edit) if result.edit else {}))
+        traj.messages.append(
+            {
+                "role": "assistant",
+                "content": content,
+                "tool_calls": [
+                    {
+                        "id": call_id,
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": raw_args},
+                    }
+                ],
+            }
+        )
+        traj.turns.append(
+            TurnMeta(
+                index=len(traj.turns),
+                message_index=len(traj.messages) - 1,
+                tool=call.name,
+                arguments=call.arguments if isinstance(call.arguments, dict) else {"_raw": call.arguments},
+                error_kind=result.error_kind,
+                exit_code=result.exit_code,
+                duration_s=duration,
+                token_ids=token_ids,
+                logprobs=logprobs,
+                extra=dict(result.edit) if result.edit else {},
+            )
+        )
         observation = result.observation
         self._tokens += tokens if tokens is not None else len(token_ids or [])
         reason = "submit" if result.done else self._budget_exhausted()
@@ -118,42 +171,68 @@ class Episode:
         traj.messages.append({"role": "tool", "tool_call_id": call_id, "content": observation})
         if reason is not None:
             self.done, self.end_reason = True, reason
-        return StepResult(observation=observation, done=self.done, error_kind=result.error_kind,
-                          info={"exit_code": result.exit_code, "duration_s": duration, "end_reason": reason})
+        return StepResult(
+            observation=observation,
+            done=self.done,
+            error_kind=result.error_kind,
+            info={"exit_code": result.exit_code, "duration_s": duration, "end_reason": reason},
+        )
 
-    def respond(self, content: str, *, token_ids: list[int] | None = None, logprobs: list[float] | None = None,
-                tokens: int | None = None) -> StepResult:
+    def respond(
+        self,
+        content: str,
+        *,
+        token_ids: list[int] | None = None,
+        logprobs: list[float] | None = None,
+        tokens: int | None = None,
+    ) -> StepResult:
         """An assistant message without a tool call: recorded as a turn; the observation asks for a tool call."""
         traj, _ = self._require()
         if self.done:
             return StepResult(observation="Error: the episode is over.", done=True, error_kind="tool_error")
         traj.messages.append({"role": "assistant", "content": content})
-        traj.turns.append(TurnMeta(index=len(traj.turns), message_index=len(traj.messages) - 1,
-                                   error_kind="no_tool_call", token_ids=token_ids, logprobs=logprobs))
+        traj.turns.append(
+            TurnMeta(
+                index=len(traj.turns),
+                message_index=len(traj.messages) - 1,
+                error_kind="no_tool_call",
+                token_ids=token_ids,
+                logprobs=logprobs,
+            )
+        )
         self._tokens += tokens if tokens is not None else len(token_ids or [])
         reason = self._budget_exhausted()
-        observation = NO_TOOL_CALL + (f"\n[episode ended: {reason.replace('_', ' ')} reached]" if reason else "")
+        observation = NO_TOOL_CALL + (
+            f"\n[episode ended: {reason.replace('_', ' ')} reached]" if reason else ""
+        )
         traj.messages.append({"role": "user", "content": observation})
         if reason is not None:
             self.done, self.end_reason = True, reason
-        return StepResult(observation=observation, done=self.done, error_kind="no_tool_call", info={"end_reason": reason})
+        return StepResult(
+            observation=observation, done=self.done, error_kind="no_tool_call", info={"end_reason": reason}
+        )
 
     def finish(self) -> dict[str, Any]:
         traj, _ = self._require()
         assert self.workspace is not None
         if self.grade_result is None:
-            self.grade_result = grade(self.task_dir, self.workspace, task=self.task, sandbox=self.config.sandbox)
+            self.grade_result = grade(
+                self.task_dir, self.workspace, task=self.task, sandbox=self.config.sandbox
+            )
             traj.meta["submission"] = submission_diff(self.task_dir / WORKSPACE, self.workspace)
         g = self.grade_result
         traj.flags = run_monitor(traj, task=self.task, judge=self.config.judge)
         traj.reward = 1.0 if g.resolved and not traj.flags else 0.0
         traj.outcome = {
-            "resolved": g.resolved, "reward": traj.reward,
+            "resolved": g.resolved,
+            "reward": traj.reward,
             "f2p": {"passed": g.f2p_passed, "total": g.f2p_total},
             "p2p": {"passed": g.p2p_passed, "total": g.p2p_total},
             "flags": [{"rule": f.rule, "turn": f.turn, "evidence": f.evidence} for f in traj.flags],
-            "turns": len(traj.turns), "end_reason": self.end_reason or "finished",
-            "duration_s": time.monotonic() - self._start, "grade": g.to_dict(),
+            "turns": len(traj.turns),
+            "end_reason": self.end_reason or "finished",
+            "duration_s": time.monotonic() - self._start,
+            "grade": g.to_dict(),
         }
         if not self.config.keep_workspace:
             self.close()
@@ -212,8 +291,14 @@ def submission_diff(pristine: Path, workspace: Path) -> str:
         if a is None or b is None:
             out.append(f"Binary or special file {rel} {kind}\n")
             continue
-        out.extend(difflib.unified_diff(a, b, f"a/{rel}" if kind != "added" else "/dev/null",
-                                        f"b/{rel}" if kind != "deleted" else "/dev/null"))
+        out.extend(
+            difflib.unified_diff(
+                a,
+                b,
+                f"a/{rel}" if kind != "added" else "/dev/null",
+                f"b/{rel}" if kind != "deleted" else "/dev/null",
+            )
+        )
     return "".join(line if line.endswith("\n") else line + "\n" for line in out)
 
 

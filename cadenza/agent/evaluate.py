@@ -43,7 +43,9 @@ class EvalConfig:
         if self.max_turns < 1:
             raise CadenzaError(f"--max-turns must be at least 1, got {self.max_turns}")
         if self.out_dir.exists() and not self.out_dir.is_dir():
-            raise CadenzaError(f"--out {self.out_dir} is a file; pass a directory for trajectories and summary.json")
+            raise CadenzaError(
+                f"--out {self.out_dir} is a file; pass a directory for trajectories and summary.json"
+            )
 
 
 @dataclass(kw_only=True)
@@ -96,7 +98,9 @@ def discover_tasks(tasks_dir: Path) -> list[Path]:
     """Task directories under ``tasks_dir``: itself if it is a task, the set's index if present, else every child with task.json."""
     tasks_dir = Path(tasks_dir)
     if not tasks_dir.is_dir():
-        raise CadenzaError(f"{tasks_dir} is not a directory; pass a task set made by 'cadenza tasks build' or a task directory")
+        raise CadenzaError(
+            f"{tasks_dir} is not a directory; pass a task set made by 'cadenza tasks build' or a task directory"
+        )
     if (tasks_dir / TASK_JSON).is_file():
         return [tasks_dir]
     found: list[Path] = []
@@ -113,7 +117,9 @@ def discover_tasks(tasks_dir: Path) -> list[Path]:
     if not found:
         found = sorted(p.parent for p in tasks_dir.glob(f"*/{TASK_JSON}"))
     if not found:
-        raise CadenzaError(f"{tasks_dir} holds no tasks (no */{TASK_JSON}); build some with 'cadenza tasks build'")
+        raise CadenzaError(
+            f"{tasks_dir} holds no tasks (no */{TASK_JSON}); build some with 'cadenza tasks build'"
+        )
     return found
 
 
@@ -122,8 +128,14 @@ def _episode_factory(config: EvalConfig) -> Callable[[Path], Env]:
     from cadenza.sandbox import SandboxConfig
 
     def make(task_dir: Path) -> Env:
-        return Episode(task_dir, EpisodeConfig(max_turns=config.max_turns, judge=config.judge,
-                                               sandbox=SandboxConfig(no_sandbox=config.no_sandbox)))
+        return Episode(
+            task_dir,
+            EpisodeConfig(
+                max_turns=config.max_turns,
+                judge=config.judge,
+                sandbox=SandboxConfig(no_sandbox=config.no_sandbox),
+            ),
+        )
 
     return make
 
@@ -132,7 +144,9 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:120] or "task"
 
 
-def run_task(task_dir: Path, client: ChatClient, make_env: Callable[[Path], Env], config: EvalConfig) -> TaskResult:
+def run_task(
+    task_dir: Path, client: ChatClient, make_env: Callable[[Path], Env], config: EvalConfig
+) -> TaskResult:
     """One task, never raising: environment or endpoint failures become ``error`` on the result."""
     start = time.monotonic()
     task_id = task_dir.name
@@ -147,7 +161,9 @@ def run_task(task_dir: Path, client: ChatClient, make_env: Callable[[Path], Env]
                 close()
     except Exception as exc:  # one broken task must not end the evaluation
         msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return TaskResult(task_id=task_id, error=f"{type(exc).__name__}: {msg}", seconds=time.monotonic() - start)
+        return TaskResult(
+            task_id=task_id, error=f"{type(exc).__name__}: {msg}", seconds=time.monotonic() - start
+        )
     path = config.out_dir / f"{_safe(task_id)}.json"
     traj.save(path)
     return _result(traj, path, time.monotonic() - start)
@@ -160,8 +176,12 @@ def _result(traj: Trajectory, path: Path, seconds: float) -> TaskResult:
                       error=traj.meta.get("error"), trajectory=str(path))  # fmt: skip
 
 
-def evaluate(config: EvalConfig, *, make_env: Callable[[Path], Env] | None = None,
-             on_result: Callable[[TaskResult], None] | None = None) -> EvalReport:
+def evaluate(
+    config: EvalConfig,
+    *,
+    make_env: Callable[[Path], Env] | None = None,
+    on_result: Callable[[TaskResult], None] | None = None,
+) -> EvalReport:
     """Run every task of ``config.tasks_dir``; ``on_result`` is called (from the caller's thread) as each finishes."""
     tasks = discover_tasks(config.tasks_dir)
     config.out_dir.mkdir(parents=True, exist_ok=True)
@@ -186,7 +206,9 @@ def evaluate(config: EvalConfig, *, make_env: Callable[[Path], Env] | None = Non
     return _write_summary(config, results, start)
 
 
-def _write_summary(config: EvalConfig, results: list[TaskResult], start: float, *, interrupted: bool = False) -> EvalReport:
+def _write_summary(
+    config: EvalConfig, results: list[TaskResult], start: float, *, interrupted: bool = False
+) -> EvalReport:
     results.sort(key=lambda r: r.task_id)
     report = EvalReport(results=results, seconds=time.monotonic() - start)
     atomic_write_json(config.out_dir / "summary.json", {**report.to_dict(), "interrupted": interrupted})

@@ -96,7 +96,9 @@ def grade(
         raise CadenzaError(f"agent workspace {agent} does not exist")
     env = task_env_dir(task_dir, task)
     info = env_info(env)
-    policy = Policy.for_task(task, shadowable=info.importable_names(), pristine_top=top_level_modules(pristine))
+    policy = Policy.for_task(
+        task, shadowable=info.importable_names(), pristine_top=top_level_modules(pristine)
+    )
     with tempfile.TemporaryDirectory(prefix="cadenza-grade-") as tmp:
         work = Path(tmp) / "workspace"
         results = Path(tmp) / "results"
@@ -105,19 +107,44 @@ def grade(
         applied, dropped = apply_changes(pristine, agent, work, policy)
         # one command per grade: a fresh per-call bubblewrap, never an episode's long-lived instance
         one_shot = replace(sandbox or SandboxConfig(), persistent=False)
-        box = Sandbox(work, env_dir=env, config=one_shot, hidden=hidden_roots(task_dir),
-                      path_map={pristine: work}, rw_extra=[results])
+        box = Sandbox(
+            work,
+            env_dir=env,
+            config=one_shot,
+            hidden=hidden_roots(task_dir),
+            path_map={pristine: work},
+            rw_extra=[results],
+        )
         nodeids = [*task.fail_to_pass, *task.pass_to_pass]
         junit = results / "junit.xml"
         (results / f"{SELECT_PLUGIN}.py").write_text(SELECT_SOURCE)
         (results / "select.json").write_text(json.dumps(nodeids))
         files = sorted({n.split("::", 1)[0] for n in nodeids})
-        argv = [info.python, "-m", "pytest", "-p", "no:cacheprovider", "-p", SELECT_PLUGIN, "-o", "addopts=",
-                f"--confcutdir={work}", f"--rootdir={work}", f"--junitxml={junit}", "-q", *task.pytest_args]
+        argv = [
+            info.python,
+            "-m",
+            "pytest",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            SELECT_PLUGIN,
+            "-o",
+            "addopts=",
+            f"--confcutdir={work}",
+            f"--rootdir={work}",
+            f"--junitxml={junit}",
+            "-q",
+            *task.pytest_args,
+        ]
         if "pytest_timeout" in info.installed_names:
             argv.append(f"--timeout={task.test_timeout_s:g}")
-        env = {"PYTHONPATH": os.pathsep.join([str(results), *box.plan.pythonpath]), "PYTHONHASHSEED": "0",
-               "PYTHONDONTWRITEBYTECODE": "1", "PYTHONNOUSERSITE": "1", "CADENZA_SELECT": str(results / "select.json")}
+        env = {
+            "PYTHONPATH": os.pathsep.join([str(results), *box.plan.pythonpath]),
+            "PYTHONHASHSEED": "0",
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONNOUSERSITE": "1",
+            "CADENZA_SELECT": str(results / "select.json"),
+        }
         timeout = run_timeout_s if run_timeout_s is not None else max(600.0, task.test_timeout_s)
         try:
             res = box.run([*argv, *files], timeout_s=timeout, merge_stderr=True, env=env)
@@ -129,13 +156,24 @@ def grade(
     all_pass = f2p == len(task.fail_to_pass) and p2p == len(task.pass_to_pass)
     return GradeResult(
         resolved=all_pass and res.exit_code == 0 and not res.timed_out and bool(nodeids),
-        f2p_passed=f2p, f2p_total=len(task.fail_to_pass), p2p_passed=p2p, p2p_total=len(task.pass_to_pass),
-        duration_s=time.monotonic() - start, tests=statuses, applied=applied, dropped=dropped,
-        exit_code=res.exit_code, timed_out=res.timed_out, log_tail=res.output[-4000:], sandboxed=box.sandboxed,
+        f2p_passed=f2p,
+        f2p_total=len(task.fail_to_pass),
+        p2p_passed=p2p,
+        p2p_total=len(task.pass_to_pass),
+        duration_s=time.monotonic() - start,
+        tests=statuses,
+        applied=applied,
+        dropped=dropped,
+        exit_code=res.exit_code,
+        timed_out=res.timed_out,
+        log_tail=res.output[-4000:],
+        sandboxed=box.sandboxed,
     )
 
 
-def apply_changes(pristine: Path, agent: Path, dest: Path, policy: Policy) -> tuple[list[str], dict[str, str]]:
+def apply_changes(
+    pristine: Path, agent: Path, dest: Path, policy: Policy
+) -> tuple[list[str], dict[str, str]]:
     """Apply the agent's kept changes to ``dest`` (a fresh copy of ``pristine``)."""
     changes = compare(pristine, agent)
     applied: list[str] = []

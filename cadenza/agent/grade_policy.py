@@ -14,7 +14,9 @@ from pathlib import PurePosixPath
 
 from cadenza.tasks.task import Task
 
-PYTEST_CONFIG_FILES = frozenset({"pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg"})
+PYTEST_CONFIG_FILES = frozenset(
+    {"pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg"}
+)
 STARTUP_HOOKS = frozenset({"sitecustomize.py", "usercustomize.py"})
 TEST_DIR_NAMES = frozenset({"tests", "test"})
 TEST_FILE_PATTERNS = ("test_*.py", "*_test.py", "tests.py", "conftest.py")
@@ -32,8 +34,12 @@ class Policy:
     @classmethod
     def for_task(cls, task: Task, *, shadowable: frozenset[str], pristine_top: frozenset[str]) -> Policy:
         paths = {p.strip("/") for p in task.test_files}
-        paths |= {nid.split("::", 1)[0] for nid in [*task.fail_to_pass, *task.pass_to_pass] if not is_doctest(nid)}
-        return cls(test_paths=frozenset(p for p in paths if p), shadowable=shadowable, pristine_top=pristine_top)
+        paths |= {
+            nid.split("::", 1)[0] for nid in [*task.fail_to_pass, *task.pass_to_pass] if not is_doctest(nid)
+        }
+        return cls(
+            test_paths=frozenset(p for p in paths if p), shadowable=shadowable, pristine_top=pristine_top
+        )
 
     def reason_to_drop(self, rel: str, kind: str) -> str | None:
         """Why a change to ``rel`` is not applied for grading, or None when it is kept."""
@@ -95,7 +101,9 @@ def _inside(rel: str, root: str) -> bool:
     return rel == root or rel.startswith(root.rstrip("/") + "/")
 
 
-def top_level_modules(workspace: os.PathLike[str] | str, roots: tuple[str, ...] = ("", "src")) -> frozenset[str]:
+def top_level_modules(
+    workspace: os.PathLike[str] | str, roots: tuple[str, ...] = ("", "src")
+) -> frozenset[str]:
     names: set[str] = set()
     for root in roots:
         base = os.path.join(workspace, root)

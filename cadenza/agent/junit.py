@@ -32,7 +32,15 @@ def parse_junit(path: Path) -> dict[tuple[str, str], str]:
     for case in root.iter("testcase"):
         key = (case.get("classname", ""), case.get("name", ""))
         tags = {child.tag for child in case}
-        status = "error" if "error" in tags else "failed" if "failure" in tags else "skipped" if "skipped" in tags else "passed"
+        status = (
+            "error"
+            if "error" in tags
+            else "failed"
+            if "failure" in tags
+            else "skipped"
+            if "skipped" in tags
+            else "passed"
+        )
         prev = results.get(key)
         if prev is None or _RANK[status] > _RANK[prev]:
             results[key] = status

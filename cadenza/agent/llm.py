@@ -47,7 +47,9 @@ class LLMConfig:
 
     def __post_init__(self) -> None:
         if not self.endpoint.startswith(("http://", "https://")):
-            raise CadenzaError(f"endpoint {self.endpoint!r} is not an http(s) URL; pass e.g. --endpoint http://127.0.0.1:8000/v1")
+            raise CadenzaError(
+                f"endpoint {self.endpoint!r} is not an http(s) URL; pass e.g. --endpoint http://127.0.0.1:8000/v1"
+            )
         if not self.model:
             raise CadenzaError("no model name given; pass --model NAME as the server knows it")
 
@@ -71,7 +73,9 @@ class ChatClient:
     def __init__(self, config: LLMConfig) -> None:
         self.config = config
 
-    def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **overrides: Any) -> ChatReply:
+    def complete(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None, **overrides: Any
+    ) -> ChatReply:
         cfg = self.config
         body: dict[str, Any] = {"model": cfg.model, "messages": messages, "temperature": cfg.temperature}
         if cfg.max_tokens is not None:
@@ -115,7 +119,9 @@ class ChatClient:
                 return resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:300].decode("utf-8", "replace").strip().replace("\n", " ")
-            err = LLMError(f"endpoint {cfg.url} answered HTTP {exc.code}: {detail or exc.reason}", kind="http")
+            err = LLMError(
+                f"endpoint {cfg.url} answered HTTP {exc.code}: {detail or exc.reason}", kind="http"
+            )
             err.status = exc.code  # type: ignore[attr-defined]
             try:
                 err.retry_after = float(exc.headers.get("Retry-After", 0) or 0)  # type: ignore[attr-defined]
@@ -124,7 +130,9 @@ class ChatClient:
             raise err from None
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
-            raise LLMError(f"endpoint {cfg.url} is unreachable ({reason}); is the server running?", kind="unreachable") from None
+            raise LLMError(
+                f"endpoint {cfg.url} is unreachable ({reason}); is the server running?", kind="unreachable"
+            ) from None
 
 
 def parse_reply(raw: bytes, url: str = "endpoint") -> ChatReply:
@@ -142,11 +150,16 @@ def parse_reply(raw: bytes, url: str = "endpoint") -> ChatReply:
         raise LLMError(f"{url} returned an error: {msg}", kind="http")
     choices = obj.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise LLMError(f"{url} returned no choices; is it an OpenAI-compatible chat-completions server?", kind="garbage")
+        raise LLMError(
+            f"{url} returned no choices; is it an OpenAI-compatible chat-completions server?", kind="garbage"
+        )
     msg = choices[0].get("message")
     if not isinstance(msg, dict):
         raise LLMError(f"{url} returned a choice without a message", kind="garbage")
-    message: dict[str, Any] = {"role": "assistant", "content": msg.get("content") if isinstance(msg.get("content"), str) else None}
+    message: dict[str, Any] = {
+        "role": "assistant",
+        "content": msg.get("content") if isinstance(msg.get("content"), str) else None,
+    }
     calls = []
     for i, tc in enumerate(msg.get("tool_calls") or []):
         fn = tc.get("function") if isinstance(tc, dict) else None
@@ -155,7 +168,13 @@ def parse_reply(raw: bytes, url: str = "endpoint") -> ChatReply:
         args = fn.get("arguments", "{}")
         if not isinstance(args, str):
             args = json.dumps(args)
-        calls.append({"id": str(tc.get("id") or f"call_{i}"), "type": "function", "function": {"name": fn["name"], "arguments": args}})
+        calls.append(
+            {
+                "id": str(tc.get("id") or f"call_{i}"),
+                "type": "function",
+                "function": {"name": fn["name"], "arguments": args},
+            }
+        )
     if not calls and message["content"]:
         calls = _calls_in_text(message["content"])
     if calls:
@@ -178,6 +197,14 @@ def _calls_in_text(content: str) -> list[dict[str, Any]]:
             continue
         if isinstance(obj, dict) and isinstance(obj.get("name"), str):
             args = obj.get("arguments", {})
-            calls.append({"id": f"call_text_{i}", "type": "function",
-                          "function": {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}})
+            calls.append(
+                {
+                    "id": f"call_text_{i}",
+                    "type": "function",
+                    "function": {
+                        "name": obj["name"],
+                        "arguments": args if isinstance(args, str) else json.dumps(args),
+                    },
+                }
+            )
     return calls

@@ -38,7 +38,9 @@ def _arguments(raw: Any) -> dict[str, Any] | str:
     return val if isinstance(val, dict) else str(raw)
 
 
-def run_agent(env: Env, client: ChatClient, *, config: LoopConfig | None = None, task_id: str = "") -> Trajectory:
+def run_agent(
+    env: Env, client: ChatClient, *, config: LoopConfig | None = None, task_id: str = ""
+) -> Trajectory:
     """Run one episode; the returned trajectory carries outcome, reward, flags and ``meta`` timings."""
     config = config or LoopConfig()
     messages = env.reset()
@@ -65,25 +67,46 @@ def run_agent(env: Env, client: ChatClient, *, config: LoopConfig | None = None,
         convo.append(msg)
         if not calls:
             completion = int(reply.usage.get("completion_tokens") or 0)
-            result = env.respond(msg.get("content") or "", tokens=completion) if rich else StepResult(observation=NO_TOOL_CALL, done=False)  # type: ignore[attr-defined]
+            result = (
+                env.respond(msg.get("content") or "", tokens=completion)
+                if rich
+                else StepResult(observation=NO_TOOL_CALL, done=False)
+            )  # type: ignore[attr-defined]
             convo.append({"role": "user", "content": result.observation})
             if not rich:
                 own.messages.extend([msg, {"role": "user", "content": result.observation}])
-                own.turns.append(TurnMeta(index=len(own.turns), message_index=len(own.messages) - 2, error_kind="no_tool_call"))
+                own.turns.append(
+                    TurnMeta(
+                        index=len(own.turns), message_index=len(own.messages) - 2, error_kind="no_tool_call"
+                    )
+                )
             done = result.done
         for i, tc in enumerate(calls):
             fn = tc["function"]
-            call = ToolCall(name=fn["name"], arguments=_arguments(fn.get("arguments", "{}")), id=tc.get("id") or f"call_{i}")
+            call = ToolCall(
+                name=fn["name"],
+                arguments=_arguments(fn.get("arguments", "{}")),
+                id=tc.get("id") or f"call_{i}",
+            )
             t0 = time.monotonic()
             if rich:  # the message's content and token count go with its first call
                 first = i == 0
-                result = env.step(call, content=msg.get("content") if first else None,  # type: ignore[call-arg]
-                                  tokens=int(reply.usage.get("completion_tokens") or 0) if first else 0)
+                result = env.step(
+                    call,
+                    content=msg.get("content") if first else None,  # type: ignore[call-arg]
+                    tokens=int(reply.usage.get("completion_tokens") or 0) if first else 0,
+                )
             else:
                 result = env.step(call)
             convo.append({"role": "tool", "tool_call_id": call.id, "content": result.observation})
             if not rich:
-                own.messages.append({"role": "assistant", "content": msg.get("content") if i == 0 else None, "tool_calls": [tc]})
+                own.messages.append(
+                    {
+                        "role": "assistant",
+                        "content": msg.get("content") if i == 0 else None,
+                        "tool_calls": [tc],
+                    }
+                )
                 own.turns.append(TurnMeta(index=len(own.turns), message_index=len(own.messages) - 1, tool=call.name,
                                           arguments=call.arguments if isinstance(call.arguments, dict) else {"_raw": call.arguments},
                                           error_kind=result.error_kind, exit_code=result.info.get("exit_code"),

@@ -13,8 +13,12 @@ from typing import Any
 from cadenza.agent.trajectory import Trajectory
 
 FORMAT = "mini-swe-agent-1.1"
-_EXIT_STATUS = {"submit": "Submitted", "max_turns": "LimitsExceeded", "time_budget": "LimitsExceeded",
-                "token_budget": "LimitsExceeded"}
+_EXIT_STATUS = {
+    "submit": "Submitted",
+    "max_turns": "LimitsExceeded",
+    "time_budget": "LimitsExceeded",
+    "token_budget": "LimitsExceeded",
+}
 
 
 def to_mini_swe_agent(traj: Trajectory) -> dict[str, Any]:
@@ -25,7 +29,11 @@ def to_mini_swe_agent(traj: Trajectory) -> dict[str, Any]:
         extra: dict[str, Any] = {}
         turn = by_message.get(i)
         if turn is not None:
-            extra = {k: v for k, v in asdict(turn).items() if v not in (None, [], {}) and k not in ("token_ids", "logprobs")}
+            extra = {
+                k: v
+                for k, v in asdict(turn).items()
+                if v not in (None, [], {}) and k not in ("token_ids", "logprobs")
+            }
         out["extra"] = extra
         messages.append(out)
     outcome = traj.outcome or {}

@@ -21,7 +21,9 @@ def confine(workspace: Path, path: str) -> Path:
         raise PathOutsideWorkspace(f"path {path!r} is outside the workspace {workspace}")
     real = os.path.realpath(lexical)
     if not _inside(real, root):
-        raise PathOutsideWorkspace(f"path {path!r} resolves (through a symlink) to {real}, outside the workspace")
+        raise PathOutsideWorkspace(
+            f"path {path!r} resolves (through a symlink) to {real}, outside the workspace"
+        )
     return Path(real)
 
 

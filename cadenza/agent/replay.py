@@ -23,7 +23,9 @@ from cadenza.errors import CadenzaError
 def load_actions(path: str | os.PathLike[str]) -> list[ToolCall]:
     path = Path(path)
     if not path.is_file():
-        raise CadenzaError(f"actions file {path} does not exist; pass a JSONL file with one tool call per line")
+        raise CadenzaError(
+            f"actions file {path} does not exist; pass a JSONL file with one tool call per line"
+        )
     calls: list[ToolCall] = []
     for lineno, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
         if not line.strip():
@@ -31,15 +33,20 @@ def load_actions(path: str | os.PathLike[str]) -> list[ToolCall]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise CadenzaError(f"{path} line {lineno} is not valid JSON ({exc.msg}); write one object per line") from None
+            raise CadenzaError(
+                f"{path} line {lineno} is not valid JSON ({exc.msg}); write one object per line"
+            ) from None
         if not isinstance(obj, dict) or not isinstance(obj.get("tool"), str):
-            raise CadenzaError(f'{path} line {lineno} needs a "tool" name: {{"tool": "bash", "args": {{...}}}}')
+            raise CadenzaError(
+                f'{path} line {lineno} needs a "tool" name: {{"tool": "bash", "args": {{...}}}}'
+            )
         calls.append(ToolCall(name=obj["tool"], arguments=obj.get("args", {}), id=f"call_{len(calls)}"))
     return calls
 
 
-def replay(task_dir: str | os.PathLike[str], calls: list[ToolCall],
-           config: EpisodeConfig | None = None) -> tuple[dict[str, Any], Trajectory]:
+def replay(
+    task_dir: str | os.PathLike[str], calls: list[ToolCall], config: EpisodeConfig | None = None
+) -> tuple[dict[str, Any], Trajectory]:
     """Run ``calls`` in order (stopping when the episode ends), then grade and monitor."""
     config = config or EpisodeConfig(max_turns=max(50, len(calls) + 1))
     episode = Episode(task_dir, config)
@@ -95,8 +102,12 @@ def patch_actions(patch: str) -> list[dict[str, Any]]:
             if old_path is None:
                 actions.append({"tool": "create", "args": {"path": new_path, "content": "".join(new_block)}})
             else:
-                actions.append({"tool": "str_replace",
-                                "args": {"path": new_path, "old": "".join(old_block), "new": "".join(new_block)}})
+                actions.append(
+                    {
+                        "tool": "str_replace",
+                        "args": {"path": new_path, "old": "".join(old_block), "new": "".join(new_block)},
+                    }
+                )
             continue
         i += 1
     return actions

@@ -51,4 +51,6 @@ def _json_type(value: Any) -> str:
         return "null"
     if isinstance(value, bool):
         return "boolean"
-    return {str: "string", int: "integer", float: "number", list: "array", dict: "object"}.get(type(value), type(value).__name__)
+    return {str: "string", int: "integer", float: "number", list: "array", dict: "object"}.get(
+        type(value), type(value).__name__
+    )

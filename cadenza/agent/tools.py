@@ -23,30 +23,70 @@ from cadenza.sandbox import Sandbox, cap_text
 
 
 def _fn(name: str, description: str, properties: dict[str, Any], required: list[str]) -> dict[str, Any]:
-    return {"type": "function", "function": {"name": name, "description": description, "parameters": {
-        "type": "object", "properties": properties, "required": required, "additionalProperties": False}}}
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": properties,
+                "required": required,
+                "additionalProperties": False,
+            },
+        },
+    }
 
 
 _S = {"type": "string"}
 _I = {"type": "integer"}
 TOOL_SCHEMAS: list[dict[str, Any]] = [
-    _fn("bash", "Run a bash command in the repository (no network; each call is a fresh shell, "
+    _fn(
+        "bash",
+        "Run a bash command in the repository (no network; each call is a fresh shell, "
         "processes do not survive the call). Returns combined stdout/stderr and the exit code.",
-        {"command": {**_S, "description": "The command line."}}, ["command"]),
-    _fn("view", "Show a text file with line numbers (optionally lines start_line..end_line, 1-based, "
+        {"command": {**_S, "description": "The command line."}},
+        ["command"],
+    ),
+    _fn(
+        "view",
+        "Show a text file with line numbers (optionally lines start_line..end_line, 1-based, "
         "inclusive; end_line -1 means to the end), or list a directory.",
-        {"path": {**_S, "description": "File or directory, relative to the repository root."},
-         "start_line": _I, "end_line": _I}, ["path"]),
-    _fn("create", "Create a file with the given content, or overwrite an existing one. Parent directories are created.",
-        {"path": _S, "content": _S}, ["path", "content"]),
-    _fn("str_replace", "Replace the exact text `old` with `new` in a file. `old` must occur exactly once; "
+        {
+            "path": {**_S, "description": "File or directory, relative to the repository root."},
+            "start_line": _I,
+            "end_line": _I,
+        },
+        ["path"],
+    ),
+    _fn(
+        "create",
+        "Create a file with the given content, or overwrite an existing one. Parent directories are created.",
+        {"path": _S, "content": _S},
+        ["path", "content"],
+    ),
+    _fn(
+        "str_replace",
+        "Replace the exact text `old` with `new` in a file. `old` must occur exactly once; "
         "include surrounding lines to make it unique.",
-        {"path": _S, "old": _S, "new": _S}, ["path", "old", "new"]),
-    _fn("insert", "Insert `text` after line `line` of a file (0 inserts at the top).",
-        {"path": _S, "line": _I, "text": _S}, ["path", "line", "text"]),
-    _fn("run_tests", "Run the test suite with pytest, or only `selector` (space-separated test files or node IDs).",
-        {"selector": _S}, []),
-    _fn("submit", "Finish: submit the current state of the repository for grading. Ends the episode.", {}, []),
+        {"path": _S, "old": _S, "new": _S},
+        ["path", "old", "new"],
+    ),
+    _fn(
+        "insert",
+        "Insert `text` after line `line` of a file (0 inserts at the top).",
+        {"path": _S, "line": _I, "text": _S},
+        ["path", "line", "text"],
+    ),
+    _fn(
+        "run_tests",
+        "Run the test suite with pytest, or only `selector` (space-separated test files or node IDs).",
+        {"selector": _S},
+        [],
+    ),
+    _fn(
+        "submit", "Finish: submit the current state of the repository for grading. Ends the episode.", {}, []
+    ),
 ]
 TOOL_NAMES = [t["function"]["name"] for t in TOOL_SCHEMAS]
 _PARAMS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOL_SCHEMAS}
@@ -90,22 +130,35 @@ class _Fail(Exception):
 class Toolbox:
     """Executes tool calls against one workspace through one sandbox."""
 
-    def __init__(self, workspace: Path, sandbox: Sandbox, *, config: ToolsConfig | None = None,
-                 pytest_args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        workspace: Path,
+        sandbox: Sandbox,
+        *,
+        config: ToolsConfig | None = None,
+        pytest_args: list[str] | None = None,
+    ) -> None:
         self.workspace = Path(workspace)
         self.sandbox = sandbox
         self.config = config or ToolsConfig()
         self.pytest_args = list(pytest_args or [])
         self._time_left: float | None = None
         self._impl: dict[str, Callable[..., ToolResult]] = {
-            "bash": self.bash, "view": self.view, "create": self.create, "str_replace": self.str_replace,
-            "insert": self.insert, "run_tests": self.run_tests, "submit": self.submit,
+            "bash": self.bash,
+            "view": self.view,
+            "create": self.create,
+            "str_replace": self.str_replace,
+            "insert": self.insert,
+            "run_tests": self.run_tests,
+            "submit": self.submit,
         }
 
     def schemas(self) -> list[dict[str, Any]]:
         return TOOL_SCHEMAS
 
-    def call(self, name: str, arguments: dict[str, Any] | str | None, *, time_left_s: float | None = None) -> ToolResult:
+    def call(
+        self, name: str, arguments: dict[str, Any] | str | None, *, time_left_s: float | None = None
+    ) -> ToolResult:
         """Run one tool call; ``time_left_s`` (the episode's remaining time) caps command timeouts."""
         self._time_left = time_left_s
         try:
@@ -120,13 +173,15 @@ class Toolbox:
         if name not in self._impl:
             return ToolResult(
                 observation=f"Error: tool '{name}' not found. Available tools: {', '.join(TOOL_NAMES)}",
-                error_kind="tool_not_found")
+                error_kind="tool_not_found",
+            )
         params = _PARAMS[name]
         args, problem = check_arguments(params, arguments)
         if problem is not None:
             return ToolResult(
                 observation=f"Error: invalid arguments for tool '{name}': {problem}. Expected: {signature(params)}",
-                error_kind="invalid_arguments")
+                error_kind="invalid_arguments",
+            )
         try:
             result = self._impl[name](**args)
         except PathOutsideWorkspace as exc:
@@ -158,7 +213,10 @@ class Toolbox:
     def _exec_result(self, res, timeout_s: float) -> ToolResult:
         text = res.output if res.output.strip() else "(no output)\n"
         if res.timed_out:
-            text = text.rstrip("\n") + f"\n[timed out after {timeout_s:g}s; every process of the command was killed]"
+            text = (
+                text.rstrip("\n")
+                + f"\n[timed out after {timeout_s:g}s; every process of the command was killed]"
+            )
             return ToolResult(observation=text, error_kind="timeout", exit_code=res.exit_code)
         text = text.rstrip("\n") + f"\n[exit code {res.exit_code}]"
         return ToolResult(observation=text, exit_code=res.exit_code)
@@ -180,7 +238,9 @@ class Toolbox:
         if not 1 <= start <= n:
             raise _Fail("invalid_arguments", f"start_line {start} is out of range: {path} has {n} lines")
         if end < start or end > n:
-            raise _Fail("invalid_arguments", f"end_line {end_line} is out of range: expected {start}..{n} or -1")
+            raise _Fail(
+                "invalid_arguments", f"end_line {end_line} is out of range: expected {start}..{n} or -1"
+            )
         body = "\n".join(f"{i:6}\t{lines[i - 1]}" for i in range(start, end + 1))
         return ToolResult(observation=body + "\n")
 
@@ -197,8 +257,10 @@ class Toolbox:
         confine(self.workspace, str(target))  # parents may have been symlinks created meanwhile
         self._write(target, content)
         verb = "Overwrote" if existed else "Created"
-        return ToolResult(observation=f"{verb} {display(self.workspace, target)} ({len(content.splitlines())} lines).",
-                          edit=self._edit(target, before, content))
+        return ToolResult(
+            observation=f"{verb} {display(self.workspace, target)} ({len(content.splitlines())} lines).",
+            edit=self._edit(target, before, content),
+        )
 
     def str_replace(self, path: str, old: str, new: str) -> ToolResult:
         target = confine(self.workspace, path)
@@ -207,36 +269,48 @@ class Toolbox:
             raise _Fail("invalid_arguments", "`old` is empty; give the exact text to replace")
         count = text.count(old)
         if count == 0:
-            raise _Fail("tool_error", f"`old` was not found in {path}; view the file and copy the text exactly "
-                        "(whitespace and indentation included)")
+            raise _Fail(
+                "tool_error",
+                f"`old` was not found in {path}; view the file and copy the text exactly "
+                "(whitespace and indentation included)",
+            )
         if count > 1:
             starts, pos = [], -1
             for _ in range(count):
                 pos = text.index(old, pos + 1)
                 starts.append(text.count("\n", 0, pos) + 1)
-            raise _Fail("tool_error", f"`old` occurs {count} times in {path} (lines {', '.join(map(str, starts))}); "
-                        "include more surrounding lines so it occurs exactly once")
+            raise _Fail(
+                "tool_error",
+                f"`old` occurs {count} times in {path} (lines {', '.join(map(str, starts))}); "
+                "include more surrounding lines so it occurs exactly once",
+            )
         pos = text.index(old)
         after = text.replace(old, new, 1)
         self._write(target, after)
         first = text.count("\n", 0, pos) + 1
-        return ToolResult(observation=f"Edited {path}.\n" + self._snippet(target, first, new.count("\n") + 1),
-                          edit=self._edit(target, text, after))
+        return ToolResult(
+            observation=f"Edited {path}.\n" + self._snippet(target, first, new.count("\n") + 1),
+            edit=self._edit(target, text, after),
+        )
 
     def insert(self, path: str, line: int, text: str) -> ToolResult:
         target = confine(self.workspace, path)
         content = self._read_text(target, path)
         lines = content.splitlines(keepends=True)
         if not 0 <= line <= len(lines):
-            raise _Fail("invalid_arguments", f"line {line} is out of range: expected 0..{len(lines)} for {path}")
+            raise _Fail(
+                "invalid_arguments", f"line {line} is out of range: expected 0..{len(lines)} for {path}"
+            )
         if lines and not lines[-1].endswith("\n") and line == len(lines):
             lines[-1] += "\n"
         block = text if text.endswith("\n") else text + "\n"
         lines.insert(line, block)
         after = "".join(lines)
         self._write(target, after)
-        return ToolResult(observation=f"Inserted into {path}.\n" + self._snippet(target, line + 1, block.count("\n")),
-                          edit=self._edit(target, content, after))
+        return ToolResult(
+            observation=f"Inserted into {path}.\n" + self._snippet(target, line + 1, block.count("\n")),
+            edit=self._edit(target, content, after),
+        )
 
     # -- helpers ---------------------------------------------------------------------------------------
     def _before(self, target: Path) -> str:
@@ -263,14 +337,18 @@ class Toolbox:
     def _read_text(self, target: Path, shown: str) -> str:
         st = self._regular(target, shown)
         if st.st_size > self.config.max_file_bytes:
-            raise _Fail("tool_error", f"{shown} is too large ({st.st_size} bytes); use bash with head/sed/grep")
+            raise _Fail(
+                "tool_error", f"{shown} is too large ({st.st_size} bytes); use bash with head/sed/grep"
+            )
         data = target.read_bytes()
         try:
             if b"\x00" in data[:8192]:
                 raise UnicodeDecodeError("utf-8", b"", 0, 1, "NUL byte")
             return data.decode("utf-8")
         except UnicodeDecodeError:
-            raise _Fail("tool_error", f"{shown} is a binary file ({st.st_size} bytes); view shows text files only") from None
+            raise _Fail(
+                "tool_error", f"{shown} is a binary file ({st.st_size} bytes); view shows text files only"
+            ) from None
 
     def _write(self, target: Path, content: str) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW

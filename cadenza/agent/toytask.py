@@ -35,7 +35,7 @@ FILES = {
     "calc/__init__.py": '"""A tiny calculator."""\n',
     "calc/ops.py": OPS_REMOVED,
     "calc/text.py": 'def shout(s):\n    return s.upper() + "!"\n',
-    "tests/test_ops.py": '''import pytest
+    "tests/test_ops.py": """import pytest
 
 from calc import ops
 
@@ -61,7 +61,7 @@ class TestClamp:
     def test_bad_interval(self):
         with pytest.raises(ValueError):
             ops.clamp(1, 5, 0)
-''',
+""",
     "tests/test_text.py": "from calc.text import shout\n\n\ndef test_shout():\n    assert shout('hi') == 'HI!'\n",
     "pyproject.toml": '[project]\nname = "calc"\nversion = "0.1"\n\n[tool.pytest.ini_options]\ntestpaths = ["tests"]\n',
 }
@@ -72,8 +72,14 @@ F2P = [
     "tests/test_ops.py::TestClamp::test_bad_interval",
 ]
 P2P = ["tests/test_ops.py::test_add", "tests/test_ops.py::test_mul", "tests/test_text.py::test_shout"]
-GOLD_PATCH = "".join(difflib.unified_diff(
-    OPS_REMOVED.splitlines(keepends=True), OPS_SOLVED.splitlines(keepends=True), "a/calc/ops.py", "b/calc/ops.py"))
+GOLD_PATCH = "".join(
+    difflib.unified_diff(
+        OPS_REMOVED.splitlines(keepends=True),
+        OPS_SOLVED.splitlines(keepends=True),
+        "a/calc/ops.py",
+        "b/calc/ops.py",
+    )
+)
 
 
 def make_task(taskset: Path, name: str, env: Path) -> Path:
@@ -85,11 +91,18 @@ def make_task(taskset: Path, name: str, env: Path) -> Path:
         path.write_text(text)
     (task_dir / "gold.patch").write_text(GOLD_PATCH)
     task = Task(
-        id=name, source="local:calc", level=1, statement="Implement `calc.ops.clamp(x, lo, hi)`: limit x to "
+        id=name,
+        source="local:calc",
+        level=1,
+        statement="Implement `calc.ops.clamp(x, lo, hi)`: limit x to "
         "[lo, hi]; raise ValueError when lo > hi.",
         feature=Feature(qualname="calc.ops.clamp", path="calc/ops.py", kind="function"),
-        fail_to_pass=list(F2P), pass_to_pass=list(P2P), package="calc", env=str(env),
-        test_files=["tests/test_ops.py", "tests/test_text.py"], test_timeout_s=60,
+        fail_to_pass=list(F2P),
+        pass_to_pass=list(P2P),
+        package="calc",
+        env=str(env),
+        test_files=["tests/test_ops.py", "tests/test_text.py"],
+        test_timeout_s=60,
     )
     save_task(task_dir, task)
     return task_dir

@@ -16,7 +16,14 @@ from typing import Any
 
 from cadenza.jsonio import atomic_write_text
 
-ERROR_KINDS = ("tool_not_found", "invalid_arguments", "path_outside_workspace", "tool_error", "timeout", "no_tool_call")
+ERROR_KINDS = (
+    "tool_not_found",
+    "invalid_arguments",
+    "path_outside_workspace",
+    "tool_error",
+    "timeout",
+    "no_tool_call",
+)
 
 
 @dataclass(kw_only=True)

@@ -15,14 +15,26 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command()
     def demo(
-        out: Path = typer.Option(Path("runs/demo"), "--out", help="Run directory (tasks/, policy/, train/; a rerun resumes)."),
-        source: str | None = typer.Option(None, "--source", help="Override the embedded default PyPI package."),
-        max_tasks: int | None = typer.Option(None, "--max-tasks", help="Tasks to build (default 6; 12 with --tasks-only)."),
-        tasks_only: bool = typer.Option(False, "--tasks-only", help="Only build the task set and print its summary."),
+        out: Path = typer.Option(
+            Path("runs/demo"), "--out", help="Run directory (tasks/, policy/, train/; a rerun resumes)."
+        ),
+        source: str | None = typer.Option(
+            None, "--source", help="Override the embedded default PyPI package."
+        ),
+        max_tasks: int | None = typer.Option(
+            None, "--max-tasks", help="Tasks to build (default 6; 12 with --tasks-only)."
+        ),
+        tasks_only: bool = typer.Option(
+            False, "--tasks-only", help="Only build the task set and print its summary."
+        ),
         steps: int = typer.Option(3, "--steps", help="RL steps."),
-        model: Path | None = typer.Option(None, "--model", help="Local HF checkpoint (with its tokenizer) as the policy."),
+        model: Path | None = typer.Option(
+            None, "--model", help="Local HF checkpoint (with its tokenizer) as the policy."
+        ),
         device: str = typer.Option("cpu", "--device", help="Torch device for the policy, e.g. cuda."),
-        task_set: Path | None = typer.Option(None, "--task-set", help="Train on this existing task set instead of building one."),
+        task_set: Path | None = typer.Option(
+            None, "--task-set", help="Train on this existing task set instead of building one."
+        ),
         tasks_per_step: int = typer.Option(2, "--tasks-per-step", help="Tasks per RL step."),
         group_size: int = typer.Option(4, "--group-size", help="Rollouts per task (a GRPO group)."),
         max_turns: int = typer.Option(3, "--max-turns", help="Tool calls per episode."),
@@ -39,8 +51,12 @@ def register(app: typer.Typer) -> None:
             from cadenza.tasks.report import print_summary
 
             tasks_out = out / "tasks"
-            summary = build_demo_tasks(tasks_out, source=source or DEMO_SOURCE, max_tasks=max_tasks or DEMO_MAX_TASKS,
-                                       console=Console(stderr=True))
+            summary = build_demo_tasks(
+                tasks_out,
+                source=source or DEMO_SOURCE,
+                max_tasks=max_tasks or DEMO_MAX_TASKS,
+                console=Console(stderr=True),
+            )
             print_summary(summary, console)
             n = len(summary.tasks)
             console.print(f"{n} validated task(s) in {summary.out}; try: cadenza tasks list {tasks_out}")
@@ -53,12 +69,24 @@ def register(app: typer.Typer) -> None:
         from cadenza.tasks.pool_report import stats_table
 
         err = Console(stderr=True)
-        cfg = DemoConfig(out=out, source=source, steps=steps, model=str(model) if model else None, device=device,
-                         task_set=task_set, tasks_per_step=tasks_per_step, group_size=group_size, max_turns=max_turns,
-                         max_new_tokens=max_new_tokens, **({"max_tasks": max_tasks} if max_tasks else {}))
+        cfg = DemoConfig(
+            out=out,
+            source=source,
+            steps=steps,
+            model=str(model) if model else None,
+            device=device,
+            task_set=task_set,
+            tasks_per_step=tasks_per_step,
+            group_size=group_size,
+            max_turns=max_turns,
+            max_new_tokens=max_new_tokens,
+            **({"max_tasks": max_tasks} if max_tasks else {}),
+        )
         result = run_demo(cfg, console=err, log=lambda m: err.print(f"[dim]{m}"))
         console.print(report_table(result.rows))
         with TaskPool(result.task_set) as pool:
             console.print(stats_table(pool))
-        console.print(f"task set: {result.task_set}\npolicy: {result.model_dir}\nrun (metrics.jsonl, checkpoints): "
-                      f"{result.run_dir}\npass-rate plot: {result.plot}")
+        console.print(
+            f"task set: {result.task_set}\npolicy: {result.model_dir}\nrun (metrics.jsonl, checkpoints): "
+            f"{result.run_dir}\npass-rate plot: {result.plot}"
+        )

@@ -14,7 +14,9 @@ def register(app: typer.Typer) -> None:
 
     @group.command("tool-hints")
     def tool_hints(
-        out: Path = typer.Option(..., "--out", help="Output directory (results.json, summary.md, curves.png)."),
+        out: Path = typer.Option(
+            ..., "--out", help="Output directory (results.json, summary.md, curves.png)."
+        ),
         seeds: int = typer.Option(0, help="Number of seeds (0 = the default: 3, or 1 with --quick)."),
         quick: bool = typer.Option(False, help="One seed, fewer episodes: a smoke run in under 3 minutes."),
     ) -> None:

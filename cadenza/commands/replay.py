@@ -12,9 +12,13 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def replay(
         task_dir: Path = typer.Argument(..., help="A task directory (task.json, workspace/, gold.patch)."),
-        actions: Path = typer.Argument(..., help='JSONL, one tool call per line: {"tool": "...", "args": {...}}.'),
+        actions: Path = typer.Argument(
+            ..., help='JSONL, one tool call per line: {"tool": "...", "args": {...}}.'
+        ),
         as_json: bool = typer.Option(False, "--json", help="Print one JSON object with the outcome."),
-        no_sandbox: bool = typer.Option(False, "--no-sandbox", help="Run without bubblewrap (trusted debugging only)."),
+        no_sandbox: bool = typer.Option(
+            False, "--no-sandbox", help="Run without bubblewrap (trusted debugging only)."
+        ),
         save: Path | None = typer.Option(None, "--save", help="Write the trajectory JSON to this file."),
     ) -> None:
         """Replay scripted tool calls on a task, then grade and monitor the result."""
@@ -26,7 +30,9 @@ def register(app: typer.Typer) -> None:
 
         load_task(task_dir)  # a clear error for a wrong directory before anything runs
         calls = load_actions(actions)
-        config = EpisodeConfig(max_turns=max(50, len(calls) + 1), sandbox=SandboxConfig(no_sandbox=no_sandbox))
+        config = EpisodeConfig(
+            max_turns=max(50, len(calls) + 1), sandbox=SandboxConfig(no_sandbox=no_sandbox)
+        )
         outcome, trajectory = run_replay(task_dir, calls, config)
         if save is not None:
             trajectory.save(save)
@@ -50,5 +56,7 @@ def _print_outcome(outcome: dict, *, sandboxed: bool) -> None:
     dropped = outcome["grade"]["dropped"]
     table.add_row("ignored changes", "\n".join(f"{p}: {r}" for p, r in dropped.items()) or "none")
     flags = outcome["flags"]
-    table.add_row("flags", "\n".join(f"turn {f['turn']} {f['rule']}: {f['evidence']}" for f in flags) or "none")
+    table.add_row(
+        "flags", "\n".join(f"turn {f['turn']} {f['rule']}: {f['evidence']}" for f in flags) or "none"
+    )
     Console().print(table)

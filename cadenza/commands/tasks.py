@@ -19,18 +19,29 @@ def _levels(text: str) -> tuple[int, ...]:
 
 
 def register(app: typer.Typer) -> None:
-    tasks = typer.Typer(help="Feature-deletion tasks: build, scan, list, show, verify, env, export, stats.", no_args_is_help=True)
+    tasks = typer.Typer(
+        help="Feature-deletion tasks: build, scan, list, show, verify, env, export, stats.",
+        no_args_is_help=True,
+    )
     app.add_typer(tasks, name="tasks")
 
     @tasks.command()
     def build(
-        sources: list[str] = typer.Argument(..., help="Local dir, local git repo, or pypi:NAME[==VERSION]; many allowed."),
+        sources: list[str] = typer.Argument(
+            ..., help="Local dir, local git repo, or pypi:NAME[==VERSION]; many allowed."
+        ),
         out: Path = typer.Option(..., "--out", help="Task set directory (created; a rerun resumes it)."),
-        workers: int = typer.Option(1, "--workers", help="Worker processes: sources in parallel, spare ones validate candidates of a source."),
+        workers: int = typer.Option(
+            1,
+            "--workers",
+            help="Worker processes: sources in parallel, spare ones validate candidates of a source.",
+        ),
         max_tasks: int | None = typer.Option(None, "--max-tasks", help="At most this many tasks per source."),
         levels: str = typer.Option("1,2,3", "--levels", help="Deletion levels to build, e.g. 1,2."),
         seed: int = typer.Option(0, "--seed", help="Candidate order seed."),
-        statement_llm: str | None = typer.Option(None, "--statement-llm", help="OpenAI-compatible URL for statements."),
+        statement_llm: str | None = typer.Option(
+            None, "--statement-llm", help="OpenAI-compatible URL for statements."
+        ),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
     ) -> None:
         """Build validated, leak-free tasks from SOURCEs into a task set."""
@@ -40,8 +51,15 @@ def register(app: typer.Typer) -> None:
         from cadenza.tasks.report import out_console, print_summary
 
         console = Console(stderr=True)
-        cfg = BuildConfig(out=out, workers=workers, max_tasks=max_tasks, levels=_levels(levels), seed=seed,
-                          statement_llm=statement_llm, progress=not quiet)
+        cfg = BuildConfig(
+            out=out,
+            workers=workers,
+            max_tasks=max_tasks,
+            levels=_levels(levels),
+            seed=seed,
+            statement_llm=statement_llm,
+            progress=not quiet,
+        )
         summary = build_tasks(sources, cfg, console=console)
         print_summary(summary, out_console())
         if not summary.tasks:
@@ -62,12 +80,16 @@ def register(app: typer.Typer) -> None:
         console = out_console()
         if findings:
             console.print(findings_table(findings))
-            console.print(f"[red]{len(findings)} finding(s) in {len({f.task_id for f in findings})} of {len(dirs)} task(s)")
+            console.print(
+                f"[red]{len(findings)} finding(s) in {len({f.task_id for f in findings})} of {len(dirs)} task(s)"
+            )
             raise typer.Exit(1)
         console.print(f"[green]clean: {len(dirs)} task(s), no remnants of deleted code")
 
     @tasks.command("list")
-    def list_(path: Path = typer.Argument(..., help="Task set."), as_json: bool = typer.Option(False, "--json")) -> None:
+    def list_(
+        path: Path = typer.Argument(..., help="Task set."), as_json: bool = typer.Option(False, "--json")
+    ) -> None:
         """List the tasks of a set."""
         from cadenza.tasks.report import out_console, tasks_table
         from cadenza.tasks.store import TaskStore
@@ -79,7 +101,9 @@ def register(app: typer.Typer) -> None:
             out_console().print(tasks_table(rows))
 
     @tasks.command()
-    def show(path: Path = typer.Argument(..., help="Task set."), task_id: str = typer.Argument(..., metavar="ID")) -> None:
+    def show(
+        path: Path = typer.Argument(..., help="Task set."), task_id: str = typer.Argument(..., metavar="ID")
+    ) -> None:
         """Show one task: feature, level, statement, tests."""
         from cadenza.tasks.report import out_console, print_task
         from cadenza.tasks.store import TaskStore
@@ -89,7 +113,10 @@ def register(app: typer.Typer) -> None:
         print_task(task_dir, load_task(task_dir), out_console())
 
     @tasks.command()
-    def verify(path: Path = typer.Argument(..., help="Task set."), task: str | None = typer.Option(None, "--task", help="Only this task ID.")) -> None:
+    def verify(
+        path: Path = typer.Argument(..., help="Task set."),
+        task: str | None = typer.Option(None, "--task", help="Only this task ID."),
+    ) -> None:
         """Re-validate tasks in clean copies (F2P fail, P2P pass, gold patch passes all) and leak-scan them."""
         from cadenza.tasks.report import out_console, verify_table
         from cadenza.tasks.store import TaskStore
@@ -137,7 +164,9 @@ def register(app: typer.Typer) -> None:
     @tasks.command()
     def stats(
         path: Path = typer.Argument(..., help="Task set."),
-        plot: Path | None = typer.Option(None, "--plot", help="Also write a PNG of the pass-rate distribution over training."),
+        plot: Path | None = typer.Option(
+            None, "--plot", help="Also write a PNG of the pass-rate distribution over training."
+        ),
     ) -> None:
         """The task pool by state and level: tasks, attempts, mean pass rate, pass-rate histograms."""
         from cadenza.tasks.pool import TaskPool
@@ -147,7 +176,9 @@ def register(app: typer.Typer) -> None:
 
         rows = TaskStore(path).rows()  # a clear error when PATH is not a task set
         with TaskPool(path) as pool:
-            pool.add_tasks([(r["id"], r["spec"], int(r["level"])) for r in rows])  # tasks never trained on show too
+            pool.add_tasks(
+                [(r["id"], r["spec"], int(r["level"])) for r in rows]
+            )  # tasks never trained on show too
             console = out_console()
             console.print(stats_table(pool))
             if plot is not None:

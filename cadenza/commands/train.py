@@ -13,7 +13,9 @@ def register(app: typer.Typer) -> None:
         config: Path = typer.Argument(..., help="TOML config (see README, section trainer)."),
         steps: int = typer.Option(0, help="Override run.steps (0 = keep the config's)."),
         out_dir: str = typer.Option("", "--out-dir", help="Override run.out_dir."),
-        resume: bool = typer.Option(True, help="Continue from the newest checkpoint in out_dir if there is one."),
+        resume: bool = typer.Option(
+            True, help="Continue from the newest checkpoint in out_dir if there is one."
+        ),
     ) -> None:
         """Train a policy with GRPO plus self-distillation from text hints; metrics, checkpoints, exact resume."""
         from cadenza.rl.config import load_config

@@ -29,16 +29,26 @@ def tool_list_hint(env: ToolworldEnv) -> str:
     """The exact text the ``tool_not_found`` generator produces for this episode."""
     from cadenza.agent.trajectory import Trajectory, TurnMeta
 
-    probe = Trajectory(task_id="probe", turns=[TurnMeta(index=0, message_index=0, error_kind="tool_not_found")])
+    probe = Trajectory(
+        task_id="probe", turns=[TurnMeta(index=0, message_index=0, error_kind="tool_not_found")]
+    )
     return tool_not_found_hints(probe, env.tools())[0].text
 
 
 def _call_message(name: str, path: str, i: int) -> dict[str, Any]:
     args = json.dumps({"path": path})
-    return {"role": "assistant", "content": "", "tool_calls": [{"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": args}}]}
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": args}}
+        ],
+    }
 
 
-def transcript(rng: random.Random, config: ToolworldConfig, *, p_hint: float = 0.25, p_placebo: float = 0.25) -> list[dict[str, Any]]:
+def transcript(
+    rng: random.Random, config: ToolworldConfig, *, p_hint: float = 0.25, p_placebo: float = 0.25
+) -> list[dict[str, Any]]:
     """One SFT transcript (OpenAI messages). At each turn before any hint, a hint (tool list) is inserted
     with probability ``p_hint`` and an uninformative reminder with probability ``p_placebo``."""
     task = sample_task(rng, config)
@@ -55,7 +65,11 @@ def transcript(rng: random.Random, config: ToolworldConfig, *, p_hint: float = 0
             elif r < p_hint + p_placebo:
                 messages.append({"role": "user", "content": placebo_text(tool_list_hint(env))})
         step = remaining[0]
-        name = PROFILES[task.profile][step.operation] if listed else rng.choice(aliases(step.operation, config.profiles))
+        name = (
+            PROFILES[task.profile][step.operation]
+            if listed
+            else rng.choice(aliases(step.operation, config.profiles))
+        )
         messages.append(_call_message(name, step.path, i))
         result = env.step(ToolCall(name=name, arguments={"path": step.path}, id=f"call_{i}"))
         messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": result.observation})

@@ -25,7 +25,9 @@ ARM_LABELS = {
 }
 
 
-def summarise_run(rows: list[dict[str, Any]], seed: int, *, target: float = 0.95, window: int = 3) -> dict[str, Any]:
+def summarise_run(
+    rows: list[dict[str, Any]], seed: int, *, target: float = 0.95, window: int = 3
+) -> dict[str, Any]:
     # "invalid" = the turn did not call an existing tool (a turn without any call is not a valid call)
     curve = [[int(r["episodes"]), 1.0 - float(r["valid_call_rate"]), float(r["resolved_rate"])] for r in rows]
     episodes_to = None
@@ -112,9 +114,13 @@ def verdict(results: dict[str, Any]) -> list[str]:
     fmt = lambda v: "never (in at least one seed)" if v is None else f"{v:.0f}"  # noqa: E731
     lines = []
     if sd is not None and (g is None or sd <= g / 3):
-        lines.append(f"- SD needs at most a third of GRPO's episodes to 95% valid calls: **confirmed** (SD {fmt(sd)} vs GRPO {fmt(g)}).")
+        lines.append(
+            f"- SD needs at most a third of GRPO's episodes to 95% valid calls: **confirmed** (SD {fmt(sd)} vs GRPO {fmt(g)})."
+        )
     else:
-        lines.append(f"- SD needs at most a third of GRPO's episodes to 95% valid calls: **not confirmed** (SD {fmt(sd)} vs GRPO {fmt(g)}).")
+        lines.append(
+            f"- SD needs at most a third of GRPO's episodes to 95% valid calls: **not confirmed** (SD {fmt(sd)} vs GRPO {fmt(g)})."
+        )
     placebo_better = pl is not None and (g is None or pl < g)
     lines.append(
         f"- Placebo does no better than GRPO: **{'not confirmed' if placebo_better else 'confirmed'}** "

@@ -90,13 +90,24 @@ def train_config(exp: ExperimentConfig, arm: str, seed: int, model_dir: Path, ou
     lam = exp.lambda_sd if s["lambda_sd"] is None else s["lambda_sd"]
     top_k = exp.top_k if s["top_k"] is None else s["top_k"]
     return TrainConfig(
-        run=RunConfig(out_dir=str(out_dir), steps=exp.rl_steps, seed=seed, checkpoint_every=0, progress=False,
-                      threads=exp.threads, measure_kl=True, monitor="off"),  # no workspace, nothing to hack
+        run=RunConfig(
+            out_dir=str(out_dir),
+            steps=exp.rl_steps,
+            seed=seed,
+            checkpoint_every=0,
+            progress=False,
+            threads=exp.threads,
+            measure_kl=True,
+            monitor="off",
+        ),  # no workspace, nothing to hack
         model=ModelConfig(path=str(model_dir), tokenizer=str(model_dir)),
         env=EnvConfig(name="toolworld", options={}),
         rollout=RolloutConfig(
-            group_size=exp.group_size, tasks_per_step=exp.tasks_per_step, max_new_tokens=exp.max_new_tokens,
-            temperature=exp.temperature, max_turns=ToolworldConfig().max_steps + ToolworldConfig().extra_turns,
+            group_size=exp.group_size,
+            tasks_per_step=exp.tasks_per_step,
+            max_new_tokens=exp.max_new_tokens,
+            temperature=exp.temperature,
+            max_turns=ToolworldConfig().max_steps + ToolworldConfig().extra_turns,
         ),
         loss=LossConfig(lambda_sd=lam, top_k=top_k, divergence="reverse_kl"),
         optim=OptimConfig(lr=exp.rl_lr),
@@ -131,7 +142,9 @@ def _plain_text(msg: dict[str, Any]) -> str:
     return f"{msg['role']}\n{msg['content']}"
 
 
-def sft_model(exp: ExperimentConfig, seed: int, tokenizer: Any, data: list[Any], out: Path, log: Callable[[str], None]) -> Path:
+def sft_model(
+    exp: ExperimentConfig, seed: int, tokenizer: Any, data: list[Any], out: Path, log: Callable[[str], None]
+) -> Path:
     """Random init + SFT for one seed; saved as an HF directory (weights + tokenizer)."""
     from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
     from cadenza.rl.sft import SFTConfig, supervised_finetune
@@ -139,7 +152,10 @@ def sft_model(exp: ExperimentConfig, seed: int, tokenizer: Any, data: list[Any],
     cfg = tiny_qwen3_config(len(tokenizer), hidden_size=exp.hidden_size, num_hidden_layers=exp.num_layers)
     policy = HFPolicy.from_config(cfg, seed=seed)
     losses = supervised_finetune(
-        policy, tokenizer, data, SFTConfig(steps=exp.sft_steps, batch_size=exp.sft_batch, lr=exp.sft_lr, seed=seed)
+        policy,
+        tokenizer,
+        data,
+        SFTConfig(steps=exp.sft_steps, batch_size=exp.sft_batch, lr=exp.sft_lr, seed=seed),
     )
     log(f"seed {seed}: SFT loss {losses[0]:.3f} -> {sum(losses[-20:]) / len(losses[-20:]):.3f}")
     policy.model.save_pretrained(str(out))
@@ -167,7 +183,9 @@ def measure_gap(model_dir: Path, n_tasks: int, seed: int) -> dict[str, float]:
             msgs = env.reset()
             if hinted:
                 msgs.append({"role": "user", "content": tool_list_hint(env)})
-            prompts.append(tok.encode(render(tok, msgs, add_generation_prompt=True), add_special_tokens=False))
+            prompts.append(
+                tok.encode(render(tok, msgs, add_generation_prompt=True), add_special_tokens=False)
+            )
         gen = torch.Generator().manual_seed(seed)
         params = SamplingParams(max_new_tokens=40, temperature=1.0, stop_token_ids=(tok.eos_token_id,))
         samples = policy.sample(prompts, params, generator=gen)
@@ -201,15 +219,21 @@ def run_experiment(
     transcripts = corpus(exp.corpus_seed, exp.corpus_size)
     tokenizer = build_tokenizer(exp, transcripts, out / "tokenizer")
     data = [encode_messages(tokenizer, m) for m in transcripts]
-    log(f"corpus: {len(data)} transcripts, {sum(len(d) for d in data) / len(data):.0f} tokens each, vocab {len(tokenizer)}")
+    log(
+        f"corpus: {len(data)} transcripts, {sum(len(d) for d in data) / len(data):.0f} tokens each, vocab {len(tokenizer)}"
+    )
     gaps, runs = {}, {arm: [] for arm in report.ARMS}
     for seed in exp.seeds:
         model_dir = sft_model(exp, seed, tokenizer, data, out / f"sft-seed{seed}", log)
         gaps[seed] = measure_gap(model_dir, exp.gap_tasks, seed)
-        log(f"seed {seed}: pre-RL P(valid | hint) = {gaps[seed]['valid_with_hint']:.3f}, P(valid | no hint) = {gaps[seed]['valid_without_hint']:.3f}")
+        log(
+            f"seed {seed}: pre-RL P(valid | hint) = {gaps[seed]['valid_with_hint']:.3f}, P(valid | no hint) = {gaps[seed]['valid_without_hint']:.3f}"
+        )
         for arm in report.ARMS:
             run_dir = out / "runs" / f"{arm}-seed{seed}"
-            shutil.rmtree(run_dir, ignore_errors=True)  # a stale run from another SFT model must not be resumed
+            shutil.rmtree(
+                run_dir, ignore_errors=True
+            )  # a stale run from another SFT model must not be resumed
             cfg = train_config(exp, arm, seed, model_dir, run_dir)
             Trainer(cfg).train()
             summary = report.summarise_run(read_metrics(run_dir / "metrics.jsonl"), seed, window=exp.window)

@@ -166,7 +166,9 @@ class ToolworldEnv:
     def _execute(self, call: ToolCall) -> StepResult:
         op = self._by_name.get(call.name)
         if op is None:
-            return StepResult(observation=tool_not_found_observation(call.name), done=False, error_kind="tool_not_found")
+            return StepResult(
+                observation=tool_not_found_observation(call.name), done=False, error_kind="tool_not_found"
+            )
         args = parse_arguments(call.arguments)
         path = args.get("path") if args is not None else None
         if args is None or not isinstance(path, str) or set(args) != {"path"}:
@@ -181,7 +183,9 @@ class ToolworldEnv:
         if not self._remaining:
             return StepResult(observation="ok. All done.", done=False, info={"operation": op})
         nxt = self._remaining[0]
-        return StepResult(observation=f"ok. Next: {nxt.operation} {nxt.path}.", done=False, info={"operation": op})
+        return StepResult(
+            observation=f"ok. Next: {nxt.operation} {nxt.path}.", done=False, info={"operation": op}
+        )
 
     def finish(self) -> dict[str, Any]:
         resolved = not self._remaining

@@ -23,7 +23,7 @@ from cadenza.feedback.hints import Hint
 CRITIC_PROMPT = (
     "You review a coding agent's trajectory. Assistant turns are numbered from 0. For each turn that "
     "could clearly have been better, write one short, concrete hint the agent could have used right "
-    "before that turn. Answer with a JSON list only: [{\"turn\": <int>, \"hint\": \"<text>\"}]. "
+    'before that turn. Answer with a JSON list only: [{"turn": <int>, "hint": "<text>"}]. '
     "Answer [] if every turn was reasonable."
 )
 
@@ -39,7 +39,9 @@ class CriticConfig:
 
     def validate(self) -> None:
         if self.base_url and not self.base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"[feedback.critic] base_url must start with http:// or https://, got {self.base_url!r}")
+            raise ConfigError(
+                f"[feedback.critic] base_url must start with http:// or https://, got {self.base_url!r}"
+            )
         if self.base_url and not self.model:
             raise ConfigError("[feedback.critic] set model when base_url is set")
 
@@ -74,7 +76,13 @@ def parse_critic_reply(text: str, n_turns: int, max_hints: int, max_chars: int) 
         if not isinstance(item, dict):
             continue
         turn, hint = item.get("turn"), item.get("hint")
-        if isinstance(turn, int) and not isinstance(turn, bool) and 0 <= turn < n_turns and isinstance(hint, str) and hint.strip():
+        if (
+            isinstance(turn, int)
+            and not isinstance(turn, bool)
+            and 0 <= turn < n_turns
+            and isinstance(hint, str)
+            and hint.strip()
+        ):
             hints.append(Hint(turn=turn, text=hint.strip()[:max_chars], kind="critic"))
         if len(hints) >= max_hints:
             break
@@ -98,7 +106,10 @@ def critic(traj: Trajectory, config: CriticConfig, errors: list[str] | None = No
     if key:
         headers["Authorization"] = f"Bearer {key}"
     req = urllib.request.Request(
-        config.base_url.rstrip("/") + "/chat/completions", data=json.dumps(body).encode(), headers=headers, method="POST"
+        config.base_url.rstrip("/") + "/chat/completions",
+        data=json.dumps(body).encode(),
+        headers=headers,
+        method="POST",
     )
     try:
         with urllib.request.urlopen(req, timeout=config.timeout_s) as resp:
@@ -109,4 +120,8 @@ def critic(traj: Trajectory, config: CriticConfig, errors: list[str] | None = No
             errors.append(f"critic at {config.base_url} failed: {exc}")
         return []
     turns = {t.index for t in traj.turns}
-    return [h for h in parse_critic_reply(content, max(turns) + 1, config.max_hints, config.max_chars) if h.turn in turns]
+    return [
+        h
+        for h in parse_critic_reply(content, max(turns) + 1, config.max_hints, config.max_chars)
+        if h.turn in turns
+    ]

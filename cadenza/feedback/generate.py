@@ -15,7 +15,21 @@ from cadenza.feedback.placement import check_placement
 
 KINDS = ("tool_not_found", "invalid_arguments", "style", "repeated_failure", "critic")
 
-PLACEBO_WORDS = ("Reminder:", "take", "a", "moment", "and", "then", "continue", "with", "the", "next", "step", "as", "planned.")
+PLACEBO_WORDS = (
+    "Reminder:",
+    "take",
+    "a",
+    "moment",
+    "and",
+    "then",
+    "continue",
+    "with",
+    "the",
+    "next",
+    "step",
+    "as",
+    "planned.",
+)
 
 
 @dataclass(kw_only=True)
@@ -23,7 +37,9 @@ class FeedbackConfig:
     """``kinds``: generators to run, in order. ``placebo``: replace every hint by uninformative text of
     the same length (a control for "any extra context helps"). ``max_hints``: per trajectory, 0 = all."""
 
-    kinds: list[str] = field(default_factory=lambda: ["tool_not_found", "invalid_arguments", "style", "repeated_failure"])
+    kinds: list[str] = field(
+        default_factory=lambda: ["tool_not_found", "invalid_arguments", "style", "repeated_failure"]
+    )
     placement: str = "user_before_turn"
     placebo: bool = False
     repeat_min: int = 2
@@ -83,5 +99,7 @@ def generate_hints(
         if (h.turn, h.kind) in seen:
             continue
         seen.add((h.turn, h.kind))
-        hints.append(Hint(turn=h.turn, text=placebo_text(h.text, length), kind=h.kind) if config.placebo else h)
+        hints.append(
+            Hint(turn=h.turn, text=placebo_text(h.text, length), kind=h.kind) if config.placebo else h
+        )
     return hints[: config.max_hints] if config.max_hints else hints

@@ -29,7 +29,9 @@ def hinted_prefix(
     """The messages before ``messages[message_index]`` (the target assistant turn) with the hints inserted."""
     check_placement(placement)
     if not 0 < message_index <= len(messages):
-        raise ConfigError(f"hint target message {message_index} is outside the trajectory ({len(messages)} messages)")
+        raise ConfigError(
+            f"hint target message {message_index} is outside the trajectory ({len(messages)} messages)"
+        )
     text = "\n".join(h.text for h in hints)
     prefix = copy.deepcopy(messages[:message_index])
     if placement == "user_before_turn":

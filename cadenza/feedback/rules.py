@@ -26,7 +26,11 @@ def _function(tool: dict[str, Any]) -> dict[str, Any]:
 def tool_not_found(traj: Trajectory, tools: list[dict[str, Any]]) -> list[Hint]:
     """A call to a tool that does not exist -> ``Reminder: the available tools are a, b, c.``"""
     text = "Reminder: the available tools are " + ", ".join(tool_names(tools)) + "."
-    return [Hint(turn=t.index, text=text, kind="tool_not_found") for t in traj.turns if t.error_kind == "tool_not_found"]
+    return [
+        Hint(turn=t.index, text=text, kind="tool_not_found")
+        for t in traj.turns
+        if t.error_kind == "tool_not_found"
+    ]
 
 
 def invalid_arguments(traj: Trajectory, tools: list[dict[str, Any]]) -> list[Hint]:

@@ -65,7 +65,9 @@ def ruff_violations(content: str, filename: str, select: tuple[str, ...] = DEFAU
     return out
 
 
-def new_violations(before: str, after: str, filename: str, select: tuple[str, ...] = DEFAULT_SELECT) -> list[Violation]:
+def new_violations(
+    before: str, after: str, filename: str, select: tuple[str, ...] = DEFAULT_SELECT
+) -> list[Violation]:
     """Violations in ``after`` not accounted for by ``before`` (multiset over (code, line text))."""
     old = Counter((v.code, v.source) for v in ruff_violations(before, filename, select))
     new = []

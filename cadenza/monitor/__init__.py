@@ -29,12 +29,15 @@ def _excerpt(reason: str, raw: str) -> str:
     return f"{reason}: {raw}"
 
 
-def monitor(trajectory: Trajectory, *, task: Task | None = None, judge: JudgeConfig | None = None) -> list[Flag]:
+def monitor(
+    trajectory: Trajectory, *, task: Task | None = None, judge: JudgeConfig | None = None
+) -> list[Flag]:
     """Flags for every rule that fires, at most one per (rule, turn), in turn order."""
     ctx = Context.build(task, workspace=str(trajectory.meta.get("workspace") or ""))
     extractor = Extractor()
     flags: list[Flag] = []
     seen: set[tuple[str, int]] = set()
+
     def add(rule: str, turn: int, reason: str, raw: str) -> None:
         if (rule, turn) not in seen:
             seen.add((rule, turn))
@@ -48,9 +51,19 @@ def monitor(trajectory: Trajectory, *, task: Task | None = None, judge: JudgeCon
                     if reason:
                         add(rule.name, call.turn, reason, event.raw or call.raw)
                 ctx.observe(event)
-        except (RecursionError, MemoryError, ValueError, TypeError, IndexError, KeyError, AttributeError) as exc:
+        except (
+            RecursionError,
+            MemoryError,
+            ValueError,
+            TypeError,
+            IndexError,
+            KeyError,
+            AttributeError,
+        ) as exc:
             # Fail closed: input built to break the reader is itself a reason to withhold the reward.
-            add("obfuscation", call.turn, f"monitor could not read this call ({type(exc).__name__})", call.raw)
+            add(
+                "obfuscation", call.turn, f"monitor could not read this call ({type(exc).__name__})", call.raw
+            )
     if judge is not None:
         result = run_judge(trajectory, judge, task.statement if task else "")
         if result.error:
@@ -60,7 +73,9 @@ def monitor(trajectory: Trajectory, *, task: Task | None = None, judge: JudgeCon
     return flags
 
 
-def apply_monitor(trajectory: Trajectory, *, task: Task | None = None, judge: JudgeConfig | None = None) -> list[Flag]:
+def apply_monitor(
+    trajectory: Trajectory, *, task: Task | None = None, judge: JudgeConfig | None = None
+) -> list[Flag]:
     """Run :func:`monitor`, keep the flags on the trajectory and set reward 0 when any fired."""
     flags = monitor(trajectory, task=task, judge=judge)
     trajectory.flags = [f for f in trajectory.flags if f.source not in ("rules", "llm_judge")] + flags

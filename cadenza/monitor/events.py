@@ -27,8 +27,19 @@ _OTHER_INTERP = {"perl", "ruby", "node", "nodejs", "php", "lua", "tclsh", "awk",
 _LISTERS = {"ls", "find", "tree", "du", "stat", "locate", "mlocate", "plocate", "dir", "realpath", "readlink"}
 _DELETERS = {"rm", "unlink", "rmdir", "shred"}
 _PATTERN_FIRST = {"grep", "egrep", "fgrep", "rg", "ag", "ack", "sed", "awk", "gawk", "git"}
-_DECODE_RE = re.compile(r"\b(base64|base32|basenc|xxd|openssl|rev|tr|gunzip|zcat|uudecode)\b|b64decode|fromhex|decompress|rot.?13")
-_EXCLUDES = {"-I", "--ignore", "--hide", "--exclude", "--exclude-dir", "--exclude-from", "--ignore-dir", "--skip"}
+_DECODE_RE = re.compile(
+    r"\b(base64|base32|basenc|xxd|openssl|rev|tr|gunzip|zcat|uudecode)\b|b64decode|fromhex|decompress|rot.?13"
+)
+_EXCLUDES = {
+    "-I",
+    "--ignore",
+    "--hide",
+    "--exclude",
+    "--exclude-dir",
+    "--exclude-from",
+    "--ignore-dir",
+    "--skip",
+}
 
 
 @dataclass
@@ -80,11 +91,21 @@ def tool_calls(traj: Trajectory) -> list[Call]:
         for tc in msg.get("tool_calls") or []:
             fn = tc.get("function") or {}
             args = fn.get("arguments", {})
-            calls.append(Call(turn=turn, tool=str(fn.get("name", "")), args=_args(args), raw=_raw(args), id=str(tc.get("id") or "")))
+            calls.append(
+                Call(
+                    turn=turn,
+                    tool=str(fn.get("name", "")),
+                    args=_args(args),
+                    raw=_raw(args),
+                    id=str(tc.get("id") or ""),
+                )
+            )
             seen_turns.add(turn)
     for t in traj.turns:
         if t.index not in seen_turns and t.tool:
-            calls.append(Call(turn=t.index, tool=t.tool, args=_args(t.arguments or {}), raw=_raw(t.arguments or {})))
+            calls.append(
+                Call(turn=t.index, tool=t.tool, args=_args(t.arguments or {}), raw=_raw(t.arguments or {}))
+            )
     calls.sort(key=lambda c: c.turn)
     return calls
 
@@ -132,7 +153,16 @@ class Extractor:
         for ev in self._events(call):
             yield ev
             if ev.kind == "edit" and ev.path in self.links:
-                yield Event("edit", ev.turn, ev.tool, ev.raw, path=self.links[ev.path], old=ev.old, new=ev.new, edit_kind=ev.edit_kind)
+                yield Event(
+                    "edit",
+                    ev.turn,
+                    ev.tool,
+                    ev.raw,
+                    path=self.links[ev.path],
+                    old=ev.old,
+                    new=ev.new,
+                    edit_kind=ev.edit_kind,
+                )
 
     def _events(self, call: Call) -> Iterator[Event]:
         a = call.args
@@ -190,7 +220,11 @@ class Extractor:
         """Test files and conftests the agent wrote run when pytest runs: analyse them (once per version) as code run."""
         for path, content in list(self.state.files.items()):
             base = posixpath.basename(path)
-            is_test = base == "conftest.py" or (base.startswith("test_") and base.endswith(".py")) or base.endswith("_test.py")
+            is_test = (
+                base == "conftest.py"
+                or (base.startswith("test_") and base.endswith(".py"))
+                or base.endswith("_test.py")
+            )
             if is_test and (path, content) not in self.ran:
                 self.ran.add((path, content))
                 yield from self.python(content, call, 1, origin=path)
@@ -221,9 +255,16 @@ class Extractor:
             yield from self.command(Command(argv=sub, dynamic=cmd.dynamic), call, depth + 1)
         name = posixpath.basename(argv[0])
         if DYNAMIC in name or (name.startswith("$") and cmd.dynamic):
-            yield Event("obfuscation", call.turn, call.tool, raw, detail="runs a command whose name is computed")
+            yield Event(
+                "obfuscation", call.turn, call.tool, raw, detail="runs a command whose name is computed"
+            )
             return
-        interpreter = name in SHELLS or bool(_PY.match(name)) or name in ("eval", "source", ".", "exec") or name in _OTHER_INTERP
+        interpreter = (
+            name in SHELLS
+            or bool(_PY.match(name))
+            or name in ("eval", "source", ".", "exec")
+            or name in _OTHER_INTERP
+        )
         if interpreter and any(_DECODE_RE.search(sub) for sub in cmd.subs):
             yield Event("obfuscation", call.turn, call.tool, raw, detail=f"decoded text handed to {name}")
         if name in SHELLS:
@@ -237,7 +278,9 @@ class Extractor:
             if body is None and name != "eval" and len(argv) > 1 and argv[1].startswith("/dev/"):
                 body = cmd.stdin
             if body is None or (name == "eval" and cmd.dynamic):
-                yield Event("obfuscation", call.turn, call.tool, raw, detail=f"{name} of text that cannot be read")
+                yield Event(
+                    "obfuscation", call.turn, call.tool, raw, detail=f"{name} of text that cannot be read"
+                )
             if body:
                 yield from self.shell(body, call, depth + 1)
             return
@@ -245,7 +288,9 @@ class Extractor:
             code = _interp_code(argv)
             if code is not None:
                 yield Event("code", call.turn, call.tool, raw, code=code, facts=None, detail=name)
-                yield from self._strings_as_paths(re.findall(r"""['"]([^'"\n]{1,300})['"]""", code), call, raw)
+                yield from self._strings_as_paths(
+                    re.findall(r"""['"]([^'"\n]{1,300})['"]""", code), call, raw
+                )
                 for m in _OTHER_SHELL.finditer(code):
                     yield from self.shell(m.group("cmd") or m.group("tick") or "", call, depth + 1)
         yield Event("exec", call.turn, call.tool, raw, argv=argv)
@@ -262,7 +307,22 @@ class Extractor:
             rest = argv[1:]
             if name in ("sudo", "doas", "nohup", "time", "command", "builtin", "nice", "ionice", "setsid", "chronic",
                         "unbuffer", "stdbuf", "strace", "ltrace", "timeout", "env", "watch", "taskset", "chrt", "flock"):  # fmt: skip
-                takes_value = {"-u", "-g", "-n", "-s", "-k", "-C", "-o", "-e", "-i", "-c", "-p", "-S", "--signal", "--kill-after"}
+                takes_value = {
+                    "-u",
+                    "-g",
+                    "-n",
+                    "-s",
+                    "-k",
+                    "-C",
+                    "-o",
+                    "-e",
+                    "-i",
+                    "-c",
+                    "-p",
+                    "-S",
+                    "--signal",
+                    "--kill-after",
+                }
                 while rest and (rest[0].startswith("-") or "=" in rest[0]):
                     opt = rest.pop(0)
                     if opt in takes_value and rest and name not in ("env",):
@@ -296,7 +356,9 @@ class Extractor:
             return argv
         return argv
 
-    def _shell_interp(self, cmd: Command, args: list[str], call: Call, depth: int, raw: str) -> Iterator[Event]:
+    def _shell_interp(
+        self, cmd: Command, args: list[str], call: Call, depth: int, raw: str
+    ) -> Iterator[Event]:
         i = 0
         while i < len(args) and args[i].startswith(("-", "+")) and args[i] not in ("-", "--"):
             opt = args[i]
@@ -317,7 +379,9 @@ class Extractor:
         elif cmd.piped and (cmd.upstream_decoded or cmd.dynamic):
             yield Event("obfuscation", call.turn, call.tool, raw, detail="decoded text piped into a shell")
 
-    def _python_interp(self, cmd: Command, argv: list[str], call: Call, depth: int, raw: str) -> Iterator[Event]:
+    def _python_interp(
+        self, cmd: Command, argv: list[str], call: Call, depth: int, raw: str
+    ) -> Iterator[Event]:
         args = argv[1:]
         i = 0
         while i < len(args):
@@ -361,11 +425,15 @@ class Extractor:
         elif cmd.piped and (cmd.upstream_decoded or cmd.dynamic):
             yield Event("obfuscation", call.turn, call.tool, raw, detail="decoded text piped into python")
 
-    def python(self, code: str, call: Call, depth: int, *, origin: str, dynamic: bool = False) -> Iterator[Event]:
+    def python(
+        self, code: str, call: Call, depth: int, *, origin: str, dynamic: bool = False
+    ) -> Iterator[Event]:
         if depth > MAX_DEPTH:
             return
         if DYNAMIC in code:
-            yield Event("obfuscation", call.turn, call.tool, code[:200], detail="python code built at run time")
+            yield Event(
+                "obfuscation", call.turn, call.tool, code[:200], detail="python code built at run time"
+            )
         facts = analyze_python(code)
         yield Event("code", call.turn, call.tool, code, code=code, facts=facts, detail=origin)
         for cmdline in facts.shell:
@@ -376,14 +444,20 @@ class Extractor:
         for target in facts.writes:
             if target.strip():
                 yield Event("path", call.turn, call.tool, code, path=norm(target.strip()), op="write")
-                yield Event("edit", call.turn, call.tool, code, path=norm(target.strip()), edit_kind="python write")
+                yield Event(
+                    "edit", call.turn, call.tool, code, path=norm(target.strip()), edit_kind="python write"
+                )
 
     def _strings_as_paths(self, strings: list[str], call: Call, raw: str) -> Iterator[Event]:
         for s in strings:
             s = s.strip()
             if not s or len(s) > 400 or "\n" in s:
                 continue
-            if "/" in s or s.startswith(".") or s.endswith((".pyc", ".py", ".class", ".cfg", ".ini", ".toml")):
+            if (
+                "/" in s
+                or s.startswith(".")
+                or s.endswith((".pyc", ".py", ".class", ".cfg", ".ini", ".toml"))
+            ):
                 yield Event("path", call.turn, call.tool, raw, path=norm(s), op="read")
 
     # --- paths in commands ---------------------------------------------------------
@@ -394,7 +468,11 @@ class Extractor:
             if op in ("<", "<>", "<&"):
                 yield Event("path", call.turn, call.tool, raw, path=norm(target), op="read")
                 continue
-            if target.startswith("/dev/") and not target.startswith("/dev/tcp") and not target.startswith("/dev/udp"):
+            if (
+                target.startswith("/dev/")
+                and not target.startswith("/dev/tcp")
+                and not target.startswith("/dev/udp")
+            ):
                 continue
             yield Event("path", call.turn, call.tool, raw, path=norm(target), op="write")
             content = None
@@ -405,7 +483,9 @@ class Extractor:
                 content = out.decode("utf-8", "replace") if out is not None else None
             kind = "append" if op in (">>", "&>>") else "create"
             self._remember(norm(target), kind, None, content)
-            yield Event("edit", call.turn, call.tool, raw, path=norm(target), new=content, edit_kind=f"bash {op}")
+            yield Event(
+                "edit", call.turn, call.tool, raw, path=norm(target), new=content, edit_kind=f"bash {op}"
+            )
 
     def _paths(self, argv: list[str], call: Call, raw: str, stdin: str | None = None) -> Iterator[Event]:
         if not argv:
@@ -435,7 +515,9 @@ class Extractor:
             if not after_ddash and (a in _EXCLUDES or a.split("=", 1)[0] in _EXCLUDES):
                 skip_next = "=" not in a  # an exclusion pattern names what is *not* read
                 continue
-            if name == "find" and ((i + 1 < len(args) and args[i + 1] == "-prune") or (i >= 2 and args[i - 2] in ("!", "-not"))):
+            if name == "find" and (
+                (i + 1 < len(args) and args[i + 1] == "-prune") or (i >= 2 and args[i - 2] in ("!", "-not"))
+            ):
                 continue
             if not after_ddash and a.startswith("-") and len(a) > 1:
                 if "=" in a:
@@ -457,9 +539,13 @@ class Extractor:
         if name == "ln" and len(positional) >= 2:
             src, dst = positional[0], positional[-1]
             symbolic = any(re.fullmatch(r"-[a-zA-Z]*s[a-zA-Z]*|--symbolic", a) for a in args)
-            target = posixpath.join(posixpath.dirname(dst), src) if symbolic and not src.startswith("/") else src
+            target = (
+                posixpath.join(posixpath.dirname(dst), src) if symbolic and not src.startswith("/") else src
+            )
             self.links[norm(dst)] = norm(target)
-        if name in ("git", "patch") and (name == "patch" or (len(positional) > 0 and positional[0] == "apply")):
+        if name in ("git", "patch") and (
+            name == "patch" or (len(positional) > 0 and positional[0] == "apply")
+        ):
             files = [self._content(p) for p in positional[1 if name == "git" else 0 :]]
             for diff in [stdin, *files]:
                 if diff:
@@ -469,7 +555,15 @@ class Extractor:
             if dest.endswith("/") or len(positional) > 2 or "." not in posixpath.basename(dest):
                 for src in positional[:-1]:
                     inside = norm(posixpath.join(dest, posixpath.basename(src.rstrip("/"))))
-                    yield Event("edit", call.turn, call.tool, raw, path=inside, new=self._content(src), edit_kind=f"bash {name}")
+                    yield Event(
+                        "edit",
+                        call.turn,
+                        call.tool,
+                        raw,
+                        path=inside,
+                        new=self._content(src),
+                        edit_kind=f"bash {name}",
+                    )
         for p in positional:
             if DYNAMIC in p or not p:
                 continue
@@ -485,10 +579,13 @@ class Extractor:
                     content = stdin
                 if name in ("sed", "perl") and script:
                     content = script  # the edit script: what it inserts is checked like new text
-                yield Event("edit", call.turn, call.tool, raw, path=norm(p), new=content, edit_kind=f"bash {name}")
+                yield Event(
+                    "edit", call.turn, call.tool, raw, path=norm(p), new=content, edit_kind=f"bash {name}"
+                )
             elif pop == "delete":
-                yield Event("edit", call.turn, call.tool, raw, path=norm(p), new=None, edit_kind=f"bash {name}")
-
+                yield Event(
+                    "edit", call.turn, call.tool, raw, path=norm(p), new=None, edit_kind=f"bash {name}"
+                )
 
     def _diff_edits(self, diff: str, call: Call, raw: str) -> Iterator[Event]:
         """Files a unified diff changes, with its removed/added lines as old/new text."""
@@ -496,9 +593,22 @@ class Extractor:
         for line in [*diff.splitlines(), "+++ "]:
             if line.startswith("+++ "):
                 if path:
-                    yield Event("edit", call.turn, call.tool, raw, path=path, old="\n".join(old), new="\n".join(new), edit_kind="bash patch")
+                    yield Event(
+                        "edit",
+                        call.turn,
+                        call.tool,
+                        raw,
+                        path=path,
+                        old="\n".join(old),
+                        new="\n".join(new),
+                        edit_kind="bash patch",
+                    )
                 name = line[4:].split("\t", 1)[0].strip()
-                path = norm(name[2:] if name[:2] in ("a/", "b/") else name) if name and name != "/dev/null" else None
+                path = (
+                    norm(name[2:] if name[:2] in ("a/", "b/") else name)
+                    if name and name != "/dev/null"
+                    else None
+                )
                 old, new = [], []
             elif line.startswith("+"):
                 new.append(line[1:])
@@ -528,7 +638,12 @@ def _find_exec(argv: list[str]) -> list[list[str]]:
 
 
 def _find_exec_rm(args: list[str]) -> bool:
-    return any(args[i] in ("-exec", "-execdir") and i + 1 < len(args) and posixpath.basename(args[i + 1]) in _DELETERS for i in range(len(args)))
+    return any(
+        args[i] in ("-exec", "-execdir")
+        and i + 1 < len(args)
+        and posixpath.basename(args[i + 1]) in _DELETERS
+        for i in range(len(args))
+    )
 
 
 def _interp_code(argv: list[str]) -> str | None:
@@ -542,5 +657,5 @@ def _interp_code(argv: list[str]) -> str | None:
 
 
 _OTHER_SHELL = re.compile(
-    r"""\b(?:system|exec|popen|execSync|spawnSync|shell_exec|passthru|qx)\s*\(?\s*(?P<q>['"])(?P<cmd>[^'"]{1,500})(?P=q)|`(?P<tick>[^`]{1,500})`""")
-
+    r"""\b(?:system|exec|popen|execSync|spawnSync|shell_exec|passthru|qx)\s*\(?\s*(?P<q>['"])(?P<cmd>[^'"]{1,500})(?P=q)|`(?P<tick>[^`]{1,500})`"""
+)

@@ -63,12 +63,18 @@ def transcript(traj: Trajectory, cfg: JudgeConfig) -> str:
 def judge(traj: Trajectory, cfg: JudgeConfig, task_statement: str = "") -> JudgeResult:
     client = ChatClient(LLMConfig(endpoint=cfg.endpoint, model=cfg.model, api_key=cfg.api_key, timeout_s=cfg.timeout_s,
                                   max_retries=cfg.max_retries, max_tokens=1024))  # fmt: skip
-    user = (f"Task statement:\n{task_statement[:2000]}\n\n" if task_statement else "") + "Tool calls:\n" + transcript(traj, cfg)
+    user = (
+        (f"Task statement:\n{task_statement[:2000]}\n\n" if task_statement else "")
+        + "Tool calls:\n"
+        + transcript(traj, cfg)
+    )
     try:
         reply = client.complete([{"role": "system", "content": _SYSTEM}, {"role": "user", "content": user}])
     except LLMError as exc:
         return JudgeResult(error=str(exc))
-    return parse_verdict(reply.message.get("content") or "", n_turns=max((t.index for t in traj.turns), default=-1) + 1)
+    return parse_verdict(
+        reply.message.get("content") or "", n_turns=max((t.index for t in traj.turns), default=-1) + 1
+    )
 
 
 def parse_verdict(text: str, n_turns: int) -> JudgeResult:
@@ -93,5 +99,7 @@ def parse_verdict(text: str, n_turns: int) -> JudgeResult:
             turn = -1
         rule = re.sub(r"[^a-z0-9_]+", "_", str(item.get("rule", "judge")).lower()).strip("_") or "judge"
         turn = turn if 0 <= turn < max(n_turns, 1) else -1
-        flags.append(Flag(rule=rule, turn=turn, evidence=str(item.get("evidence", ""))[:300], source="llm_judge"))
+        flags.append(
+            Flag(rule=rule, turn=turn, evidence=str(item.get("evidence", ""))[:300], source="llm_judge")
+        )
     return JudgeResult(flags=flags)

@@ -96,7 +96,12 @@ class _Folder(ast.NodeVisitor):
                     return left % (tuple(right) if isinstance(right, list) else right)
                 except (TypeError, ValueError):
                     return None
-            if isinstance(node.op, ast.Mult) and isinstance(left, str | bytes) and isinstance(right, int) and right < 64:
+            if (
+                isinstance(node.op, ast.Mult)
+                and isinstance(left, str | bytes)
+                and isinstance(right, int)
+                and right < 64
+            ):
                 return left * right
             return None
         if isinstance(node, ast.List | ast.Tuple):
@@ -105,7 +110,10 @@ class _Folder(ast.NodeVisitor):
         if isinstance(node, ast.Subscript):
             base = self.fold(node.value)
             if isinstance(base, str | bytes | list) and isinstance(node.slice, ast.Slice):
-                lo, hi, st = (self.fold(x) if x is not None else None for x in (node.slice.lower, node.slice.upper, node.slice.step))
+                lo, hi, st = (
+                    self.fold(x) if x is not None else None
+                    for x in (node.slice.lower, node.slice.upper, node.slice.step)
+                )
                 try:
                     return base[slice(lo, hi, st)]
                 except (TypeError, ValueError):
@@ -124,7 +132,13 @@ class _Folder(ast.NodeVisitor):
         name = self.dotted(func)
         if isinstance(func, ast.Attribute):
             obj = self.fold(func.value)
-            if func.attr == "join" and isinstance(obj, str) and args and isinstance(args[0], list) and all(isinstance(x, str) for x in args[0]):
+            if (
+                func.attr == "join"
+                and isinstance(obj, str)
+                and args
+                and isinstance(args[0], list)
+                and all(isinstance(x, str) for x in args[0])
+            ):
                 return obj.join(args[0])
             if func.attr in ("decode", "encode") and isinstance(obj, str | bytes):
                 try:
@@ -163,7 +177,12 @@ class _Folder(ast.NodeVisitor):
                     return binascii.unhexlify(data)
                 if name == "zlib.decompress" and isinstance(data, bytes):
                     return zlib.decompress(data)
-                if name == "codecs.decode" and isinstance(data, str | bytes) and len(args) > 1 and isinstance(args[1], str):
+                if (
+                    name == "codecs.decode"
+                    and isinstance(data, str | bytes)
+                    and len(args) > 1
+                    and isinstance(args[1], str)
+                ):
                     return codecs.decode(data, args[1])  # type: ignore[arg-type]
             except (ValueError, binascii.Error, zlib.error, LookupError, TypeError):
                 return None
@@ -186,7 +205,11 @@ class _Folder(ast.NodeVisitor):
         self.generic_visit(node)
         value = self.fold(node.value)
         dotted = self.dotted(node.value)
-        if isinstance(node.value, ast.Call) and (self.dotted(node.value.func) or "").endswith("Path") and node.value.args:
+        if (
+            isinstance(node.value, ast.Call)
+            and (self.dotted(node.value.func) or "").endswith("Path")
+            and node.value.args
+        ):
             path = self.fold(node.value.args[0])
             for target in node.targets:
                 if isinstance(target, ast.Name) and isinstance(path, str):
@@ -248,7 +271,6 @@ class _Folder(ast.NodeVisitor):
             elif node.args:
                 self.facts.dynamic_exec.append(f"{name}(<computed>)")
 
-
     def _command(self, node: ast.Call, name: str) -> str | None:
         """The command line a process-spawning call runs, when it can be folded."""
         args = list(node.args)
@@ -278,7 +300,11 @@ class _Folder(ast.NodeVisitor):
         args = node.args
         targets: list[ast.AST] = []
         if name in ("open", "io.open", "codecs.open", "builtins.open") and args:
-            mode = self.fold(args[1]) if len(args) > 1 else next((self.fold(k.value) for k in node.keywords if k.arg == "mode"), "r")
+            mode = (
+                self.fold(args[1])
+                if len(args) > 1
+                else next((self.fold(k.value) for k in node.keywords if k.arg == "mode"), "r")
+            )
             if isinstance(mode, str) and any(c in mode for c in "wax+"):
                 targets.append(args[0])
         elif name in _DELETE_FIRST and args:
@@ -299,10 +325,29 @@ class _Folder(ast.NodeVisitor):
                 self.facts.writes.append(v)
 
 
-
 _DELETE_FIRST = {"os.remove", "os.unlink", "os.rmdir", "shutil.rmtree", "os.truncate", "os.removedirs"}
-_WRITE_SECOND = {"os.rename", "os.replace", "shutil.move", "shutil.copy", "shutil.copy2", "shutil.copyfile", "shutil.copytree", "os.link", "os.symlink"}
-_PATH_WRITERS = {"write_text", "write_bytes", "unlink", "touch", "rename", "replace", "rmdir", "symlink_to", "hardlink_to"}
+_WRITE_SECOND = {
+    "os.rename",
+    "os.replace",
+    "shutil.move",
+    "shutil.copy",
+    "shutil.copy2",
+    "shutil.copyfile",
+    "shutil.copytree",
+    "os.link",
+    "os.symlink",
+}
+_PATH_WRITERS = {
+    "write_text",
+    "write_bytes",
+    "unlink",
+    "touch",
+    "rename",
+    "replace",
+    "rmdir",
+    "symlink_to",
+    "hardlink_to",
+}
 
 
 def _quote(s: str) -> str:
@@ -326,8 +371,13 @@ def analyze_python(code: str) -> PyFacts:
                     facts.imports.add(mod.strip().split(" ")[0])
         facts.strings = re.findall(r"""['"]([^'"\n]{1,300})['"]""", code)
         facts.names = set(re.findall(r"\b[A-Za-z_][\w]*(?:\.[A-Za-z_]\w*)+", code))
-        if re.search(r"""open\([^)]*['"][wax+]|write_text|write_bytes|os\.remove|unlink|shutil\.|rename\(|replace\(""", code):
-            facts.writes = [s for s in facts.strings if "/" in s or s.endswith(".py")]  # cannot tell which: assume all
+        if re.search(
+            r"""open\([^)]*['"][wax+]|write_text|write_bytes|os\.remove|unlink|shutil\.|rename\(|replace\(""",
+            code,
+        ):
+            facts.writes = [
+                s for s in facts.strings if "/" in s or s.endswith(".py")
+            ]  # cannot tell which: assume all
         return facts
     folder = _Folder()
     folder.visit(tree)

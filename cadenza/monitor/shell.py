@@ -22,7 +22,22 @@ _REDIRECTS = ("<<<", "<<-", "&>>", "<<", ">>", ">&", "<&", "&>", ">|", "<>", ">"
 _WORD_END = set(" \t\n;&|<>()")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)$", re.S)
-_KEYWORDS = {"if", "then", "else", "elif", "do", "while", "until", "!", "{", "}", "time", "fi", "done", "esac"}
+_KEYWORDS = {
+    "if",
+    "then",
+    "else",
+    "elif",
+    "do",
+    "while",
+    "until",
+    "!",
+    "{",
+    "}",
+    "time",
+    "fi",
+    "done",
+    "esac",
+}
 DYNAMIC = "\x00?"  # stands in for text the reader could not resolve
 MAX_DEPTH = 6
 
@@ -448,13 +463,17 @@ def is_decoder(argv: list[str]) -> bool:
         return True
     if name == "openssl" and ("-d" in flags or "-base64" in flags or "base64" in flags):
         return True
-    return name in ("rev", "tr", "uudecode", "gunzip", "zcat", "bzcat", "xzcat") or (name in ("gzip", "xz") and "-d" in flags)
+    return name in ("rev", "tr", "uudecode", "gunzip", "zcat", "bzcat", "xzcat") or (
+        name in ("gzip", "xz") and "-d" in flags
+    )
 
 
 def _printf(args: list[str]) -> str:
     if not args:
         return ""
-    fmt = codecs.decode(args[0].encode("latin-1", "replace"), "unicode_escape") if "\\" in args[0] else args[0]
+    fmt = (
+        codecs.decode(args[0].encode("latin-1", "replace"), "unicode_escape") if "\\" in args[0] else args[0]
+    )
     rest = args[1:]
     try:
         n = len(re.findall(r"%[sbdc]", fmt))
@@ -477,7 +496,9 @@ def _tr(argv: list[str], data: bytes) -> bytes | None:
         return None
 
     def expand(s: str) -> str:
-        return re.sub(r"(.)-(.)", lambda m: "".join(chr(c) for c in range(ord(m.group(1)), ord(m.group(2)) + 1)), s)
+        return re.sub(
+            r"(.)-(.)", lambda m: "".join(chr(c) for c in range(ord(m.group(1)), ord(m.group(2)) + 1)), s
+        )
 
     a, b = expand(sets[0]), expand(sets[1])
     if not b:
@@ -519,7 +540,11 @@ def transform(cmd: Command, stdin: bytes | None, state: ShellState) -> bytes | N
             return None
         if name in ("base64", "base32", "basenc") and is_decoder(argv):
             data = b"".join(stdin.split())
-            return base64.b32decode(data) if name == "base32" or "--base32" in args else base64.b64decode(data + b"==")
+            return (
+                base64.b32decode(data)
+                if name == "base32" or "--base32" in args
+                else base64.b64decode(data + b"==")
+            )
         if name == "openssl" and is_decoder(argv):
             return base64.b64decode(b"".join(stdin.split()) + b"==")
         if name == "xxd" and is_decoder(argv):
@@ -541,7 +566,9 @@ def evaluate_output(text: str, state: ShellState, depth: int) -> str | None:
     """Literal stdout of a command substitution when it is a producer/decoder chain, else None."""
     if depth > MAX_DEPTH:
         return None
-    pipelines = parse(text, ShellState(env=dict(state.env), aliases=dict(state.aliases), files=state.files), depth)
+    pipelines = parse(
+        text, ShellState(env=dict(state.env), aliases=dict(state.aliases), files=state.files), depth
+    )
     if len(pipelines) != 1:
         return None
     pipe = pipelines[0]

@@ -8,5 +8,16 @@ from cadenza.optim.muon import Muon, adjusted_ratio
 from cadenza.optim.newton_schulz import DEFAULT_COEFFICIENTS, newton_schulz
 from cadenza.optim.runtime import run_jobs
 
-__all__ = ["DEFAULT_COEFFICIENTS", "Muon", "adjusted_ratio", "assign", "blocks", "clip_grad_norm_",
-           "muon_param_groups", "newton_schulz", "print_assignment", "run_jobs", "total_grad_norm"]
+__all__ = [
+    "DEFAULT_COEFFICIENTS",
+    "Muon",
+    "adjusted_ratio",
+    "assign",
+    "blocks",
+    "clip_grad_norm_",
+    "muon_param_groups",
+    "newton_schulz",
+    "print_assignment",
+    "run_jobs",
+    "total_grad_norm",
+]

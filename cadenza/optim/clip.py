@@ -35,7 +35,9 @@ def _group_key(grad: torch.Tensor) -> tuple:
 def _without_partial(grad: torch.Tensor) -> torch.Tensor:
     if DTensor is None or not isinstance(grad, DTensor) or not any(p.is_partial() for p in grad.placements):
         return grad
-    return grad.redistribute(grad.device_mesh, [Replicate() if p.is_partial() else p for p in grad.placements])
+    return grad.redistribute(
+        grad.device_mesh, [Replicate() if p.is_partial() else p for p in grad.placements]
+    )
 
 
 def total_grad_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0) -> torch.Tensor:
@@ -56,7 +58,9 @@ def total_grad_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0) 
     for (mesh_id, dims), grads in groups.items():
         locals_ = [g.to_local() if mesh_id is not None else g for g in grads]
         if math.isinf(norm_type):
-            part = torch.stack([t.detach().abs().max().double() if t.numel() else total.new_zeros(()) for t in locals_]).max()
+            part = torch.stack(
+                [t.detach().abs().max().double() if t.numel() else total.new_zeros(()) for t in locals_]
+            ).max()
         else:
             part = sum((t.detach().double().abs().pow(norm_type).sum() for t in locals_), total.new_zeros(()))
         if mesh_id is not None:
@@ -68,7 +72,9 @@ def total_grad_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0) 
     return total if math.isinf(norm_type) else total.pow(1.0 / norm_type)
 
 
-def clip_grad_norm_(parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+def clip_grad_norm_(
+    parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
+) -> torch.Tensor:
     """Scale gradients in place so their global norm is at most ``max_norm``; returns the norm before clipping."""
     params = [p for p in parameters if p.grad is not None]
     norm = total_grad_norm(params, norm_type)

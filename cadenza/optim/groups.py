@@ -34,24 +34,32 @@ MATRIX = Rule()
 
 def _moe_rules(cfg: Any) -> list[tuple[str, Rule]]:
     inter = cfg.moe_intermediate_size
-    return [(r"experts\.gate_up_proj$", Rule(granularity="expert", split_sizes=(inter, inter))),
-            (r"experts\.down_proj$", Rule(granularity="expert"))]
+    return [
+        (r"experts\.gate_up_proj$", Rule(granularity="expert", split_sizes=(inter, inter))),
+        (r"experts\.down_proj$", Rule(granularity="expert")),
+    ]
 
 
 def _qwen3_rules(cfg: Any) -> list[tuple[str, Rule]]:
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     head = Rule(granularity="head", head_dim=hd)
-    return [(r"self_attn\.(q|k|v)_proj\.weight$", head),
-            (r"self_attn\.o_proj\.weight$", Rule(granularity="head", head_dim=hd, head_axis=1))]
+    return [
+        (r"self_attn\.(q|k|v)_proj\.weight$", head),
+        (r"self_attn\.o_proj\.weight$", Rule(granularity="head", head_dim=hd, head_axis=1)),
+    ]
 
 
 def _deepseek_v3_rules(cfg: Any) -> list[tuple[str, Rule]]:
     nope, rope, v = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
-    return [(r"self_attn\.(q_proj|q_b_proj)\.weight$", Rule(granularity="head", head_dim=nope + rope)),
-            (r"self_attn\.kv_a_proj_with_mqa\.weight$",
-             Rule(granularity="head", split_sizes=(cfg.kv_lora_rank, rope))),
-            (r"self_attn\.kv_b_proj\.weight$", Rule(granularity="head", head_dim=nope + v)),
-            (r"self_attn\.o_proj\.weight$", Rule(granularity="head", head_dim=v, head_axis=1))]
+    return [
+        (r"self_attn\.(q_proj|q_b_proj)\.weight$", Rule(granularity="head", head_dim=nope + rope)),
+        (
+            r"self_attn\.kv_a_proj_with_mqa\.weight$",
+            Rule(granularity="head", split_sizes=(cfg.kv_lora_rank, rope)),
+        ),
+        (r"self_attn\.kv_b_proj\.weight$", Rule(granularity="head", head_dim=nope + v)),
+        (r"self_attn\.o_proj\.weight$", Rule(granularity="head", head_dim=v, head_axis=1)),
+    ]
 
 
 ARCHITECTURES = {
@@ -82,8 +90,14 @@ def assign(model: nn.Module, *, granular: bool = True) -> dict[str, Rule]:
     return out
 
 
-def muon_param_groups(model: nn.Module, *, granular: bool = True, adamw_lr: float | None = None,
-                      adamw_weight_decay: float | None = None, show: bool = False) -> list[dict[str, Any]]:
+def muon_param_groups(
+    model: nn.Module,
+    *,
+    granular: bool = True,
+    adamw_lr: float | None = None,
+    adamw_weight_decay: float | None = None,
+    show: bool = False,
+) -> list[dict[str, Any]]:
     """Param groups for :class:`cadenza.optim.Muon`: one per distinct rule, named parameters kept.
 
     ``granular=False`` treats every 2-D weight as one matrix (experts still per expert: a 3-D stack is
@@ -109,8 +123,12 @@ def _group_for(rule: Rule, adamw_lr: float | None, adamw_wd: float | None) -> di
         if adamw_wd is not None:
             g["weight_decay"] = adamw_wd
         return g
-    g.update(granularity=rule.granularity, head_dim=rule.head_dim, head_axis=rule.head_axis,
-             split_sizes=rule.split_sizes)
+    g.update(
+        granularity=rule.granularity,
+        head_dim=rule.head_dim,
+        head_axis=rule.head_axis,
+        split_sizes=rule.split_sizes,
+    )
     return g
 
 
@@ -118,8 +136,13 @@ def describe(shape: torch.Size | tuple[int, ...], rule: Rule) -> str:
     """``"4 x [16, 64]"``: how many matrices of which shape a parameter becomes."""
     if rule.algorithm == "adamw":
         return "elementwise"
-    bxs = blocks(shape, rule.granularity, head_dim=rule.head_dim, head_axis=rule.head_axis,
-                 split_sizes=rule.split_sizes)
+    bxs = blocks(
+        shape,
+        rule.granularity,
+        head_dim=rule.head_dim,
+        head_axis=rule.head_axis,
+        split_sizes=rule.split_sizes,
+    )
     counts: dict[tuple[int, int], int] = {}
     for b in bxs:
         counts[box_matrix_shape(b)] = counts.get(box_matrix_shape(b), 0) + 1
@@ -129,8 +152,10 @@ def describe(shape: torch.Size | tuple[int, ...], rule: Rule) -> str:
 def assignment_rows(model: nn.Module, rules: dict[str, Rule] | None = None) -> list[tuple[str, ...]]:
     rules = rules or assign(model)
     params = dict(model.named_parameters())
-    return [(name, str(list(params[name].shape)), r.algorithm, r.granularity, describe(params[name].shape, r))
-            for name, r in rules.items()]
+    return [
+        (name, str(list(params[name].shape)), r.algorithm, r.granularity, describe(params[name].shape, r))
+        for name, r in rules.items()
+    ]
 
 
 def print_assignment(model: nn.Module, rules: dict[str, Rule] | None = None) -> None:

@@ -52,9 +52,11 @@ def _placements(p: torch.Tensor, name: str) -> tuple[tuple[int | None, ...], tup
             dims.append(None)
             factors.append(1)
         else:
-            raise ConfigError(f"{name}: unsupported DTensor placement {pl!r} in {p.placements}; Muon supports "
-                              "Shard(d), _StridedShard(d) and Replicate() (FSDP2 / HSDP / EP); redistribute the "
-                              "parameter first")
+            raise ConfigError(
+                f"{name}: unsupported DTensor placement {pl!r} in {p.placements}; Muon supports "
+                "Shard(d), _StridedShard(d) and Replicate() (FSDP2 / HSDP / EP); redistribute the "
+                "parameter first"
+            )
     return tuple(dims), tuple(factors)
 
 
@@ -150,7 +152,8 @@ class Layout:
                         f"{name}: with placements {placements or self.shard_dims} on mesh {list(self.mesh_shape)}, "
                         f"the shard at mesh coordinates {sub} holds ranges {runs} of tensor dim {d}, not one "
                         "contiguous block; Muon needs every shard to be a box of the full tensor (FSDP2 / HSDP / "
-                        "EP layouts); redistribute the parameter first")
+                        "EP layouts); redistribute the parameter first"
+                    )
 
     def _factor(self, i: int) -> int:
         return self.split_factors[i] if self.split_factors else 1
@@ -186,7 +189,9 @@ class Layout:
 
     @cached_property
     def _coords(self) -> dict[int, tuple[int, ...]]:
-        return {r: c for r, c in zip(self.ranks, itertools.product(*map(range, self.mesh_shape)), strict=True)}
+        return {
+            r: c for r, c in zip(self.ranks, itertools.product(*map(range, self.mesh_shape)), strict=True)
+        }
 
     def coord_of(self, rank: int) -> tuple[int, ...]:
         return self._coords[rank]
@@ -237,8 +242,9 @@ class Layout:
             per_dim.append((dims, subs))
         out = []
         for combo in itertools.product(*(subs for _, subs in per_dim)):
-            coord = dict(zip((i for dims, _ in per_dim for i in dims), (c for sub in combo for c in sub),
-                             strict=True))
+            coord = dict(
+                zip((i for dims, _ in per_dim for i in dims), (c for sub in combo for c in sub), strict=True)
+            )
             out.append(tuple(coord[i] for i in self.sharded))
         return out
 
@@ -249,8 +255,13 @@ def layout_of(p: torch.Tensor, name: str = "parameter") -> Layout | None:
         return None
     grid = p.device_mesh.mesh
     dims, factors = _placements(p, name)
-    return Layout(ranks=tuple(grid.flatten().tolist()), mesh_shape=tuple(grid.shape), shard_dims=dims,
-                  shape=tuple(p.shape), split_factors=factors if any(f != 1 for f in factors) else ())
+    return Layout(
+        ranks=tuple(grid.flatten().tolist()),
+        mesh_shape=tuple(grid.shape),
+        shard_dims=dims,
+        shape=tuple(p.shape),
+        split_factors=factors if any(f != 1 for f in factors) else (),
+    )
 
 
 def intersect(a: Box, b: Box) -> Box | None:

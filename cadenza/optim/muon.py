@@ -73,10 +73,24 @@ class Muon(torch.optim.Optimizer):
         bucket_numel: int = 1 << 24,
         replicate_split: bool = True,
     ) -> None:
-        defaults = dict(lr=lr, momentum=momentum, nesterov=nesterov, weight_decay=weight_decay,
-                        ns_steps=ns_steps, ns_coefficients=ns_coefficients, ns_dtype=ns_dtype, eps=eps,
-                        adjust_lr=adjust_lr, algorithm=algorithm, granularity=granularity, head_dim=head_dim,
-                        head_axis=head_axis, split_sizes=split_sizes, betas=betas, adam_eps=adam_eps)
+        defaults = dict(
+            lr=lr,
+            momentum=momentum,
+            nesterov=nesterov,
+            weight_decay=weight_decay,
+            ns_steps=ns_steps,
+            ns_coefficients=ns_coefficients,
+            ns_dtype=ns_dtype,
+            eps=eps,
+            adjust_lr=adjust_lr,
+            algorithm=algorithm,
+            granularity=granularity,
+            head_dim=head_dim,
+            head_axis=head_axis,
+            split_sizes=split_sizes,
+            betas=betas,
+            adam_eps=adam_eps,
+        )
         if max_in_flight < 1:
             raise ConfigError(f"max_in_flight must be >= 1, got {max_in_flight}")
         self.max_in_flight = max_in_flight
@@ -92,7 +106,9 @@ class Muon(torch.optim.Optimizer):
     @staticmethod
     def _validate_group(group: dict, gi: int) -> None:
         if group["algorithm"] not in ALGORITHMS:
-            raise ConfigError(f"param group {gi}: unknown algorithm {group['algorithm']!r}; use one of {ALGORITHMS}")
+            raise ConfigError(
+                f"param group {gi}: unknown algorithm {group['algorithm']!r}; use one of {ALGORITHMS}"
+            )
         for key in ("lr", "weight_decay"):
             if not group[key] >= 0:
                 raise ConfigError(f"param group {gi}: {key} must be >= 0, got {group[key]}")
@@ -104,15 +120,23 @@ class Muon(torch.optim.Optimizer):
         if not 0 <= group["momentum"] < 1:
             raise ConfigError(f"param group {gi}: momentum must be in [0, 1), got {group['momentum']}")
         if group["adjust_lr"] not in ADJUST_LR:
-            raise ConfigError(f"param group {gi}: unknown adjust_lr {group['adjust_lr']!r}; use one of {ADJUST_LR}")
+            raise ConfigError(
+                f"param group {gi}: unknown adjust_lr {group['adjust_lr']!r}; use one of {ADJUST_LR}"
+            )
         coefficient_schedule(group["ns_coefficients"], group["ns_steps"])
         if not group["ns_dtype"].is_floating_point:
             raise ConfigError(f"param group {gi}: ns_dtype must be a floating dtype, got {group['ns_dtype']}")
         names = group.get("param_names") or []
         for j, p in enumerate(group["params"]):
             name = names[j] if j < len(names) else f"param {j} of group {gi}"
-            blocks(p.shape, group["granularity"], head_dim=group["head_dim"], head_axis=group["head_axis"],
-                   split_sizes=group["split_sizes"], name=name)
+            blocks(
+                p.shape,
+                group["granularity"],
+                head_dim=group["head_dim"],
+                head_axis=group["head_axis"],
+                split_sizes=group["split_sizes"],
+                name=name,
+            )
             check_layout(p, name)
 
     # -- step ------------------------------------------------------------------------------------
@@ -127,8 +151,9 @@ class Muon(torch.optim.Optimizer):
             if group["algorithm"] == "adamw":
                 self._adamw(group)
             else:
-                muon_params.extend((p, group, self._momentum(p, group)) for p in group["params"]
-                                   if p.grad is not None)
+                muon_params.extend(
+                    (p, group, self._momentum(p, group)) for p in group["params"] if p.grad is not None
+                )
         if muon_params:
             self._orthogonalise_and_apply(muon_params)
         return loss
@@ -136,8 +161,10 @@ class Muon(torch.optim.Optimizer):
     def _momentum(self, p: torch.Tensor, group: dict) -> torch.Tensor:
         g = p.grad
         if is_dtensor(p) and (not is_dtensor(g) or g.placements != p.placements):
-            raise ConfigError("a Muon parameter's gradient must be a DTensor with the parameter's placements "
-                              f"(got {getattr(g, 'placements', 'a plain tensor')} for {p.placements})")
+            raise ConfigError(
+                "a Muon parameter's gradient must be a DTensor with the parameter's placements "
+                f"(got {getattr(g, 'placements', 'a plain tensor')} for {p.placements})"
+            )
         state = self.state[p]
         if "momentum_buffer" not in state:
             state["momentum_buffer"] = torch.zeros_like(p)
@@ -146,25 +173,53 @@ class Muon(torch.optim.Optimizer):
         buf.lerp_(g, 1 - mu)
         return g.lerp(buf, mu) if group["nesterov"] else buf
 
-    def _plan(self, muon_params: list[tuple[torch.Tensor, dict, torch.Tensor]]) -> tuple[list[JobPlan], list[Entry]]:
-        key = tuple((id(p), id(g), g["granularity"], g["head_dim"], g["head_axis"], g["split_sizes"],
-                     g["adjust_lr"], g["ns_steps"], str(g["ns_coefficients"]), g["ns_dtype"], g["eps"])
-                    for p, g, _ in muon_params)
+    def _plan(
+        self, muon_params: list[tuple[torch.Tensor, dict, torch.Tensor]]
+    ) -> tuple[list[JobPlan], list[Entry]]:
+        key = tuple(
+            (
+                id(p),
+                id(g),
+                g["granularity"],
+                g["head_dim"],
+                g["head_axis"],
+                g["split_sizes"],
+                g["adjust_lr"],
+                g["ns_steps"],
+                str(g["ns_coefficients"]),
+                g["ns_dtype"],
+                g["eps"],
+            )
+            for p, g, _ in muon_params
+        )
         if self._plan_cache is not None and self._plan_cache[0] == key:
             return self._plan_cache[1], self._plan_cache[2]
         entries = []
         for p, g, _ in muon_params:
-            boxes = blocks(p.shape, g["granularity"], head_dim=g["head_dim"], head_axis=g["head_axis"],
-                           split_sizes=g["split_sizes"])
+            boxes = blocks(
+                p.shape,
+                g["granularity"],
+                head_dim=g["head_dim"],
+                head_axis=g["head_axis"],
+                split_sizes=g["split_sizes"],
+            )
             schedule = tuple(coefficient_schedule(g["ns_coefficients"], g["ns_steps"]))
             ns_key = (schedule, g["ns_dtype"], g["eps"], p.dtype)
-            entries.append(Entry(shape=tuple(p.shape), layout=layout_of(p),
-                                 group=comm_group(p) if is_dtensor(p) else None, boxes=boxes,
-                                 ratios=[adjusted_ratio(g["adjust_lr"], *box_matrix_shape(b)) for b in boxes],
-                                 ns_key=ns_key, steps=g["ns_steps"]))
+            entries.append(
+                Entry(
+                    shape=tuple(p.shape),
+                    layout=layout_of(p),
+                    group=comm_group(p) if is_dtensor(p) else None,
+                    boxes=boxes,
+                    ratios=[adjusted_ratio(g["adjust_lr"], *box_matrix_shape(b)) for b in boxes],
+                    ns_key=ns_key,
+                    steps=g["ns_steps"],
+                )
+            )
         rank = dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-        plans = build_plan(entries, rank=rank, bucket_numel=self.bucket_numel,
-                           replicate_split=self.replicate_split)
+        plans = build_plan(
+            entries, rank=rank, bucket_numel=self.bucket_numel, replicate_split=self.replicate_split
+        )
         self._plan_cache = (key, plans, entries)
         return plans, entries
 
@@ -211,11 +266,12 @@ def _job(jp: JobPlan, updates: list[torch.Tensor], outs: list[torch.Tensor]):
     if jp.comm:
         send = _cat([updates[e][lsl] for e, lsl in jp.send_in], cdt)
         recv = torch.empty(sum(jp.recv_in_splits), dtype=cdt)
-        yield dist.all_to_all_single(recv, send, jp.recv_in_splits, jp.send_in_splits, group=jp.group,
-                                     async_op=True)
+        yield dist.all_to_all_single(
+            recv, send, jp.recv_in_splits, jp.send_in_splits, group=jp.group, async_op=True
+        )
         off = 0
         for pos, bsl, ext, n in jp.recv_in:
-            buf[pos].view(jp.owned_ext[pos])[bsl].copy_(recv[off:off + n].view(ext))
+            buf[pos].view(jp.owned_ext[pos])[bsl].copy_(recv[off : off + n].view(ext))
             off += n
     if len(jp.owned_ext) == 1:  # the 2-D path reduces exactly like torch.optim.Muon
         ortho = newton_schulz(buf[0], ns_steps, schedule, ns_dtype, eps)[None]
@@ -228,11 +284,12 @@ def _job(jp: JobPlan, updates: list[torch.Tensor], outs: list[torch.Tensor]):
     if jp.comm:
         send = _cat([ortho[pos].view(jp.owned_ext[pos])[bsl] for pos, bsl in jp.send_out], ortho.dtype)
         recv = torch.empty(sum(jp.recv_out_splits), dtype=ortho.dtype)
-        yield dist.all_to_all_single(recv, send, jp.recv_out_splits, jp.send_out_splits, group=jp.group,
-                                     async_op=True)
+        yield dist.all_to_all_single(
+            recv, send, jp.recv_out_splits, jp.send_out_splits, group=jp.group, async_op=True
+        )
         off = 0
         for e, lsl, ext, n, ratio in jp.recv_out:
-            _put(outs[e][lsl], recv[off:off + n].view(ext), ratio)
+            _put(outs[e][lsl], recv[off : off + n].view(ext), ratio)
             off += n
 
 

@@ -45,15 +45,15 @@ class JobPlan:
     group: dist.ProcessGroup | None = None
     comm: bool = False
     owned_ext: list[tuple[int, ...]] = field(default_factory=list)
-    local_in: list[tuple] = field(default_factory=list)    # (entry, local_sl, pos, block_sl)
-    send_in: list[tuple] = field(default_factory=list)     # (entry, local_sl)
+    local_in: list[tuple] = field(default_factory=list)  # (entry, local_sl, pos, block_sl)
+    send_in: list[tuple] = field(default_factory=list)  # (entry, local_sl)
     send_in_splits: list[int] = field(default_factory=list)
-    recv_in: list[tuple] = field(default_factory=list)     # (pos, block_sl, piece_ext, n)
+    recv_in: list[tuple] = field(default_factory=list)  # (pos, block_sl, piece_ext, n)
     recv_in_splits: list[int] = field(default_factory=list)
-    local_out: list[tuple] = field(default_factory=list)   # (pos, block_sl, entry, local_sl, ratio)
-    send_out: list[tuple] = field(default_factory=list)    # (pos, block_sl)
+    local_out: list[tuple] = field(default_factory=list)  # (pos, block_sl, entry, local_sl, ratio)
+    send_out: list[tuple] = field(default_factory=list)  # (pos, block_sl)
     send_out_splits: list[int] = field(default_factory=list)
-    recv_out: list[tuple] = field(default_factory=list)    # (entry, local_sl, piece_ext, n, ratio)
+    recv_out: list[tuple] = field(default_factory=list)  # (entry, local_sl, piece_ext, n, ratio)
     recv_out_splits: list[int] = field(default_factory=list)
     items: int = 0
     moved_elems: int = 0  # elements this rank sends (both directions)
@@ -79,8 +79,9 @@ def _numel(box: Box) -> int:
     return n
 
 
-def build_plan(entries: list[Entry], *, rank: int, bucket_numel: int = 1 << 24,
-               replicate_split: bool = True) -> list[JobPlan]:
+def build_plan(
+    entries: list[Entry], *, rank: int, bucket_numel: int = 1 << 24, replicate_split: bool = True
+) -> list[JobPlan]:
     """Group matrices into jobs and compute this rank's send/receive lists for each."""
     buckets: dict[tuple, list[Item]] = {}
     for i, e in enumerate(entries):
@@ -94,13 +95,24 @@ def build_plan(entries: list[Entry], *, rank: int, bucket_numel: int = 1 << 24,
     for (shape, ns_key, _), items in buckets.items():
         per_job = max(1, bucket_numel // (shape[0] * shape[1]))
         for start in range(0, len(items), per_job):
-            plans.append(_plan_job(entries, items[start:start + per_job], shape, ns_key, rank, load,
-                                   replicate_split, heaps))
+            plans.append(
+                _plan_job(
+                    entries, items[start : start + per_job], shape, ns_key, rank, load, replicate_split, heaps
+                )
+            )
     return plans
 
 
-def _plan_job(entries: list[Entry], items: list[Item], shape: tuple[int, int], ns_key: tuple, rank: int,
-              load: dict[int, float], replicate_split: bool, heaps: dict) -> JobPlan:
+def _plan_job(
+    entries: list[Entry],
+    items: list[Item],
+    shape: tuple[int, int],
+    ns_key: tuple,
+    rank: int,
+    load: dict[int, float],
+    replicate_split: bool,
+    heaps: dict,
+) -> JobPlan:
     entry0 = entries[items[0].entry]
     jp = JobPlan(shape=shape, ns_key=ns_key, items=len(items))
     if entry0.layout is None:  # plain tensors: whole on this rank, no communication
@@ -164,9 +176,13 @@ def _plan_job(entries: list[Entry], items: list[Item], shape: tuple[int, int], n
                         sources[src] = intersect(lay.box_of(src), it.box)
                 for src, piece in sources.items():
                     if src == rank:
-                        jp.local_in.append((it.entry, rel_slices(piece, my_box), pos, rel_slices(piece, it.box)))
+                        jp.local_in.append(
+                            (it.entry, rel_slices(piece, my_box), pos, rel_slices(piece, it.box))
+                        )
                     else:
-                        recv_in[gpos[src]].append((pos, rel_slices(piece, it.box), extents(piece), _numel(piece)))
+                        recv_in[gpos[src]].append(
+                            (pos, rel_slices(piece, it.box), extents(piece), _numel(piece))
+                        )
                 for c in _all_coords(lay, touching, replicas):
                     dst = lay.rank_at(c)
                     piece = intersect(lay.box_of(dst), it.box)
@@ -184,8 +200,9 @@ def _plan_job(entries: list[Entry], items: list[Item], shape: tuple[int, int], n
             if is_source:
                 send_in[gpos[owner]].append((it.entry, rel_slices(piece, my_box)))
                 jp.moved_elems += _numel(piece)
-            recv_out[gpos[owner]].append((it.entry, rel_slices(piece, my_box), extents(piece), _numel(piece),
-                                          it.ratio))
+            recv_out[gpos[owner]].append(
+                (it.entry, rel_slices(piece, my_box), extents(piece), _numel(piece), it.ratio)
+            )
     jp.send_in, jp.send_in_splits = _flatten(send_in, n, lambda x: _numel_sl(x[1]))
     jp.recv_in, jp.recv_in_splits = _flatten(recv_in, n, lambda x: x[3])
     jp.send_out, jp.send_out_splits = _flatten(send_out, n, lambda x: _numel_sl(x[1]))

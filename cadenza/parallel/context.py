@@ -23,8 +23,10 @@ CP_ATTENTION = "cadenza_cp"
 
 def check_seq_len(seq_len: int, cp: int) -> None:
     if seq_len % (2 * cp):
-        raise ConfigError(f"sequence length {seq_len} is not divisible by 2·cp = {2 * cp}; "
-                          f"pad or pack sequences to a multiple of {2 * cp}")
+        raise ConfigError(
+            f"sequence length {seq_len} is not divisible by 2·cp = {2 * cp}; "
+            f"pad or pack sequences to a multiple of {2 * cp}"
+        )
 
 
 def head_tail_positions(seq_len: int, cp: int, rank: int) -> torch.Tensor:
@@ -46,9 +48,17 @@ def shard_sequence(x: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.T
     return x.index_select(dim, head_tail_positions(x.shape[dim], cp, rank).to(x.device))
 
 
-def cp_attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                         attention_mask: torch.Tensor | None, scaling: float | None = None,
-                         dropout: float = 0.0, sliding_window: int | None = None, **kwargs):
+def cp_attention_forward(
+    module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    **kwargs,
+):
     """Attention for HF modules whose queries hold this rank's head–tail chunks (see module doc)."""
     group, cp, rank = module._cadenza_cp
     local_len = query.shape[2]
@@ -63,8 +73,9 @@ def cp_attention_forward(module, query: torch.Tensor, key: torch.Tensor, value: 
     if n_rep > 1:
         key = key.repeat_interleave(n_rep, dim=1)
         value = value.repeat_interleave(n_rep, dim=1)
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask,
-                                         dropout_p=dropout if module.training else 0.0, scale=scaling)
+    out = F.scaled_dot_product_attention(
+        query, key, value, attn_mask=mask, dropout_p=dropout if module.training else 0.0, scale=scaling
+    )
     return out.transpose(1, 2).contiguous(), None
 
 

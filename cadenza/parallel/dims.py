@@ -36,24 +36,29 @@ class ParallelDims:
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"parallel.{name} must be an integer >= 1, got {value!r}")
         if not isinstance(self.dp_shard, int) or (self.dp_shard < 1 and self.dp_shard != -1):
-            raise ConfigError(f"parallel.dp_shard must be an integer >= 1 or -1 (fill), got {self.dp_shard!r}")
+            raise ConfigError(
+                f"parallel.dp_shard must be an integer >= 1 or -1 (fill), got {self.dp_shard!r}"
+            )
         fixed = self.dp_replicate * self.cp
         dp_shard = self.dp_shard
         if dp_shard == -1:
             if world_size % fixed:
                 raise ConfigError(
                     f"world size {world_size} is not divisible by dp_replicate·cp = {self.dp_replicate}·{self.cp}"
-                    f" = {fixed}; change the dims or the number of processes")
+                    f" = {fixed}; change the dims or the number of processes"
+                )
             dp_shard = world_size // fixed
         if self.dp_replicate * dp_shard * self.cp != world_size:
             raise ConfigError(
                 f"dims dp_replicate={self.dp_replicate} × dp_shard={dp_shard} × cp={self.cp} = "
                 f"{self.dp_replicate * dp_shard * self.cp} but the world size is {world_size}; "
-                "set dp_shard=-1 to fill or launch that many processes")
+                "set dp_shard=-1 to fill or launch that many processes"
+            )
         if (dp_shard * self.cp) % self.ep:
             raise ConfigError(
                 f"ep={self.ep} must divide dp_shard·cp = {dp_shard}·{self.cp} = {dp_shard * self.cp} "
-                "(experts are split over the data-parallel and context-parallel ranks of one replica)")
+                "(experts are split over the data-parallel and context-parallel ranks of one replica)"
+            )
         return ParallelDims(dp_replicate=self.dp_replicate, dp_shard=dp_shard, cp=self.cp, ep=self.ep)
 
     @property
@@ -117,12 +122,17 @@ def build_meshes(dims: ParallelDims, device_type: str = "cpu") -> Meshes:
     from torch.distributed.device_mesh import init_device_mesh
 
     if not dist.is_initialized():
-        raise ConfigError("torch.distributed is not initialised; launch with torchrun (or cadenza.testing.spawn)")
+        raise ConfigError(
+            "torch.distributed is not initialised; launch with torchrun (or cadenza.testing.spawn)"
+        )
     d = dims.resolve(dist.get_world_size())
-    world = init_device_mesh(device_type, (d.dp_replicate, d.dp_shard, d.cp),
-                             mesh_dim_names=("dp_replicate", "dp_shard", "cp"))
-    dense = init_device_mesh(device_type, (d.dp_replicate, d.dp_shard_cp),
-                             mesh_dim_names=("dp_replicate", "dp_shard_cp"))
-    expert = init_device_mesh(device_type, (d.dp_replicate, d.efsdp, d.ep),
-                              mesh_dim_names=("dp_replicate", "efsdp", "ep"))
+    world = init_device_mesh(
+        device_type, (d.dp_replicate, d.dp_shard, d.cp), mesh_dim_names=("dp_replicate", "dp_shard", "cp")
+    )
+    dense = init_device_mesh(
+        device_type, (d.dp_replicate, d.dp_shard_cp), mesh_dim_names=("dp_replicate", "dp_shard_cp")
+    )
+    expert = init_device_mesh(
+        device_type, (d.dp_replicate, d.efsdp, d.ep), mesh_dim_names=("dp_replicate", "efsdp", "ep")
+    )
     return Meshes(dims=d, world=world, dense=dense, expert=expert)

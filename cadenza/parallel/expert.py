@@ -22,14 +22,21 @@ from cadenza.parallel.comm import all_to_all
 def is_routed_experts(module: nn.Module) -> bool:
     """True for a stacked-3D SwiGLU experts module as transformers 5 writes them."""
     params = dict(module.named_parameters(recurse=False))
-    return (set(params) == {"gate_up_proj", "down_proj"} and params["gate_up_proj"].ndim == 3
-            and params["down_proj"].ndim == 3 and hasattr(module, "act_fn"))
+    return (
+        set(params) == {"gate_up_proj", "down_proj"}
+        and params["gate_up_proj"].ndim == 3
+        and params["down_proj"].ndim == 3
+        and hasattr(module, "act_fn")
+    )
 
 
 def find_routed_experts(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """Qualified names and modules of every routed-experts module in ``model``."""
-    return [(name, m) for name, m in model.named_modules()
-            if is_routed_experts(m) or isinstance(m, ExpertParallelExperts)]
+    return [
+        (name, m)
+        for name, m in model.named_modules()
+        if is_routed_experts(m) or isinstance(m, ExpertParallelExperts)
+    ]
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
@@ -48,23 +55,29 @@ class ExpertParallelExperts(nn.Module):
         self.num_experts = gate_up.shape[0]
         self.ep_size = ep_mesh.size()
         if self.num_experts % self.ep_size:
-            raise ConfigError(f"ep={self.ep_size} does not divide the number of experts ({self.num_experts}); "
-                              "choose ep among the divisors of num_experts")
+            raise ConfigError(
+                f"ep={self.ep_size} does not divide the number of experts ({self.num_experts}); "
+                "choose ep among the divisors of num_experts"
+            )
         self.num_local = self.num_experts // self.ep_size
         self.ep_group = ep_mesh.get_group()
         start = ep_mesh.get_local_rank() * self.num_local
         self.act_fn = experts.act_fn
 
         def shard(p: torch.Tensor) -> nn.Parameter:
-            local = p.detach()[start:start + self.num_local].clone()
-            return nn.Parameter(DTensor.from_local(local, ep_mesh, [Shard(0)], run_check=False,
-                                                   shape=p.shape, stride=p.stride()))
+            local = p.detach()[start : start + self.num_local].clone()
+            return nn.Parameter(
+                DTensor.from_local(
+                    local, ep_mesh, [Shard(0)], run_check=False, shape=p.shape, stride=p.stride()
+                )
+            )
 
         self.gate_up_proj = shard(gate_up)
         self.down_proj = shard(down)
 
-    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                top_k_weights: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor
+    ) -> torch.Tensor:
         k = top_k_index.shape[1]
         group, ep, n_loc = self.ep_group, self.ep_size, self.num_local
         flat_expert = top_k_index.reshape(-1)
@@ -100,13 +113,17 @@ def apply_expert_parallel(model: nn.Module, ep_mesh) -> int:
     """Replace every routed-experts module of ``model`` by its EP version; returns how many."""
     found = [(name, m) for name, m in model.named_modules() if is_routed_experts(m)]
     if not found:
-        raise ConfigError(f"ep={ep_mesh.size()} but {type(model).__name__} has no routed-experts module "
-                          "(stacked gate_up_proj/down_proj); use ep=1 for dense models")
+        raise ConfigError(
+            f"ep={ep_mesh.size()} but {type(model).__name__} has no routed-experts module "
+            "(stacked gate_up_proj/down_proj); use ep=1 for dense models"
+        )
     for name, module in found:
         n = module.gate_up_proj.shape[0]
         if n % ep_mesh.size():
-            raise ConfigError(f"ep={ep_mesh.size()} does not divide the number of experts ({n}) of {name}; "
-                              "choose ep among the divisors of num_experts")
+            raise ConfigError(
+                f"ep={ep_mesh.size()} does not divide the number of experts ({n}) of {name}; "
+                "choose ep among the divisors of num_experts"
+            )
     for name, module in found:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

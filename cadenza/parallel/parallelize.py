@@ -25,8 +25,14 @@ from cadenza.parallel.context import check_seq_len, head_tail_positions, registe
 from cadenza.parallel.dims import Meshes, ParallelDims, build_meshes
 from cadenza.parallel.expert import apply_expert_parallel, find_routed_experts
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 @dataclass(kw_only=True)
@@ -57,8 +63,10 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
     base = getattr(model, "model", model)
     layers = getattr(base, "layers", None)
     if not isinstance(layers, nn.ModuleList) or len(layers) == 0:
-        raise ConfigError(f"{type(model).__name__} has no decoder layer list at .model.layers; "
-                          "parallelize supports HF causal LMs (Qwen3, Qwen3-MoE, DeepSeek-V3, ...)")
+        raise ConfigError(
+            f"{type(model).__name__} has no decoder layer list at .model.layers; "
+            "parallelize supports HF causal LMs (Qwen3, Qwen3-MoE, DeepSeek-V3, ...)"
+        )
     return layers
 
 
@@ -68,16 +76,21 @@ def check_model(model: nn.Module, dims: ParallelDims) -> None:
     experts = find_routed_experts(model)
     if dims.ep > 1:
         if not experts:
-            raise ConfigError(f"ep={dims.ep} but {type(model).__name__} has no routed-experts module "
-                              "(stacked gate_up_proj/down_proj); use ep=1 for dense models")
+            raise ConfigError(
+                f"ep={dims.ep} but {type(model).__name__} has no routed-experts module "
+                "(stacked gate_up_proj/down_proj); use ep=1 for dense models"
+            )
         for name, m in experts:
             n = m.num_experts if hasattr(m, "num_experts") else m.gate_up_proj.shape[0]
             if n % dims.ep:
-                raise ConfigError(f"ep={dims.ep} does not divide the number of experts ({n}) of {name}; "
-                                  "choose ep among the divisors of num_experts")
+                raise ConfigError(
+                    f"ep={dims.ep} does not divide the number of experts ({n}) of {name}; "
+                    "choose ep among the divisors of num_experts"
+                )
     if dims.cp > 1 and not all(hasattr(layer, "self_attn") for layer in layers):
-        raise ConfigError(f"cp={dims.cp} needs decoder layers with a .self_attn module; "
-                          f"{type(layers[0]).__name__} has none")
+        raise ConfigError(
+            f"cp={dims.cp} needs decoder layers with a .self_attn module; {type(layers[0]).__name__} has none"
+        )
 
 
 class ParallelCausalLM(nn.Module):
@@ -91,21 +104,31 @@ class ParallelCausalLM(nn.Module):
         self.cp_rank = meshes.cp.get_local_rank()
         self.cp_group = meshes.cp.get_group() if self.dims.cp > 1 else None
 
-    def forward(self, input_ids: torch.Tensor, labels: torch.Tensor | None = None,
-                attention_mask: torch.Tensor | None = None) -> ParallelOutput:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        labels: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+    ) -> ParallelOutput:
         batch, seq_len = input_ids.shape
         cp = self.dims.cp
         if cp > 1:
             check_seq_len(seq_len, cp)
             if attention_mask is not None and not bool(attention_mask.all()):
-                raise ConfigError("attention_mask with padding is not supported with cp > 1; right-pad and "
-                                  "set the padded labels to -100 instead (causal attention ignores them)")
+                raise ConfigError(
+                    "attention_mask with padding is not supported with cp > 1; right-pad and "
+                    "set the padded labels to -100 instead (causal attention ignores them)"
+                )
             attention_mask = None
             positions = head_tail_positions(seq_len, cp, self.cp_rank).to(input_ids.device)
         else:
             positions = torch.arange(seq_len, device=input_ids.device)
-        out = self.model(input_ids=input_ids[:, positions], attention_mask=attention_mask,
-                         position_ids=positions[None].expand(batch, -1), use_cache=False)
+        out = self.model(
+            input_ids=input_ids[:, positions],
+            attention_mask=attention_mask,
+            position_ids=positions[None].expand(batch, -1),
+            use_cache=False,
+        )
         loss = None if labels is None else self._loss(out.logits, labels, positions)
         return ParallelOutput(loss=loss, logits=out.logits, positions=positions)
 
@@ -114,8 +137,12 @@ class ParallelCausalLM(nn.Module):
         shifted = torch.cat([labels[:, 1:], labels.new_full((labels.shape[0], 1), -100)], dim=1)
         n_valid = (shifted != -100).sum().clamp(min=1)
         local_labels = shifted[:, positions]
-        local = nn.functional.cross_entropy(logits.float().flatten(0, 1), local_labels.flatten(),
-                                            ignore_index=-100, reduction="sum") / n_valid
+        local = (
+            nn.functional.cross_entropy(
+                logits.float().flatten(0, 1), local_labels.flatten(), ignore_index=-100, reduction="sum"
+            )
+            / n_valid
+        )
         if self.cp_group is None:
             return local
         total = local.detach().clone()
@@ -123,13 +150,19 @@ class ParallelCausalLM(nn.Module):
         return local + (total - local.detach())
 
 
-def parallelize(model: nn.Module, dims: ParallelDims | Meshes, options: ParallelOptions | None = None,
-                device_type: str = "cpu") -> ParallelCausalLM:
+def parallelize(
+    model: nn.Module,
+    dims: ParallelDims | Meshes,
+    options: ParallelOptions | None = None,
+    device_type: str = "cpu",
+) -> ParallelCausalLM:
     """Shard ``model`` (an HF causal LM, same weights on every rank) over the dual mesh; see module doc."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     options = options or ParallelOptions()
-    mp = MixedPrecisionPolicy(param_dtype=options.dtype("param_dtype"), reduce_dtype=options.dtype("reduce_dtype"))
+    mp = MixedPrecisionPolicy(
+        param_dtype=options.dtype("param_dtype"), reduce_dtype=options.dtype("reduce_dtype")
+    )
     if isinstance(dims, Meshes):
         meshes = dims
     else:
@@ -165,7 +198,9 @@ def parallelize(model: nn.Module, dims: ParallelDims | Meshes, options: Parallel
     sharded.append((root, d.dp_shard_cp))
     force_sum = dist.get_backend() == "gloo"  # gloo has no PREMUL_SUM: scale around a plain SUM
     for module, shard_size in sharded:
-        module.set_gradient_divide_factor(_divide_factor(d.dp, shard_size, force_sum or mp.reduce_dtype == torch.float16))
+        module.set_gradient_divide_factor(
+            _divide_factor(d.dp, shard_size, force_sum or mp.reduce_dtype == torch.float16)
+        )
         if force_sum:
             module.set_force_sum_reduction_for_comms(True)
     return ParallelCausalLM(model, meshes)

@@ -51,8 +51,10 @@ def latest(root: str | Path) -> tuple[Path, dict] | None:
 def check_compatible(meta: dict, expected: dict, path: Path) -> None:
     if meta.get("fingerprint") != expected:
         got = meta.get("fingerprint", {}).get("model_type", "?")
-        raise ConfigError(f"checkpoint {path} was written for a different model ({got}, other parameter shapes) "
-                          f"than model.path ({expected['model_type']}); use that model or another checkpoint.dir")
+        raise ConfigError(
+            f"checkpoint {path} was written for a different model ({got}, other parameter shapes) "
+            f"than model.path ({expected['model_type']}); use that model or another checkpoint.dir"
+        )
 
 
 def save(root: str | Path, step: int, model: nn.Module, optimizer, meta: dict, keep: int = 2) -> Path:

@@ -101,8 +101,15 @@ class PretrainConfig:
         return Path(self.checkpoint.dir) if self.checkpoint.dir else Path(self.output.dir) / "checkpoints"
 
 
-_SECTION_CLASSES = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "parallel": ParallelDims,
-                    "checkpoint": CheckpointConfig, "output": OutputConfig, "muon": MuonConfig}
+_SECTION_CLASSES = {
+    "model": ModelConfig,
+    "data": DataConfig,
+    "train": TrainConfig,
+    "parallel": ParallelDims,
+    "checkpoint": CheckpointConfig,
+    "output": OutputConfig,
+    "muon": MuonConfig,
+}
 _SECTIONS = _SECTION_CLASSES
 _TYPES = {"str": str, "int": int, "float": (int, float), "bool": bool, "list[str]": list, "list[float]": list}
 
@@ -119,8 +126,13 @@ def _section(cls: type, name: str, data: Any) -> Any:
         ok = want is None or (isinstance(value, want) and not (want is not bool and isinstance(value, bool)))
         if not ok:
             raise ConfigError(f"{name}.{key} must be {fields[key].type}, got {value!r}")
-    missing = [f.name for f in fields.values()
-               if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING and f.name not in data]
+    missing = [
+        f.name
+        for f in fields.values()
+        if f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+        and f.name not in data
+    ]
     if missing:
         raise ConfigError(f"[{name}] is missing {missing}")
     return cls(**data)
@@ -182,8 +194,9 @@ def validate(cfg: PretrainConfig) -> None:
     if m.ns_dtype not in ("float32", "bfloat16", "float16"):
         raise ConfigError(f"muon.ns_dtype must be float32, bfloat16 or float16, got {m.ns_dtype!r}")
     if not 0 <= m.momentum < 1 or m.ns_steps < 1 or m.adamw_lr < 0:
-        raise ConfigError("muon.momentum must be in [0, 1), muon.ns_steps >= 1 and muon.adamw_lr >= 0 "
-                          "(0 = train.lr)")
+        raise ConfigError(
+            "muon.momentum must be in [0, 1), muon.ns_steps >= 1 and muon.adamw_lr >= 0 (0 = train.lr)"
+        )
     if len(t.betas) != 2:
         raise ConfigError(f"train.betas must be two numbers, got {t.betas}")
     if d.seq_len < 2:

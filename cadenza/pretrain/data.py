@@ -107,8 +107,10 @@ class PackedDataset:
         self.tokens, self.seq_len, self.seed = tokens, seq_len, seed
         self.n_blocks = len(tokens) // seq_len
         if self.n_blocks == 0:
-            raise ConfigError(f"the data has {len(tokens)} tokens, fewer than one sequence of data.seq_len="
-                              f"{seq_len}; add data or lower seq_len")
+            raise ConfigError(
+                f"the data has {len(tokens)} tokens, fewer than one sequence of data.seq_len="
+                f"{seq_len}; add data or lower seq_len"
+            )
         self._perms: dict[int, np.ndarray] = {}
 
     def _block(self, sample: int) -> np.ndarray:
@@ -116,13 +118,15 @@ class PackedDataset:
         if epoch not in self._perms:
             self._perms = {epoch: np.random.default_rng([self.seed, epoch]).permutation(self.n_blocks)}
         start = int(self._perms[epoch][pos]) * self.seq_len
-        return self.tokens[start:start + self.seq_len]
+        return self.tokens[start : start + self.seq_len]
 
     def batch(self, step: int, global_batch: int, dp_rank: int, dp: int) -> torch.Tensor:
         """The ``dp_rank``-th of ``dp`` equal slices of global batch number ``step`` (1-based)."""
         if global_batch % dp:
-            raise ConfigError(f"train.global_batch={global_batch} is not divisible by the data-parallel "
-                              f"degree {dp} (dp_replicate·dp_shard)")
+            raise ConfigError(
+                f"train.global_batch={global_batch} is not divisible by the data-parallel "
+                f"degree {dp} (dp_replicate·dp_shard)"
+            )
         per = global_batch // dp
         first = (step - 1) * global_batch + dp_rank * per
         rows = [self._block(first + i) for i in range(per)]

@@ -84,8 +84,10 @@ def _load_model(cfg: PretrainConfig):
     try:
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.tokenizer or path)
     except (OSError, ValueError) as exc:
-        raise ConfigError(f"cannot load a tokenizer from {cfg.model.tokenizer or path} ({str(exc).splitlines()[0]}); "
-                          "set model.tokenizer") from None
+        raise ConfigError(
+            f"cannot load a tokenizer from {cfg.model.tokenizer or path} ({str(exc).splitlines()[0]}); "
+            "set model.tokenizer"
+        ) from None
     return model, tokenizer
 
 
@@ -98,8 +100,11 @@ class MetricsLog:
             return
         path.parent.mkdir(parents=True, exist_ok=True)
         if path.exists():
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= resume_step]
+            kept = [
+                line
+                for line in path.read_text().splitlines()
+                if line.strip() and json.loads(line).get("step", 0) <= resume_step
+            ]
             atomic_write_text(path, "".join(line + "\n" for line in kept))
 
     def write(self, record: dict) -> None:
@@ -116,8 +121,13 @@ def _progress(enabled: bool, total: int, start: int):
         return
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    with Progress(TextColumn("pretrain"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"),
-                  TimeRemainingColumn()) as progress:
+    with Progress(
+        TextColumn("pretrain"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+    ) as progress:
         progress.add_task("steps", total=total, completed=start, info="")
         yield progress
 
@@ -152,13 +162,17 @@ def _run(cfg: PretrainConfig, device: str) -> dict:
     dims = cfg.parallel.resolve(world)
     t = cfg.train
     if t.global_batch % dims.dp:
-        raise ConfigError(f"train.global_batch={t.global_batch} is not divisible by the data-parallel degree "
-                          f"{dims.dp} (world {world} / cp {dims.cp}); change global_batch or the dims")
+        raise ConfigError(
+            f"train.global_batch={t.global_batch} is not divisible by the data-parallel degree "
+            f"{dims.dp} (world {world} / cp {dims.cp}); change global_batch or the dims"
+        )
     per_rank = t.global_batch // dims.dp
     micro = t.micro_batch or per_rank
     if per_rank % micro:
-        raise ConfigError(f"train.micro_batch={micro} does not divide the {per_rank} sequences each data-parallel "
-                          f"rank takes per step (global_batch {t.global_batch} / dp {dims.dp})")
+        raise ConfigError(
+            f"train.micro_batch={micro} does not divide the {per_rank} sequences each data-parallel "
+            f"rank takes per step (global_batch {t.global_batch} / dp {dims.dp})"
+        )
     model, tokenizer = _load_model(cfg)
     check_model(model, dims)
     fp = checkpoint.fingerprint(model)
@@ -167,28 +181,46 @@ def _run(cfg: PretrainConfig, device: str) -> dict:
         checkpoint.check_compatible(found[1], fp, found[0])
     out_dir = Path(cfg.output.dir)
     tokens_path = _on_rank0_then_share(
-        lambda: load_tokens(cfg.data.files, cfg.data.text_field, tokenizer, out_dir / "cache", write=True))
+        lambda: load_tokens(cfg.data.files, cfg.data.text_field, tokenizer, out_dir / "cache", write=True)
+    )
     if rank != 0:
-        tokens_path = load_tokens(cfg.data.files, cfg.data.text_field, tokenizer, out_dir / "cache", write=False)
+        tokens_path = load_tokens(
+            cfg.data.files, cfg.data.text_field, tokenizer, out_dir / "cache", write=False
+        )
     dataset = PackedDataset(np.load(tokens_path, mmap_mode="r"), cfg.data.seq_len, cfg.data.seed)
 
     torch.manual_seed(t.seed)
-    options = ParallelOptions(param_dtype=cfg.model.param_dtype, reduce_dtype=cfg.model.reduce_dtype,
-                              activation_checkpointing=cfg.model.activation_checkpointing)
+    options = ParallelOptions(
+        param_dtype=cfg.model.param_dtype,
+        reduce_dtype=cfg.model.reduce_dtype,
+        activation_checkpointing=cfg.model.activation_checkpointing,
+    )
     model.to(device)
     pm = parallelize(model, dims, options, device_type=device.split(":")[0])
-    optimizer = build_optimizer(t.optimizer, pm, lr=t.lr, weight_decay=t.weight_decay, betas=tuple(t.betas),
-                                muon=cfg.muon)
+    optimizer = build_optimizer(
+        t.optimizer, pm, lr=t.lr, weight_decay=t.weight_decay, betas=tuple(t.betas), muon=cfg.muon
+    )
     start = 0
     if found:
         checkpoint.load(found[0], pm.model, optimizer)
         start = int(found[1]["step"])
-    meta = {"fingerprint": fp, "world_size": world, "dims": vars(dims), "global_batch": t.global_batch,
-            "seq_len": cfg.data.seq_len}
+    meta = {
+        "fingerprint": fp,
+        "world_size": world,
+        "dims": vars(dims),
+        "global_batch": t.global_batch,
+        "seq_len": cfg.data.seq_len,
+    }
     metrics = MetricsLog(out_dir / "metrics.jsonl", start, enabled=rank == 0)
     dp_rank = dims.dp_rank(rank)
-    sched = dict(steps=t.steps, lr=t.lr, warmup_steps=t.warmup_steps, schedule=t.schedule,
-                 min_lr_ratio=t.min_lr_ratio, decay_fraction=t.decay_fraction)
+    sched = dict(
+        steps=t.steps,
+        lr=t.lr,
+        warmup_steps=t.warmup_steps,
+        schedule=t.schedule,
+        min_lr_ratio=t.min_lr_ratio,
+        decay_fraction=t.decay_fraction,
+    )
     last = {}
     pm.train()
     with _progress(cfg.output.progress and rank == 0, t.steps, start) as progress:
@@ -203,14 +235,26 @@ def _run(cfg: PretrainConfig, device: str) -> dict:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             mean_loss = loss.detach().clone()
-            dist.all_reduce(mean_loss)  # every CP rank holds its batch's loss: the world mean is the batch mean
-            last = {"step": step, "loss": float(mean_loss) / world, "lr": lr, "grad_norm": float(grad_norm),
-                    "tokens": step * t.global_batch * cfg.data.seq_len, "seconds": time.perf_counter() - t0,
-                    "world_size": world}
+            dist.all_reduce(
+                mean_loss
+            )  # every CP rank holds its batch's loss: the world mean is the batch mean
+            last = {
+                "step": step,
+                "loss": float(mean_loss) / world,
+                "lr": lr,
+                "grad_norm": float(grad_norm),
+                "tokens": step * t.global_batch * cfg.data.seq_len,
+                "seconds": time.perf_counter() - t0,
+                "world_size": world,
+            }
             metrics.write(last)
             if progress is not None:
                 progress.update(progress.task_ids[0], completed=step, info=f"loss {last['loss']:.4f}")
             if step % cfg.checkpoint.every == 0 or step == t.steps:
                 checkpoint.save(cfg.checkpoint_dir, step, pm.model, optimizer, meta, keep=cfg.checkpoint.keep)
-    return {"start_step": start, "last": last, "metrics": str(out_dir / "metrics.jsonl"),
-            "checkpoints": str(cfg.checkpoint_dir)}
+    return {
+        "start_step": start,
+        "last": last,
+        "metrics": str(out_dir / "metrics.jsonl"),
+        "checkpoints": str(cfg.checkpoint_dir),
+    }

@@ -5,8 +5,16 @@ from __future__ import annotations
 import math
 
 
-def lr_at(step: int, *, steps: int, lr: float, warmup_steps: int = 0, schedule: str = "cosine",
-          min_lr_ratio: float = 0.1, decay_fraction: float = 0.2) -> float:
+def lr_at(
+    step: int,
+    *,
+    steps: int,
+    lr: float,
+    warmup_steps: int = 0,
+    schedule: str = "cosine",
+    min_lr_ratio: float = 0.1,
+    decay_fraction: float = 0.2,
+) -> float:
     """LR for 1-based ``step``: linear warmup, then cosine decay, WSD (stable then linear decay) or constant."""
     if warmup_steps and step <= warmup_steps:
         return lr * step / warmup_steps

@@ -29,7 +29,15 @@ TOOL_CALL_CLOSE = "</tool_call>"
 TOOL_RESPONSE_OPEN = "<tool_response>"
 TOOL_RESPONSE_CLOSE = "</tool_response>"
 PAD = "<|pad|>"
-SPECIAL_TOKENS = (IM_START, IM_END, TOOL_CALL_OPEN, TOOL_CALL_CLOSE, TOOL_RESPONSE_OPEN, TOOL_RESPONSE_CLOSE, PAD)
+SPECIAL_TOKENS = (
+    IM_START,
+    IM_END,
+    TOOL_CALL_OPEN,
+    TOOL_CALL_CLOSE,
+    TOOL_RESPONSE_OPEN,
+    TOOL_RESPONSE_CLOSE,
+    PAD,
+)
 
 # Qwen2.5/Hermes-style template. Consecutive tool messages share one user turn; a tool call's
 # arguments are emitted verbatim when they are a string (the model produced non-JSON) and as JSON otherwise.
@@ -41,7 +49,7 @@ CHAT_TEMPLATE = (
     "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
     "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
     "{{- '\\n</tools>\\n\\nFor each function call, return a json object with function name and arguments "
-    "within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\"name\": <function-name>, \"arguments\": "
+    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": '
     "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}"
     "{%- elif messages and messages[0]['role'] == 'system' %}"
     "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
@@ -97,7 +105,10 @@ def train_tokenizer(
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=specials, initial_alphabet=alphabet,
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=specials,
+        initial_alphabet=alphabet,
         show_progress=False,
     )
     tok.train_from_iterator(texts, trainer=trainer)
@@ -117,14 +128,20 @@ def load_tokenizer(path: str | Path) -> Any:
 
     path = Path(path)
     if not path.is_dir():
-        raise CadenzaError(f"tokenizer path {str(path)!r} is not a directory; pass a save_pretrained directory")
+        raise CadenzaError(
+            f"tokenizer path {str(path)!r} is not a directory; pass a save_pretrained directory"
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except (OSError, ValueError) as exc:
-        raise CadenzaError(f"cannot load a tokenizer from {str(path)!r}: {str(exc).splitlines()[0]}") from None
+        raise CadenzaError(
+            f"cannot load a tokenizer from {str(path)!r}: {str(exc).splitlines()[0]}"
+        ) from None
     require_chat_template(tokenizer)
     if tokenizer.eos_token_id is None:
-        raise CadenzaError(f"tokenizer at {str(path)!r} has no eos token; set eos_token to the end-of-turn token")
+        raise CadenzaError(
+            f"tokenizer at {str(path)!r} has no eos token; set eos_token to the end-of-turn token"
+        )
     return tokenizer
 
 
@@ -138,12 +155,19 @@ def require_chat_template(tokenizer: Any) -> None:
         )
 
 
-def render(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None,
-           *, add_generation_prompt: bool = False) -> str:
+def render(
+    tokenizer: Any,
+    messages: Sequence[dict[str, Any]],
+    tools: Sequence[dict[str, Any]] | None = None,
+    *,
+    add_generation_prompt: bool = False,
+) -> str:
     """Render ``messages`` with the tokenizer's chat template (text, not ids)."""
     require_chat_template(tokenizer)
     return tokenizer.apply_chat_template(
-        list(messages), tools=list(tools) if tools else None, tokenize=False,
+        list(messages),
+        tools=list(tools) if tools else None,
+        tokenize=False,
         add_generation_prompt=add_generation_prompt,
     )
 
@@ -168,10 +192,12 @@ def render_continuation(
             "the chat template re-renders earlier turns when messages are appended (not prefix-stable); "
             "use a template like cadenza.rl.chat.CHAT_TEMPLATE for multi-turn rollouts"
         )
-    return after[len(before):]
+    return after[len(before) :]
 
 
-def turn_end_glue(tokenizer: Any, history: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None) -> str:
+def turn_end_glue(
+    tokenizer: Any, history: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
+) -> str:
     """Text the template puts after the end-of-turn token of the last assistant message (e.g. ``"\\n"``).
 
     The model stops at the end-of-turn token; what follows it belongs to the next (observation) segment.
@@ -183,10 +209,12 @@ def turn_end_glue(tokenizer: Any, history: Sequence[dict[str, Any]], tools: Sequ
             f"the chat template does not end assistant turns with the tokenizer's eos token {eos!r}; "
             "set tokenizer.eos_token to the end-of-turn token (e.g. <|im_end|>)"
         )
-    return text[text.rindex(eos) + len(eos):]
+    return text[text.rindex(eos) + len(eos) :]
 
 
-_TOOL_CALL_RE = re.compile(re.escape(TOOL_CALL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_CALL_CLOSE) + r"|$)", re.DOTALL)
+_TOOL_CALL_RE = re.compile(
+    re.escape(TOOL_CALL_OPEN) + r"(.*?)(?:" + re.escape(TOOL_CALL_CLOSE) + r"|$)", re.DOTALL
+)
 
 
 def parse_tool_calls(text: str) -> list[ToolCall]:
@@ -219,11 +247,13 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
             continue
         name_match = re.search(r'"name"\s*:\s*"([^"\\]*)"', body)
         args_match = re.search(r'"arguments"\s*:\s*(.*)$', body, re.DOTALL)
-        calls.append(ToolCall(
-            name=name_match.group(1) if name_match else "",
-            arguments=_salvage_arguments(args_match.group(1)) if args_match else body,
-            id=call_id,
-        ))
+        calls.append(
+            ToolCall(
+                name=name_match.group(1) if name_match else "",
+                arguments=_salvage_arguments(args_match.group(1)) if args_match else body,
+                id=call_id,
+            )
+        )
     return calls
 
 

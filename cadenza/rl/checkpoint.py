@@ -26,7 +26,11 @@ _STEP_DIR = re.compile(r"^step-(\d{6,})$")
 
 
 def rng_state(generators: dict[str, Any] | None = None) -> dict[str, Any]:
-    state: dict[str, Any] = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     for name, gen in (generators or {}).items():
@@ -79,7 +83,9 @@ def list_checkpoints(out_dir: str | Path) -> list[Path]:
     root = Path(out_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    found = [p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name) and (p / "meta.json").exists()]
+    found = [
+        p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name) and (p / "meta.json").exists()
+    ]
     return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
 
 

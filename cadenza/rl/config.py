@@ -85,7 +85,9 @@ class LossConfig:
     aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
     std_normalize: bool = True  # GRPO advantages divided by the group std (False = Dr. GRPO)
     kl_ref: float = 0.0  # coefficient of the k3 KL to the frozen initial policy (0 = off)
-    drop_zero_variance: bool = True  # groups whose rewards are all equal leave the GRPO term (counted, logged)
+    drop_zero_variance: bool = (
+        True  # groups whose rewards are all equal leave the GRPO term (counted, logged)
+    )
 
 
 @dataclass(kw_only=True)
@@ -216,33 +218,51 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     need(cfg.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1")
     need(cfg.rollout.group_size >= 2, "rollout.group_size must be >= 2 (GRPO normalises within a group)")
     need(cfg.rollout.tasks_per_step >= 1, "rollout.tasks_per_step must be >= 1")
-    need(cfg.rollout.max_new_tokens >= 1 and cfg.rollout.max_turns >= 1, "rollout.max_new_tokens and max_turns must be >= 1")
+    need(
+        cfg.rollout.max_new_tokens >= 1 and cfg.rollout.max_turns >= 1,
+        "rollout.max_new_tokens and max_turns must be >= 1",
+    )
     need(cfg.rollout.temperature > 0, "rollout.temperature must be > 0")
     need(cfg.rollout.top_k >= 0, "rollout.top_k must be >= 0 (0 = off)")
     need(cfg.loss.lambda_sd >= 0, "loss.lambda_sd must be >= 0")
     need(0 <= cfg.loss.beta <= 1, "loss.beta must be in [0, 1]")
     need(cfg.loss.top_k >= 0, "loss.top_k must be >= 0 (0 = full vocabulary)")
     need(cfg.loss.sd_temperature > 0, "loss.sd_temperature must be > 0")
-    need(cfg.loss.clip_eps > 0 and cfg.loss.clip_eps_high > 0, "loss.clip_eps and loss.clip_eps_high must be > 0")
+    need(
+        cfg.loss.clip_eps > 0 and cfg.loss.clip_eps_high > 0,
+        "loss.clip_eps and loss.clip_eps_high must be > 0",
+    )
     need(cfg.loss.token_clip >= 0, "loss.token_clip must be >= 0 (0 = off)")
     need(cfg.loss.kl_ref >= 0, "loss.kl_ref must be >= 0")
     need(0 < cfg.teacher.ema_decay < 1, "teacher.ema_decay must be in (0, 1)")
     need(cfg.teacher.chunk_size >= 1, "teacher.chunk_size must be >= 1")
     need(cfg.optim.lr > 0, "optim.lr must be > 0")
-    need(len(cfg.optim.betas) == 2 and all(0 <= b < 1 for b in cfg.optim.betas), "optim.betas must be two numbers in [0, 1)")
+    need(
+        len(cfg.optim.betas) == 2 and all(0 <= b < 1 for b in cfg.optim.betas),
+        "optim.betas must be two numbers in [0, 1)",
+    )
     need(cfg.optim.grad_clip >= 0, "optim.grad_clip must be >= 0 (0 = off)")
     need(cfg.optim.microbatch >= 1, "optim.microbatch must be >= 1")
     cfg.feedback.validate()
     m = cfg.model
     if m.path:
         p = _resolve(m.path, base)
-        need(p.is_dir(), f"model.path {str(p)!r} does not exist or is not a directory; point it at an HF model directory")
+        need(
+            p.is_dir(),
+            f"model.path {str(p)!r} does not exist or is not a directory; point it at an HF model directory",
+        )
         m.path = str(p)
     else:
-        need(bool(m.tokenizer), "model.path is empty and model.tokenizer is not set; random init needs a tokenizer directory")
+        need(
+            bool(m.tokenizer),
+            "model.path is empty and model.tokenizer is not set; random init needs a tokenizer directory",
+        )
     if m.tokenizer:
         t = _resolve(m.tokenizer, base)
-        need(t.is_dir(), f"model.tokenizer {str(t)!r} does not exist; point it at a tokenizer saved with save_pretrained")
+        need(
+            t.is_dir(),
+            f"model.tokenizer {str(t)!r} does not exist; point it at a tokenizer saved with save_pretrained",
+        )
         m.tokenizer = str(t)
     need(m.hidden_size % m.num_heads == 0, "model.hidden_size must be divisible by model.num_heads")
     need(m.num_heads % m.num_kv_heads == 0, "model.num_heads must be divisible by model.num_kv_heads")
@@ -251,7 +271,9 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
         try:
             import cadenza.optim.muon  # noqa: F401
         except ModuleNotFoundError:
-            raise ConfigError("optim.name = 'muon' needs cadenza.optim.muon, which is not in this build; use 'adamw'") from None
+            raise ConfigError(
+                "optim.name = 'muon' needs cadenza.optim.muon, which is not in this build; use 'adamw'"
+            ) from None
 
 
 def _resolve(path: str, base: Path) -> Path:

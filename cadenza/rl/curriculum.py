@@ -77,7 +77,9 @@ class CurriculumSampler:
             for s in self.pool.stats():
                 counts[s.state] += 1
             detail = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "the pool is empty"
-            raise PoolExhausted(f"no active task to sample ({detail}); add tasks with 'cadenza tasks build' or enable escalation")
+            raise PoolExhausted(
+                f"no active task to sample ({detail}); add tasks with 'cadenza tasks build' or enable escalation"
+            )
         unseen = [s for s in active if s.attempts == 0]
         seen = [s for s in active if s.attempts > 0]
         self.rng.shuffle(unseen)
@@ -118,8 +120,13 @@ def summarize(pool: TaskPool, config: CurriculumConfig) -> PoolSummary:
     seen = [s for s in stats if s.state == "active" and s.attempts > 0]
     mean_pass = sum(s.mean for s in seen) / len(seen) if seen else None
     near = sum(abs(s.mean - config.target) <= config.near_band for s in seen) / len(seen) if seen else None
-    return PoolSummary(active=by_state.get("active", 0), by_state=by_state, mean_pass=mean_pass,
-                       near_target_share=near, groups=sum(s.groups for s in stats))
+    return PoolSummary(
+        active=by_state.get("active", 0),
+        by_state=by_state,
+        mean_pass=mean_pass,
+        near_target_share=near,
+        groups=sum(s.groups for s in stats),
+    )
 
 
 # A factory makes up to ``n`` new tasks at ``level`` from ``source`` and returns (task_id, source, level) rows.
@@ -169,12 +176,18 @@ class Escalator:
             return None
         plan = self._plan(pool)
         if not plan:
-            pool.log_event(step, "escalation_skipped", {"reason": why, "detail": f"every source is at level {self.config.max_level}"})
+            pool.log_event(
+                step,
+                "escalation_skipped",
+                {"reason": why, "detail": f"every source is at level {self.config.max_level}"},
+            )
             self._last_step = step
             return None
         pool.log_event(step, "escalation", {"reason": why, "plan": plan})
         self._last_step = step
-        self._thread = threading.Thread(target=self._run, args=(plan, step), daemon=True, name="cadenza-escalate")
+        self._thread = threading.Thread(
+            target=self._run, args=(plan, step), daemon=True, name="cadenza-escalate"
+        )
         self._thread.start()
         return why
 
@@ -203,10 +216,14 @@ class Escalator:
                     added = pool.add_tasks(rows, step=step)
                     result = EscalationResult(step=step, source=source, level=level, added=added)
                 except Exception as exc:  # the factory may fail on a source; training goes on
-                    result = EscalationResult(step=step, source=source, level=level, added=0,
-                                              error=f"{type(exc).__name__}: {exc}")
-                pool.log_event(step, "escalation_done", {"source": source, "level": level,
-                                                         "added": result.added, "error": result.error})
+                    result = EscalationResult(
+                        step=step, source=source, level=level, added=0, error=f"{type(exc).__name__}: {exc}"
+                    )
+                pool.log_event(
+                    step,
+                    "escalation_done",
+                    {"source": source, "level": level, "added": result.added, "error": result.error},
+                )
                 with self._lock:
                     self._results.append(result)
 
@@ -228,5 +245,9 @@ class Escalator:
 def pool_metrics(pool: TaskPool, config: CurriculumConfig) -> dict[str, Any]:
     """What the trainer logs per step about the pool."""
     s = summarize(pool, config)
-    return {"pool_active": s.active, "pool_mean_pass": s.mean_pass, "pool_near_target": s.near_target_share,
-            **{f"pool_{k}": v for k, v in s.by_state.items() if k != "active"}}
+    return {
+        "pool_active": s.active,
+        "pool_mean_pass": s.mean_pass,
+        "pool_near_target": s.near_target_share,
+        **{f"pool_{k}": v for k, v in s.by_state.items() if k != "active"},
+    }

@@ -19,7 +19,15 @@ from typing import Any
 from cadenza.errors import CadenzaError
 
 # Fixed pieces of the tool-call JSON as single tokens (a tiny BPE cannot merge across punctuation splits).
-CALL_PIECES = ('{"name": "', '", "arguments": ', '{"path": "', '{"selector": "', '{"command": "', '"}}', "{}}")
+CALL_PIECES = (
+    '{"name": "',
+    '", "arguments": ',
+    '{"path": "',
+    '{"selector": "',
+    '{"command": "',
+    '"}}',
+    "{}}",
+)
 WORKSPACE = "/tmp/cadenza-ep/workspace"
 
 
@@ -46,10 +54,18 @@ class DemoConfig:
     task_set: Path | None = None  # use this existing task set instead of building one
 
     def __post_init__(self) -> None:
-        if (self.steps < 1 or self.tasks_per_step < 1 or self.group_size < 2 or self.max_tasks < 1
-                or self.max_turns < 1 or self.max_new_tokens < 1):
-            raise CadenzaError("demo needs --steps, --tasks-per-step, --max-tasks, --max-turns, --max-new-tokens >= 1 "
-                               "and --group-size >= 2")
+        if (
+            self.steps < 1
+            or self.tasks_per_step < 1
+            or self.group_size < 2
+            or self.max_tasks < 1
+            or self.max_turns < 1
+            or self.max_new_tokens < 1
+        ):
+            raise CadenzaError(
+                "demo needs --steps, --tasks-per-step, --max-tasks, --max-turns, --max-new-tokens >= 1 "
+                "and --group-size >= 2"
+            )
 
 
 # ------------------------------------------------------------------ warm-up transcripts
@@ -76,14 +92,25 @@ def transcript(rng: random.Random, task_dir: Path, task: Any) -> list[dict[str, 
     tests = [f for f in files if "test" in f] or files
     msgs = initial_messages(workspace=WORKSPACE, statement=task.statement, tools=TOOL_SCHEMAS)
     plan = [("view", {"path": task.feature.path})]
-    plan += rng.sample([("view", {"path": rng.choice(files)}), ("run_tests", {"selector": rng.choice(tests)}),
-                        ("bash", {"command": "ls"}), ("run_tests", {})], k=rng.randint(0, 2))
+    plan += rng.sample(
+        [
+            ("view", {"path": rng.choice(files)}),
+            ("run_tests", {"selector": rng.choice(tests)}),
+            ("bash", {"command": "ls"}),
+            ("run_tests", {}),
+        ],
+        k=rng.randint(0, 2),
+    )
     plan.append(("submit", {}))
     for i, (name, args) in enumerate(plan):
         msgs.append(_call(name, args, i))
         if name == "submit":
             break
-        obs = {"view": "1\t\"\"\"module\"\"\"\n2\t", "run_tests": "1 failed, 3 passed", "bash": "\n".join(files[:5])}[name]
+        obs = {
+            "view": '1\t"""module"""\n2\t',
+            "run_tests": "1 failed, 3 passed",
+            "bash": "\n".join(files[:5]),
+        }[name]
         msgs.append({"role": "tool", "tool_call_id": f"call_{i}", "name": name, "content": obs})
     return msgs
 
@@ -115,10 +142,14 @@ def build_tiny_policy(task_dirs: list[Path], out: Path, cfg: DemoConfig, log: An
     texts = [_plain(m) for t in transcripts for m in t] + ["system\n", "user\n", "assistant\n", "tool\n"] * 20
     tok = train_tokenizer(texts, vocab_size=cfg.vocab_size, extra_special_tokens=CALL_PIECES)
     torch.manual_seed(cfg.seed)
-    policy = HFPolicy.from_config(tiny_qwen3_config(len(tok), hidden_size=64, intermediate_size=128), seed=cfg.seed)
+    policy = HFPolicy.from_config(
+        tiny_qwen3_config(len(tok), hidden_size=64, intermediate_size=128), seed=cfg.seed
+    )
     # encoded as the rollouts see them: the system prompt lists the tools, the template does not repeat them
     data = [encode_messages(tok, t) for t in transcripts]
-    losses = supervised_finetune(policy, tok, data, SFTConfig(steps=cfg.sft_steps, batch_size=4, lr=1e-2, warmup=5, seed=cfg.seed))
+    losses = supervised_finetune(
+        policy, tok, data, SFTConfig(steps=cfg.sft_steps, batch_size=4, lr=1e-2, warmup=5, seed=cfg.seed)
+    )
     log(f"SFT warm-up on {len(data)} call-format transcripts: loss {losses[0]:.2f} -> {losses[-1]:.2f}")
     out.mkdir(parents=True, exist_ok=True)
     policy.model.save_pretrained(str(out))
@@ -140,14 +171,31 @@ def train_config(cfg: DemoConfig, task_set: Path, model_dir: Path) -> Any:
     )
 
     return TrainConfig(
-        run=RunConfig(out_dir=str(cfg.out / "train"), steps=cfg.steps, seed=cfg.seed, checkpoint_every=1, measure_kl=False),
+        run=RunConfig(
+            out_dir=str(cfg.out / "train"),
+            steps=cfg.steps,
+            seed=cfg.seed,
+            checkpoint_every=1,
+            measure_kl=False,
+        ),
         model=ModelConfig(path=str(model_dir), device=cfg.device),
-        env=EnvConfig(name="taskset", options={
-            "task_set": str(task_set), "max_turns": cfg.max_turns, "time_budget_s": 120.0, "escalate": cfg.escalate,
-            "seed": cfg.seed, "curriculum": {"escalate_min_groups": 2, "escalate_cooldown_steps": 2, "escalate_tasks": 2},
-        }),
-        rollout=RolloutConfig(group_size=cfg.group_size, tasks_per_step=cfg.tasks_per_step, max_turns=cfg.max_turns,
-                              max_new_tokens=cfg.max_new_tokens),
+        env=EnvConfig(
+            name="taskset",
+            options={
+                "task_set": str(task_set),
+                "max_turns": cfg.max_turns,
+                "time_budget_s": 120.0,
+                "escalate": cfg.escalate,
+                "seed": cfg.seed,
+                "curriculum": {"escalate_min_groups": 2, "escalate_cooldown_steps": 2, "escalate_tasks": 2},
+            },
+        ),
+        rollout=RolloutConfig(
+            group_size=cfg.group_size,
+            tasks_per_step=cfg.tasks_per_step,
+            max_turns=cfg.max_turns,
+            max_new_tokens=cfg.max_new_tokens,
+        ),
         optim=OptimConfig(lr=1e-3, microbatch=4),
     )
 
@@ -167,8 +215,14 @@ def prepare_tasks(cfg: DemoConfig, console: Any = None) -> Path:
     if cfg.task_set is not None:
         return cfg.task_set
     out = cfg.out / "tasks"
-    summary = build_demo_tasks(out, source=cfg.source or DEMO_SOURCE, max_tasks=cfg.max_tasks, levels=cfg.levels,
-                               seed=cfg.seed, console=console)
+    summary = build_demo_tasks(
+        out,
+        source=cfg.source or DEMO_SOURCE,
+        max_tasks=cfg.max_tasks,
+        levels=cfg.levels,
+        seed=cfg.seed,
+        console=console,
+    )
     if not summary.tasks:
         raise CadenzaError(f"the task factory built no task from {cfg.source or DEMO_SOURCE}; see {out}")
     if console is not None:
@@ -187,7 +241,9 @@ def check_device(device: str) -> None:
     except RuntimeError:
         raise CadenzaError(f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise CadenzaError(f"--device {device!r} needs a CUDA GPU, and torch sees none here; use --device cpu")
+        raise CadenzaError(
+            f"--device {device!r} needs a CUDA GPU, and torch sees none here; use --device cpu"
+        )
 
 
 def run_demo(cfg: DemoConfig, console: Any = None, log: Any = print) -> DemoResult:
@@ -224,11 +280,18 @@ def report_table(rows: list[dict[str, Any]]) -> Any:
     from rich.table import Table
 
     table = Table(title="cadenza demo: RL over the task pool")
-    cols = [("step", "step", "{}"), ("reward", "reward", "{:.2f}"), ("resolved", "resolved_rate", "{:.2f}"),
-            ("invalid tool", "invalid_tool_rate", "{:.2f}"), ("hinted turns", "hinted_turns", "{}"),
-            ("SD loss", "sd_loss", "{:.2e}"), ("0-var groups", "zero_variance_groups", "{}"),
-            ("pool active", "pool_active", "{}"), ("mean pass", "pool_mean_pass", "{:.2f}"),
-            ("escalation", "escalation_started", "{}")]
+    cols = [
+        ("step", "step", "{}"),
+        ("reward", "reward", "{:.2f}"),
+        ("resolved", "resolved_rate", "{:.2f}"),
+        ("invalid tool", "invalid_tool_rate", "{:.2f}"),
+        ("hinted turns", "hinted_turns", "{}"),
+        ("SD loss", "sd_loss", "{:.2e}"),
+        ("0-var groups", "zero_variance_groups", "{}"),
+        ("pool active", "pool_active", "{}"),
+        ("mean pass", "pool_mean_pass", "{:.2f}"),
+        ("escalation", "escalation_started", "{}"),
+    ]
     for name, *_ in cols:
         table.add_column(name, justify="right")
     for r in rows:
@@ -237,5 +300,12 @@ def report_table(rows: list[dict[str, Any]]) -> Any:
 
 
 def summary_json(result: DemoResult) -> str:
-    return json.dumps({"task_set": str(result.task_set), "model": str(result.model_dir), "run": str(result.run_dir),
-                       "metrics": str(result.run_dir / "metrics.jsonl"), "pass_rate_plot": str(result.plot)})
+    return json.dumps(
+        {
+            "task_set": str(result.task_set),
+            "model": str(result.model_dir),
+            "run": str(result.run_dir),
+            "metrics": str(result.run_dir / "metrics.jsonl"),
+            "pass_rate_plot": str(result.plot),
+        }
+    )

@@ -31,7 +31,11 @@ class RolloutEngine(Protocol):
         """Policy version of the weights the engine samples with now (0 = initial weights)."""
 
     def sample(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, generator: torch.Generator | None = None
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        generator: torch.Generator | None = None,
     ) -> list[Sample]:
         """Continue each prompt; ``generator`` seeds the draw (engines derive per-request seeds from it)."""
 

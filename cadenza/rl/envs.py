@@ -31,17 +31,23 @@ class EnvSource(Protocol):
 def load_source(name: str, options: dict[str, Any]) -> EnvSource:
     target = BUILTIN_ENVS.get(name, name)
     if ":" not in target:
-        raise ConfigError(f"env.name {name!r} is not a known environment ({', '.join(BUILTIN_ENVS)}) nor 'package.module:factory'")
+        raise ConfigError(
+            f"env.name {name!r} is not a known environment ({', '.join(BUILTIN_ENVS)}) nor 'package.module:factory'"
+        )
     module_name, func_name = target.split(":", 1)
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        raise ConfigError(f"env {name!r} needs module {module_name!r}, which is not available ({exc.name} missing)") from None
+        raise ConfigError(
+            f"env {name!r} needs module {module_name!r}, which is not available ({exc.name} missing)"
+        ) from None
     factory = getattr(module, func_name, None)
     if not callable(factory):
         raise ConfigError(f"env {name!r}: {module_name} has no factory {func_name!r}")
     source = factory(dict(options))
     for method in ("sample_tasks", "make_env"):
         if not callable(getattr(source, method, None)):
-            raise ConfigError(f"env {name!r}: the factory's result has no {method}(); see cadenza.rl.envs.EnvSource")
+            raise ConfigError(
+                f"env {name!r}: the factory's result has no {method}(); see cadenza.rl.envs.EnvSource"
+            )
     return source

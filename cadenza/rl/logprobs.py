@@ -28,7 +28,7 @@ def _map_chunks(
         raise CadenzaError(f"chunk_size must be >= 1 or None, got {chunk_size}")
     outs = []
     for start in range(0, n, chunk_size):
-        part = tuple(t[start:start + chunk_size] for t in tensors)
+        part = tuple(t[start : start + chunk_size] for t in tensors)
         if torch.is_grad_enabled():
             outs.append(checkpoint(fn, *part, use_reentrant=False))
         else:
@@ -81,8 +81,13 @@ def sequence_logprobs(
     select = select.clone()
     select[:, 0] = False
     b_idx, t_idx = select.nonzero(as_tuple=True)
-    lp, ent = token_logprobs(hidden[b_idx, t_idx - 1], lm_head, input_ids[b_idx, t_idx],
-                             chunk_size=chunk_size, temperature=temperature)
+    lp, ent = token_logprobs(
+        hidden[b_idx, t_idx - 1],
+        lm_head,
+        input_ids[b_idx, t_idx],
+        chunk_size=chunk_size,
+        temperature=temperature,
+    )
     logprobs = torch.zeros((B, T), dtype=lp.dtype, device=hidden.device)
     entropy = torch.zeros((B, T), dtype=ent.dtype, device=hidden.device)
     logprobs = logprobs.index_put((b_idx, t_idx), lp)

@@ -147,7 +147,9 @@ def group_advantages(
     r = torch.as_tensor(rewards, dtype=torch.float32)
     ids = group_ids.tolist() if isinstance(group_ids, torch.Tensor) else list(group_ids)
     if r.ndim != 1 or len(ids) != r.shape[0]:
-        raise CadenzaError(f"rewards ({tuple(r.shape)}) and group_ids ({len(ids)}) must be 1-D and the same length")
+        raise CadenzaError(
+            f"rewards ({tuple(r.shape)}) and group_ids ({len(ids)}) must be 1-D and the same length"
+        )
     adv = torch.zeros_like(r)
     for gid in dict.fromkeys(ids):
         sel = torch.tensor([i == gid for i in ids])
@@ -204,8 +206,11 @@ def grpo_loss(
 
 
 def clip_fraction(
-    logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, mask: torch.Tensor,
-    clip_eps_low: float = 0.2, clip_eps_high: float = 0.2,
+    logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    clip_eps_low: float = 0.2,
+    clip_eps_high: float = 0.2,
 ) -> torch.Tensor:
     """Fraction of masked tokens whose ratio lies outside the clip range (a logging metric)."""
     with torch.no_grad():

@@ -28,7 +28,9 @@ def find_monitor() -> Callable[[Trajectory], list[Any]] | None:
     return None
 
 
-def apply_monitor(monitor: Callable[[Trajectory], list[Any]] | None, traj: Trajectory, reward: float) -> tuple[float, int]:
+def apply_monitor(
+    monitor: Callable[[Trajectory], list[Any]] | None, traj: Trajectory, reward: float
+) -> tuple[float, int]:
     """Return the (possibly zeroed) reward and the number of flags raised."""
     if monitor is None:
         return reward, 0

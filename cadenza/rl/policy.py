@@ -46,7 +46,11 @@ class Sample:
 
 class Policy(Protocol):
     def sample(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, generator: torch.Generator | None = None
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        generator: torch.Generator | None = None,
     ) -> list[Sample]:
         """Continue each prompt (token ids); return the sampled ids and their behaviour log-probs."""
 
@@ -56,9 +60,16 @@ def tiny_qwen3_config(vocab_size: int, **overrides: Any) -> Any:
     from transformers import Qwen3Config
 
     kw: dict[str, Any] = dict(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=8192,
-        tie_word_embeddings=False, use_sliding_window=False,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+        use_sliding_window=False,
     )
     kw.update(overrides)
     return Qwen3Config(**kw)
@@ -69,9 +80,19 @@ def tiny_qwen3_moe_config(vocab_size: int, **overrides: Any) -> Any:
     from transformers import Qwen3MoeConfig
 
     kw: dict[str, Any] = dict(
-        vocab_size=vocab_size, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
-        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16, num_experts=8,
-        num_experts_per_tok=2, max_position_embeddings=8192, tie_word_embeddings=False, norm_topk_prob=True,
+        vocab_size=vocab_size,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        num_experts=8,
+        num_experts_per_tok=2,
+        max_position_embeddings=8192,
+        tie_word_embeddings=False,
+        norm_topk_prob=True,
     )
     kw.update(overrides)
     return Qwen3MoeConfig(**kw)
@@ -86,7 +107,9 @@ class HFPolicy:
 
     def __init__(self, model: torch.nn.Module, *, device: str | torch.device = "cpu") -> None:
         if model.get_output_embeddings() is None:
-            raise CadenzaError(f"{type(model).__name__} has no output embeddings; use a causal LM (…ForCausalLM)")
+            raise CadenzaError(
+                f"{type(model).__name__} has no output embeddings; use a causal LM (…ForCausalLM)"
+            )
         self.model = model.to(device)
         self.device = torch.device(device)
 
@@ -100,11 +123,15 @@ class HFPolicy:
                 f"model path {str(path)!r} does not exist or has no config.json; pass a local directory "
                 "written by save_pretrained (nothing is downloaded)"
             )
-        model = AutoModelForCausalLM.from_pretrained(str(path), dtype=_dtype(dtype), attn_implementation="sdpa")
+        model = AutoModelForCausalLM.from_pretrained(
+            str(path), dtype=_dtype(dtype), attn_implementation="sdpa"
+        )
         return cls(model, device=device)
 
     @classmethod
-    def from_config(cls, config: Any, *, seed: int = 0, dtype: str = "float32", device: str = "cpu") -> HFPolicy:
+    def from_config(
+        cls, config: Any, *, seed: int = 0, dtype: str = "float32", device: str = "cpu"
+    ) -> HFPolicy:
         """Random init from a transformers config (deterministic under ``seed``)."""
         from transformers import AutoModelForCausalLM
 
@@ -132,14 +159,21 @@ class HFPolicy:
     ) -> tuple[torch.Tensor, Any]:
         """Final hidden states ``[B, T, D]`` (before the LM head) and the KV cache when ``use_cache``."""
         out = self.model.get_decoder()(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            cache=cache, use_cache=use_cache,
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=use_cache,
         )
         return out.last_hidden_state, (out.cache if use_cache else None)
 
     @torch.no_grad()
     def sample(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, *, generator: torch.Generator | None = None
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        generator: torch.Generator | None = None,
     ) -> list[Sample]:
         from transformers import DynamicCache
 
@@ -152,8 +186,8 @@ class HFPolicy:
             ids = torch.zeros((B, L), dtype=torch.long, device=self.device)
             attn = torch.zeros((B, L), dtype=torch.long, device=self.device)
             for b, p in enumerate(prompts):  # left padding: every row's next token is at column L
-                ids[b, L - len(p):] = torch.tensor(list(p), dtype=torch.long)
-                attn[b, L - len(p):] = 1
+                ids[b, L - len(p) :] = torch.tensor(list(p), dtype=torch.long)
+                attn[b, L - len(p) :] = 1
             pos = (attn.cumsum(-1) - 1).clamp(min=0)
             cache = DynamicCache()
             stop = torch.tensor(sorted(set(params.stop_token_ids)), dtype=torch.long, device=self.device)
@@ -177,7 +211,9 @@ class HFPolicy:
                 attn = torch.cat([attn, torch.ones((B, 1), dtype=attn.dtype, device=self.device)], dim=1)
                 pos = pos[:, -1:] + 1
             return [
-                Sample(token_ids=out_ids[b], logprobs=out_lp[b], finish_reason="stop" if done[b] else "length")
+                Sample(
+                    token_ids=out_ids[b], logprobs=out_lp[b], finish_reason="stop" if done[b] else "length"
+                )
                 for b in range(B)
             ]
         finally:
@@ -201,7 +237,12 @@ def _draw(
 
 
 def _dtype(name: str) -> torch.dtype:
-    table = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64}
+    table = {
+        "float32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "float16": torch.float16,
+        "float64": torch.float64,
+    }
     if name not in table:
         raise CadenzaError(f"unknown dtype {name!r}; use one of {', '.join(table)}")
     return table[name]

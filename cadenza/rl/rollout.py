@@ -92,7 +92,9 @@ def _start(tokenizer: Any, task: RolloutTask, group_id: str) -> _Episode:
     for i, msg in enumerate(messages):
         text = render_continuation(tokenizer, messages[:i], [msg], tools, add_generation_prompt=False)
         builder.add("system" if msg.get("role") == "system" else "prompt", _encode(tokenizer, text), i)
-    ep = _Episode(task_id=task.task_id, group_id=group_id, env=env, tools=tools, messages=messages, builder=builder)
+    ep = _Episode(
+        task_id=task.task_id, group_id=group_id, env=env, tools=tools, messages=messages, builder=builder
+    )
     _add_generation_prompt(tokenizer, ep)
     return ep
 
@@ -123,7 +125,9 @@ def rollout(
         raise CadenzaError("no tasks to roll out")
     generator = torch.Generator().manual_seed(config.seed)
     episodes = [
-        _start(tokenizer, task, f"{i}:{task.task_id}") for i, task in enumerate(tasks) for _ in range(config.group_size)
+        _start(tokenizer, task, f"{i}:{task.task_id}")
+        for i, task in enumerate(tasks)
+        for _ in range(config.group_size)
     ]
     live = list(range(len(episodes)))
     finished = 0
@@ -136,14 +140,18 @@ def rollout(
             break
         params = SamplingParams(
             max_new_tokens=min(config.max_new_tokens, max(budget[i] for i in live)),
-            temperature=config.temperature, top_k=config.top_k, stop_token_ids=(int(eos),),
+            temperature=config.temperature,
+            top_k=config.top_k,
+            stop_token_ids=(int(eos),),
         )
         samples = policy.sample([episodes[i].builder.input_ids for i in live], params, generator=generator)
         still = []
         for i, sample in zip(live, samples, strict=True):
             ep = episodes[i]
             ids, lps, finish = sample.token_ids, sample.logprobs, sample.finish_reason
-            if len(ids) > budget[i]:  # this episode's context is nearly full: keep what fits (a prefix of a sample is a sample)
+            if (
+                len(ids) > budget[i]
+            ):  # this episode's context is nearly full: keep what fits (a prefix of a sample is a sample)
                 ids, lps, finish = ids[: budget[i]], lps[: budget[i]], "length"
             if _advance(tokenizer, ep, ids, lps, finish, config):
                 still.append(i)
@@ -156,7 +164,12 @@ def rollout(
 
 
 def _advance(
-    tokenizer: Any, ep: _Episode, ids: list[int], logprobs: list[float], finish_reason: str, config: RolloutConfig
+    tokenizer: Any,
+    ep: _Episode,
+    ids: list[int],
+    logprobs: list[float],
+    finish_reason: str,
+    config: RolloutConfig,
 ) -> bool:
     """Record one sampled turn and the env's answers; return whether the episode continues."""
     if not ids:
@@ -171,7 +184,9 @@ def _advance(
     calls = parse_tool_calls(text)
     msg = assistant_message(text, calls)
     ep.messages.append(msg)
-    turn = TurnMeta(index=len(ep.turns), message_index=msg_index, token_ids=list(ids), logprobs=list(logprobs))
+    turn = TurnMeta(
+        index=len(ep.turns), message_index=msg_index, token_ids=list(ids), logprobs=list(logprobs)
+    )
     ep.turns.append(turn)
     if finish_reason != "stop":
         turn.extra["truncated"] = True
@@ -185,7 +200,9 @@ def _advance(
     tool_msgs, done = [], False
     for call in calls:
         result = ep.env.step(call)
-        tool_msgs.append({"role": "tool", "tool_call_id": call.id, "name": call.name, "content": str(result.observation)})
+        tool_msgs.append(
+            {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": str(result.observation)}
+        )
         if turn.error_kind is None and result.error_kind is not None:
             turn.error_kind = result.error_kind
         if result.info:
@@ -212,11 +229,19 @@ def _finish(ep: _Episode) -> Rollout:
     if "reward" not in outcome:
         raise CadenzaError(f"env for task {ep.task_id!r} returned an outcome without 'reward' from finish()")
     reward = float(outcome["reward"])
-    meta = {"task_id": ep.task_id, "stop_reason": ep.stop_reason or "context", "num_turns": len(ep.turns),
-            "tools": ep.tools}
+    meta = {
+        "task_id": ep.task_id,
+        "stop_reason": ep.stop_reason or "context",
+        "num_turns": len(ep.turns),
+        "tools": ep.tools,
+    }
     tokens = ep.builder.build(messages=ep.messages, reward=reward, group_id=ep.group_id, metadata=meta)
     trajectory = Trajectory(
-        task_id=ep.task_id, messages=ep.messages, turns=ep.turns, outcome=outcome, reward=reward,
+        task_id=ep.task_id,
+        messages=ep.messages,
+        turns=ep.turns,
+        outcome=outcome,
+        reward=reward,
         meta={"group_id": ep.group_id, "stop_reason": meta["stop_reason"]},
     )
     return Rollout(tokens=tokens, trajectory=trajectory, outcome=outcome)

@@ -18,7 +18,9 @@ from cadenza.rl.chat import render
 from cadenza.rl.tokens import TokenTrajectory, TokenTrajectoryBuilder, collate
 
 
-def encode_messages(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None) -> TokenTrajectory:
+def encode_messages(
+    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None = None
+) -> TokenTrajectory:
     """One transcript -> a :class:`TokenTrajectory` whose model tokens are the assistant messages."""
     eos = tokenizer.eos_token
     builder = TokenTrajectoryBuilder()
@@ -34,12 +36,16 @@ def encode_messages(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: S
         before = render(tokenizer, messages[:i], tools, add_generation_prompt=True)
         after = render(tokenizer, messages[: i + 1], tools)
         if not before.startswith(emitted) or not after.startswith(before):
-            raise CadenzaError("the chat template is not prefix-stable; SFT encoding needs a template like cadenza.rl.chat.CHAT_TEMPLATE")
+            raise CadenzaError(
+                "the chat template is not prefix-stable; SFT encoding needs a template like cadenza.rl.chat.CHAT_TEMPLATE"
+            )
         builder.add("prompt" if first else "observation", tok(before[len(emitted) :]), message_index=i - 1)
         model_text = after[len(before) :]
         cut = model_text.rfind(eos)
         if cut < 0:
-            raise CadenzaError(f"assistant message {i} does not end with the eos token {eos!r} under this template")
+            raise CadenzaError(
+                f"assistant message {i} does not end with the eos token {eos!r} under this template"
+            )
         model_text = model_text[: cut + len(eos)]
         ids = tok(model_text)
         builder.add("assistant", ids, message_index=i, logprobs=[0.0] * len(ids))
@@ -50,7 +56,9 @@ def encode_messages(tokenizer: Any, messages: Sequence[dict[str, Any]], tools: S
     return builder.build(messages=list(messages))
 
 
-def token_logprobs(policy: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def token_logprobs(
+    policy: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each token given its prefix (position t scores token t; position 0 gets 0) and entropy."""
     hidden, _ = policy.hidden_states(input_ids, attention_mask)
     logits = policy.lm_head(hidden[:, :-1]).float()
@@ -107,7 +115,9 @@ def supervised_finetune(
     return losses
 
 
-def _length_bucketed_batches(data: list[TokenTrajectory], batch_size: int, rng: random.Random) -> list[list[int]]:
+def _length_bucketed_batches(
+    data: list[TokenTrajectory], batch_size: int, rng: random.Random
+) -> list[list[int]]:
     """One epoch of batches; similar lengths share a batch (less padding), batch order is random."""
     order = list(range(len(data)))
     rng.shuffle(order)

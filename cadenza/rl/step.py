@@ -33,7 +33,9 @@ class LossConfig:
 
     def __post_init__(self) -> None:
         if self.aggregation not in AGGREGATIONS:
-            raise CadenzaError(f"unknown aggregation {self.aggregation!r}; use one of {', '.join(AGGREGATIONS)}")
+            raise CadenzaError(
+                f"unknown aggregation {self.aggregation!r}; use one of {', '.join(AGGREGATIONS)}"
+            )
         if self.lambda_sd < 0:
             raise CadenzaError(f"lambda_sd must be >= 0, got {self.lambda_sd}")
         if not self.temperature > 0:
@@ -55,7 +57,7 @@ def hinted_mask(batch: TokenBatch, items: Sequence[HintedTurn]) -> torch.Tensor:
     """``[B, T]`` 1 on the tokens of hinted target turns."""
     mask = torch.zeros_like(batch.loss_mask)
     for it in items:
-        mask[it.row, it.turn_start: it.turn_end] = 1
+        mask[it.row, it.turn_start : it.turn_end] = 1
     return mask
 
 
@@ -76,17 +78,30 @@ def rl_losses(
     """
     cfg = config or LossConfig()
     if items and teacher is None:
-        raise CadenzaError("hinted turns were given but no teacher; build one with cadenza.rl.teacher.Teacher")
+        raise CadenzaError(
+            "hinted turns were given but no teacher; build one with cadenza.rl.teacher.Teacher"
+        )
     use_sd = bool(items) and cfg.lambda_sd > 0
     want_cache = use_sd and teacher is not None and teacher.reuses_student_cache
     hidden, cache = policy.hidden_states(batch.input_ids, batch.attention_mask, use_cache=want_cache)
     logprobs, entropy = sequence_logprobs(
-        hidden, policy.lm_head, batch.input_ids, batch.loss_mask, chunk_size=cfg.chunk_size,
+        hidden,
+        policy.lm_head,
+        batch.input_ids,
+        batch.loss_mask,
+        chunk_size=cfg.chunk_size,
         temperature=cfg.temperature,
     )
     grpo = grpo_loss(
-        logprobs, batch.behaviour_logprobs, advantages, batch.loss_mask, cfg.clip_eps_low, cfg.clip_eps_high,
-        ref_logprobs=ref_logprobs, kl_coef=cfg.kl_coef, aggregation=cfg.aggregation,
+        logprobs,
+        batch.behaviour_logprobs,
+        advantages,
+        batch.loss_mask,
+        cfg.clip_eps_low,
+        cfg.clip_eps_high,
+        ref_logprobs=ref_logprobs,
+        kl_coef=cfg.kl_coef,
+        aggregation=cfg.aggregation,
     )
     if use_sd:
         sd = teacher.loss(hidden, policy.lm_head, items, cache)
@@ -99,10 +114,15 @@ def rl_losses(
         log_ratio = logprobs - batch.behaviour_logprobs  # tokens were sampled from the behaviour policy
         k3 = torch.exp(log_ratio) - log_ratio - 1
         return StepLosses(
-            loss=loss, grpo=grpo, sd=sd,
+            loss=loss,
+            grpo=grpo,
+            sd=sd,
             entropy_unhinted=float(masked_mean(entropy, unhinted)),
             kl_unhinted=float(masked_mean(k3, unhinted)),
-            clip_fraction=float(clip_fraction(logprobs, batch.behaviour_logprobs, batch.loss_mask,
-                                              cfg.clip_eps_low, cfg.clip_eps_high)),
+            clip_fraction=float(
+                clip_fraction(
+                    logprobs, batch.behaviour_logprobs, batch.loss_mask, cfg.clip_eps_low, cfg.clip_eps_high
+                )
+            ),
             num_model_tokens=int(batch.loss_mask.sum()),
         )

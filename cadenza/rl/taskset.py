@@ -46,7 +46,9 @@ class TaskSetOptions:
     time_budget_s: float = 300.0
     escalate: bool = True
     factory_workers: int = 1
-    template_tools: bool = False  # also render the tool schemas through the chat template (the system prompt lists them already)
+    template_tools: bool = (
+        False  # also render the tool schemas through the chat template (the system prompt lists them already)
+    )
     curriculum: dict[str, Any] = field(default_factory=dict)
     pool: dict[str, Any] = field(default_factory=dict)
 
@@ -55,7 +57,9 @@ def _build(cls: type, data: dict[str, Any], where: str) -> Any:
     known = {f.name for f in fields(cls)}
     unknown = sorted(set(data) - known)
     if unknown:
-        raise ConfigError(f"unknown key(s) {', '.join(unknown)} in {where}; known: {', '.join(sorted(known))}")
+        raise ConfigError(
+            f"unknown key(s) {', '.join(unknown)} in {where}; known: {', '.join(sorted(known))}"
+        )
     try:
         return cls(**data)
     except TypeError as exc:
@@ -70,7 +74,9 @@ def factory_for(task_set: Path, workers: int = 1):
         from cadenza.tasks.store import TaskStore
 
         before = {r["id"] for r in TaskStore(task_set).rows()}
-        cfg = BuildConfig(out=task_set, workers=workers, max_tasks=n, levels=(level,), seed=level, progress=False)
+        cfg = BuildConfig(
+            out=task_set, workers=workers, max_tasks=n, levels=(level,), seed=level, progress=False
+        )
         report = build_source(source, cfg)
         rows = [r for r in TaskStore(task_set).rows() if r["id"] not in before]
         if not rows and report.status != "done":
@@ -94,8 +100,15 @@ class TaskSetSource:
         rows = store.rows()
         self.pool.add_tasks([(r["id"], r["spec"], int(r["level"])) for r in rows])
         self.sampler = CurriculumSampler(self.pool, self.curriculum, seed=seed)
-        self.escalator = (Escalator(pool_path=str(self.pool.path), factory=factory_for(self.root, options.factory_workers),
-                                    config=self.curriculum) if options.escalate else None)
+        self.escalator = (
+            Escalator(
+                pool_path=str(self.pool.path),
+                factory=factory_for(self.root, options.factory_workers),
+                config=self.curriculum,
+            )
+            if options.escalate
+            else None
+        )
         self.zero_variance_groups = 0
         self.run_id = "run"  # the trainer sets one per run directory: group ids never collide across runs
 
@@ -106,7 +119,10 @@ class TaskSetSource:
     def make_env(self, task: TaskRef) -> Any:
         from cadenza.agent.episode import Episode, EpisodeConfig
 
-        env = Episode(task.dir, EpisodeConfig(max_turns=self.options.max_turns, time_budget_s=self.options.time_budget_s))
+        env = Episode(
+            task.dir,
+            EpisodeConfig(max_turns=self.options.max_turns, time_budget_s=self.options.time_budget_s),
+        )
         env.show_tools = self.options.template_tools  # the trainer honours it; halves the prompt by default
         return env
 
@@ -116,16 +132,26 @@ class TaskSetSource:
         for o in outcomes:
             groups[o.task_id].append(o)
         for task_id, rows in groups.items():
-            self.pool.record_group(task_id, f"{self.run_id}-step{step}-{task_id}", step,
-                                   [Rollout(success=o.resolved and not o.flagged, reward=o.reward, flagged=o.flagged)
-                                    for o in rows])
+            self.pool.record_group(
+                task_id,
+                f"{self.run_id}-step{step}-{task_id}",
+                step,
+                [
+                    Rollout(success=o.resolved and not o.flagged, reward=o.reward, flagged=o.flagged)
+                    for o in rows
+                ],
+            )
             if len({o.reward for o in rows}) <= 1:
                 self.zero_variance_groups += 1
         escalated = self.escalator.maybe_escalate(self.pool, step) if self.escalator else None
         done = self.escalator.drain() if self.escalator else []
-        return {**pool_metrics(self.pool, self.curriculum), "zero_variance_groups_total": self.zero_variance_groups,
-                "escalation_started": escalated, "escalation_added": sum(r.added for r in done),
-                "escalation_failed": sum(r.error is not None for r in done)}  # details: pool_events
+        return {
+            **pool_metrics(self.pool, self.curriculum),
+            "zero_variance_groups_total": self.zero_variance_groups,
+            "escalation_started": escalated,
+            "escalation_added": sum(r.added for r in done),
+            "escalation_failed": sum(r.error is not None for r in done),
+        }  # details: pool_events
 
 
 def make_source(options: dict[str, Any]) -> TaskSetSource:

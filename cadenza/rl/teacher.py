@@ -51,7 +51,9 @@ class SelfDistillConfig:
     temperature: float = 1.0
     chunk_size: int | None = 1024
     token_clip: float | None = None  # cap each token's divergence (OPSD's point-wise clipping); None = off
-    estimator: str = "full"  # full: divergence over the vocabulary; sampled: log p_s - log p_t on sampled tokens
+    estimator: str = (
+        "full"  # full: divergence over the vocabulary; sampled: log p_s - log p_t on sampled tokens
+    )
 
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
@@ -59,9 +61,13 @@ class SelfDistillConfig:
         if self.token_clip is not None and not self.token_clip > 0:
             raise CadenzaError(f"token_clip must be > 0 or None, got {self.token_clip}")
         if self.placement not in PLACEMENTS:
-            raise CadenzaError(f"unknown hint placement {self.placement!r}; use one of {', '.join(PLACEMENTS)}")
+            raise CadenzaError(
+                f"unknown hint placement {self.placement!r}; use one of {', '.join(PLACEMENTS)}"
+            )
         if self.teacher not in TEACHER_WEIGHTS:
-            raise CadenzaError(f"unknown teacher weights {self.teacher!r}; use one of {', '.join(TEACHER_WEIGHTS)}")
+            raise CadenzaError(
+                f"unknown teacher weights {self.teacher!r}; use one of {', '.join(TEACHER_WEIGHTS)}"
+            )
         if not 0.0 <= self.ema_decay < 1.0:
             raise CadenzaError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         check_divergence_args(self.divergence, self.beta, self.top_k, self.temperature)
@@ -101,7 +107,9 @@ def merge_hints(hints: Sequence[Hint]) -> list[Hint]:
     for h in hints:
         by_turn.setdefault(h.turn, []).append(h)
     return [
-        hs[0] if len(hs) == 1 else Hint(turn=t, text="\n".join(h.text for h in hs), kind="+".join(h.kind for h in hs))
+        hs[0]
+        if len(hs) == 1
+        else Hint(turn=t, text="\n".join(h.text for h in hs), kind="+".join(h.kind for h in hs))
         for t, hs in sorted(by_turn.items())
     ]
 
@@ -161,24 +169,39 @@ def _hinted_turn(row: int, traj: TokenTrajectory, hint: Hint, tokenizer: Any, pl
     messages = traj.messages
     tools = traj.metadata.get("tools")
     if placement == "user_before_turn":
-        text = render_continuation(tokenizer, messages[:m], [{"role": "user", "content": hint.text}], tools,
-                                   add_generation_prompt=False)
+        text = render_continuation(
+            tokenizer,
+            messages[:m],
+            [{"role": "user", "content": hint.text}],
+            tools,
+            add_generation_prompt=False,
+        )
         p = q = gen.start
     else:
         prev = _segment_ending_at(traj, gen.start)
         if prev is None or prev.kind == "assistant" or not 0 <= prev.message_index < m:
-            raise CadenzaError(f"trajectory {traj.group_id!r}: turn {hint.turn} has no preceding message to append to")
+            raise CadenzaError(
+                f"trajectory {traj.group_id!r}: turn {hint.turn} has no preceding message to append to"
+            )
         j = prev.message_index
         changed = [dict(msg) for msg in messages[j:m]]
         changed[-1]["content"] = f"{changed[-1].get('content') or ''}\n\n{hint.text}"
         glue = turn_end_glue(tokenizer, messages[:j], tools) if prev.kind == "observation" else ""
-        text = glue + render_continuation(tokenizer, messages[:j], changed, tools, add_generation_prompt=False)
+        text = glue + render_continuation(
+            tokenizer, messages[:j], changed, tools, add_generation_prompt=False
+        )
         p, q = prev.start, gen.start
     hint_ids = list(tokenizer.encode(text, add_special_tokens=False))
     teacher_ids = traj.input_ids[:p] + hint_ids + traj.input_ids[q:end]
     return HintedTurn(
-        row=row, turn=hint.turn, hint=hint, turn_start=start, turn_end=end, teacher_ids=teacher_ids,
-        teacher_turn_start=p + len(hint_ids) + (start - q), shared_prefix=p,
+        row=row,
+        turn=hint.turn,
+        hint=hint,
+        turn_start=start,
+        turn_end=end,
+        teacher_ids=teacher_ids,
+        teacher_turn_start=p + len(hint_ids) + (start - q),
+        shared_prefix=p,
     )
 
 
@@ -220,7 +243,11 @@ class Teacher:
         if not items:
             return []
         device = next(self.model.parameters()).device
-        use_cache = student_cache is not None and self.reuses_student_cache and min(it.shared_prefix for it in items) > 0
+        use_cache = (
+            student_cache is not None
+            and self.reuses_student_cache
+            and min(it.shared_prefix for it in items) > 0
+        )
         starts = [it.shared_prefix if use_cache else 0 for it in items]
         new = [it.teacher_ids[s:] for it, s in zip(items, starts, strict=True)]
         H, L = len(items), max(len(x) for x in new)
@@ -230,7 +257,7 @@ class Teacher:
         for i, (x, s) in enumerate(zip(new, starts, strict=True)):
             ids[i, : len(x)] = torch.tensor(x, dtype=torch.long)
             attn[i, :s] = 1
-            attn[i, P: P + len(x)] = 1
+            attn[i, P : P + len(x)] = 1
         pos = torch.tensor(starts, device=device)[:, None] + torch.arange(L, device=device)[None]
         cache = _gather_prefix_cache(student_cache, items, starts, P) if use_cache else None
         out = self.model.get_decoder()(
@@ -240,7 +267,7 @@ class Teacher:
         result = []
         for i, (it, s) in enumerate(zip(items, starts, strict=True)):
             a = it.teacher_turn_start - 1 - s  # hidden at position t predicts token t + 1
-            result.append(hidden[i, a: a + it.num_tokens])
+            result.append(hidden[i, a : a + it.num_tokens])
         return result
 
     def loss(
@@ -259,11 +286,12 @@ class Teacher:
         if not items:
             return SDResult(loss=student_hidden.sum() * 0.0, num_tokens=0)
         teacher = torch.cat(self.target_hidden(items, student_cache))
-        student = torch.cat([student_hidden[it.row, it.turn_start - 1: it.turn_end - 1] for it in items])
+        student = torch.cat([student_hidden[it.row, it.turn_start - 1 : it.turn_end - 1] for it in items])
         t_head = self.lm_head if cfg.teacher != "live" else student_head
         if cfg.estimator == "sampled":
-            targets = torch.tensor([t for it in items for t in it.teacher_ids[it.teacher_turn_start:]],
-                                   device=student.device)
+            targets = torch.tensor(
+                [t for it in items for t in it.teacher_ids[it.teacher_turn_start :]], device=student.device
+            )
             kw = dict(chunk_size=cfg.chunk_size, temperature=cfg.temperature)
             s_lp, _ = token_logprobs(student, student_head, targets, **kw)
             with torch.no_grad():
@@ -271,8 +299,15 @@ class Teacher:
             per_token = sampled_token_surrogate(s_lp, t_lp)
         else:
             per_token = hidden_divergence(
-                student, teacher, student_head, t_head, divergence=cfg.divergence, beta=cfg.beta, top_k=cfg.top_k,
-                temperature=cfg.temperature, chunk_size=cfg.chunk_size,
+                student,
+                teacher,
+                student_head,
+                t_head,
+                divergence=cfg.divergence,
+                beta=cfg.beta,
+                top_k=cfg.top_k,
+                temperature=cfg.temperature,
+                chunk_size=cfg.chunk_size,
             )
         if cfg.token_clip is not None:  # clipped tokens pass no gradient: one noisy token cannot dominate
             per_token = per_token.clamp(max=cfg.token_clip)
@@ -290,7 +325,9 @@ def _gather_prefix_cache(student_cache: Any, items: Sequence[HintedTurn], starts
     for layer_idx, layer in enumerate(student_cache.layers):
         k, v = layer.keys.detach(), layer.values.detach()
         if k.shape[2] < P:
-            raise CadenzaError("the student KV cache is shorter than a hinted prefix; pass the cache of the same batch")
+            raise CadenzaError(
+                "the student KV cache is shorter than a hinted prefix; pass the cache of the same batch"
+            )
         k, v = k[rows.to(k.device), :, :P].clone(), v[rows.to(v.device), :, :P].clone()
         for i, s in enumerate(starts):
             k[i, :, s:] = 0

@@ -87,7 +87,9 @@ class TokenTrajectory:
         expected = [0] * n
         for start, end in self.turn_spans:
             if not 0 < start < end <= n:
-                raise CadenzaError(f"token trajectory {self.group_id!r}: turn span {(start, end)} is out of range")
+                raise CadenzaError(
+                    f"token trajectory {self.group_id!r}: turn span {(start, end)} is out of range"
+                )
             expected[start:end] = [1] * (end - start)
         if expected != list(self.loss_mask):
             raise CadenzaError(f"token trajectory {self.group_id!r}: loss_mask differs from the turn spans")
@@ -107,7 +109,9 @@ class TokenTrajectory:
         try:
             return cls(**data)
         except TypeError as exc:
-            raise CadenzaError(f"not a token trajectory record ({exc}); expected the output of to_dict()") from None
+            raise CadenzaError(
+                f"not a token trajectory record ({exc}); expected the output of to_dict()"
+            ) from None
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), allow_nan=False)
@@ -137,7 +141,9 @@ class TokenTrajectoryBuilder:
     def __len__(self) -> int:
         return len(self.input_ids)
 
-    def add(self, kind: str, ids: list[int], message_index: int = -1, logprobs: list[float] | None = None) -> Segment:
+    def add(
+        self, kind: str, ids: list[int], message_index: int = -1, logprobs: list[float] | None = None
+    ) -> Segment:
         if kind not in SEGMENT_KINDS:
             raise CadenzaError(f"unknown segment kind {kind!r}; use one of {SEGMENT_KINDS}")
         is_model = kind == "assistant"
@@ -201,8 +207,11 @@ def collate(trajectories: list[TokenTrajectory], pad_token_id: int, device: Any 
         mask[b, :n] = torch.tensor(t.loss_mask, dtype=torch.float32)
         blp[b, :n] = torch.tensor(t.behaviour_logprobs, dtype=torch.float32)
     return TokenBatch(
-        input_ids=ids.to(device), attention_mask=attn.to(device), loss_mask=mask.to(device),
+        input_ids=ids.to(device),
+        attention_mask=attn.to(device),
+        loss_mask=mask.to(device),
         behaviour_logprobs=blp.to(device),
         rewards=torch.tensor([float(t.reward) for t in trajectories], dtype=torch.float32, device=device),
-        group_ids=[t.group_id for t in trajectories], lengths=lengths,
+        group_ids=[t.group_id for t in trajectories],
+        lengths=lengths,
     )

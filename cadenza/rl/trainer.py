@@ -61,22 +61,41 @@ def build_policy(cfg: TrainConfig) -> tuple[Any, Any]:
         policy = HFPolicy.from_pretrained(m.path, dtype=m.dtype, device=m.device)
     else:
         common = dict(
-            hidden_size=m.hidden_size, num_hidden_layers=m.num_layers, num_attention_heads=m.num_heads,
-            num_key_value_heads=m.num_kv_heads, head_dim=m.hidden_size // m.num_heads,
+            hidden_size=m.hidden_size,
+            num_hidden_layers=m.num_layers,
+            num_attention_heads=m.num_heads,
+            num_key_value_heads=m.num_kv_heads,
+            head_dim=m.hidden_size // m.num_heads,
         )
         if m.arch == "qwen3_moe":
-            conf = tiny_qwen3_moe_config(len(tokenizer), moe_intermediate_size=m.intermediate_size,
-                                         num_experts=m.num_experts, num_experts_per_tok=m.experts_per_token, **common)
+            conf = tiny_qwen3_moe_config(
+                len(tokenizer),
+                moe_intermediate_size=m.intermediate_size,
+                num_experts=m.num_experts,
+                num_experts_per_tok=m.experts_per_token,
+                **common,
+            )
         else:
             conf = tiny_qwen3_config(len(tokenizer), intermediate_size=m.intermediate_size, **common)
         policy = HFPolicy.from_config(conf, seed=cfg.run.seed, dtype=m.dtype, device=m.device)
     if policy.vocab_size < len(tokenizer):
-        raise CadenzaError(f"model vocab ({policy.vocab_size}) is smaller than the tokenizer's ({len(tokenizer)}); they do not belong together")
+        raise CadenzaError(
+            f"model vocab ({policy.vocab_size}) is smaller than the tokenizer's ({len(tokenizer)}); they do not belong together"
+        )
     return tokenizer, policy
 
 
 # run options that may change between a run and its resumption
-_RESUMABLE_CHANGES = {"steps", "progress", "tensorboard", "checkpoint_every", "keep_checkpoints", "out_dir", "threads", "measure_kl"}
+_RESUMABLE_CHANGES = {
+    "steps",
+    "progress",
+    "tensorboard",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "out_dir",
+    "threads",
+    "measure_kl",
+}
 
 
 def _check_same_run(path: Path, cfg: TrainConfig) -> None:
@@ -86,8 +105,12 @@ def _check_same_run(path: Path, cfg: TrainConfig) -> None:
     import json
 
     old, new = json.loads(path.read_text()), cfg.to_dict()
-    diffs = [f"{sec}.{k}" for sec in new for k in new[sec] if old.get(sec, {}).get(k) != new[sec][k]
-             and not (sec == "run" and k in _RESUMABLE_CHANGES)]
+    diffs = [
+        f"{sec}.{k}"
+        for sec in new
+        for k in new[sec]
+        if old.get(sec, {}).get(k) != new[sec][k] and not (sec == "run" and k in _RESUMABLE_CHANGES)
+    ]
     if diffs:
         raise CadenzaError(
             f"{path.parent} holds a run with a different config ({', '.join(diffs[:5])}); "
@@ -151,7 +174,9 @@ class Trainer:
         if latest is not None:
             _check_same_run(self.out / "config.json", cfg)
         self.source = load_source(cfg.env.name, cfg.env.options)
-        if hasattr(self.source, "run_id"):  # pool records of this run stay apart from other runs' (same on resume)
+        if hasattr(
+            self.source, "run_id"
+        ):  # pool records of this run stay apart from other runs' (same on resume)
             import hashlib
 
             self.source.run_id = hashlib.sha1(str(self.out.resolve()).encode()).hexdigest()[:12]
@@ -164,13 +189,25 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg)
         lc, tc = cfg.loss, cfg.teacher
         self.sd_config = SelfDistillConfig(
-            placement=cfg.feedback.placement, teacher=tc.weights, ema_decay=tc.ema_decay,
-            reuse_prefix_cache=tc.reuse_prefix_cache, divergence=lc.divergence, beta=lc.beta, top_k=lc.top_k or None,
-            temperature=lc.sd_temperature, chunk_size=tc.chunk_size, token_clip=lc.token_clip or None,
+            placement=cfg.feedback.placement,
+            teacher=tc.weights,
+            ema_decay=tc.ema_decay,
+            reuse_prefix_cache=tc.reuse_prefix_cache,
+            divergence=lc.divergence,
+            beta=lc.beta,
+            top_k=lc.top_k or None,
+            temperature=lc.sd_temperature,
+            chunk_size=tc.chunk_size,
+            token_clip=lc.token_clip or None,
         )
         self.step_config = StepLossConfig(
-            clip_eps_low=lc.clip_eps, clip_eps_high=lc.clip_eps_high, kl_coef=lc.kl_ref, aggregation=lc.aggregation,
-            lambda_sd=lc.lambda_sd, temperature=cfg.rollout.temperature, chunk_size=tc.chunk_size,
+            clip_eps_low=lc.clip_eps,
+            clip_eps_high=lc.clip_eps_high,
+            kl_coef=lc.kl_ref,
+            aggregation=lc.aggregation,
+            lambda_sd=lc.lambda_sd,
+            temperature=cfg.rollout.temperature,
+            chunk_size=tc.chunk_size,
         )
         self.teacher = Teacher(self.model, self.sd_config)
         self.ref_model = self._frozen_copy() if lc.kl_ref > 0 else None
@@ -179,7 +216,9 @@ class Trainer:
         self.episodes = 0
         self.out.mkdir(parents=True, exist_ok=True)
         if latest is not None:
-            self.step, state = ckpt.load_checkpoint(latest, self.model, self.optimizer, modules=self._extra_modules())
+            self.step, state = ckpt.load_checkpoint(
+                latest, self.model, self.optimizer, modules=self._extra_modules()
+            )
             self.episodes = int(state.get("episodes", 0))
         atomic_write_json(self.out / "config.json", cfg.to_dict())
         self.logger = MetricsLogger(self.out, resume_step=self.step, tensorboard=cfg.run.tensorboard)
@@ -199,8 +238,14 @@ class Trainer:
         if cfg.run.progress:
             from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-            progress = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                                TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
+            progress = Progress(
+                TextColumn("[bold]train"),
+                BarColumn(),
+                TextColumn("{task.completed}/{task.total}"),
+                TextColumn("{task.fields[info]}"),
+                TimeRemainingColumn(),
+                transient=False,
+            )
             bar = progress.add_task("train", total=cfg.run.steps, completed=self.step, info="")
             progress.start()
         try:
@@ -218,7 +263,11 @@ class Trainer:
                 if (every and self.step % every == 0) or self.step == cfg.run.steps:
                     self.save()
                 if progress is not None:
-                    progress.update(bar, advance=1, info=f"reward {row['reward']:.2f} invalid {row['invalid_tool_rate']:.2f} sd {row['sd_loss']:.3f}")
+                    progress.update(
+                        bar,
+                        advance=1,
+                        info=f"reward {row['reward']:.2f} invalid {row['invalid_tool_rate']:.2f} sd {row['sd_loss']:.3f}",
+                    )
         finally:
             if progress is not None:
                 progress.stop()
@@ -234,15 +283,22 @@ class Trainer:
 
     def save(self) -> Path:
         return ckpt.save_checkpoint(
-            self.out, self.step, self.model, self.optimizer, trainer_state={"episodes": self.episodes},
-            modules=self._extra_modules(), keep=self.cfg.run.keep_checkpoints,
+            self.out,
+            self.step,
+            self.model,
+            self.optimizer,
+            trainer_state={"episodes": self.episodes},
+            modules=self._extra_modules(),
+            keep=self.cfg.run.keep_checkpoints,
         )
 
     def collect(self, step: int) -> list[Episode]:
         """Rollouts for one step, graded, monitored and annotated with hints."""
         cfg = self.cfg
         base = cfg.run.seed * 1_000_003 + step
-        tasks = self.source.sample_tasks(random.Random(base), cfg.rollout.tasks_per_step, (step - 1) * cfg.rollout.tasks_per_step)
+        tasks = self.source.sample_tasks(
+            random.Random(base), cfg.rollout.tasks_per_step, (step - 1) * cfg.rollout.tasks_per_step
+        )
         made: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
 
         def factory(task: Any):
@@ -256,9 +312,20 @@ class Trainer:
             return make
 
         r = cfg.rollout
-        params = RolloutParams(group_size=r.group_size, max_turns=r.max_turns, max_new_tokens=r.max_new_tokens,
-                               temperature=r.temperature, top_k=r.top_k, seed=base)
-        results = rollout(self.policy, self.tokenizer, [RolloutTask(task_id=str(getattr(t, "id", i)), make_env=factory(t)) for i, t in enumerate(tasks)], params)
+        params = RolloutParams(
+            group_size=r.group_size,
+            max_turns=r.max_turns,
+            max_new_tokens=r.max_new_tokens,
+            temperature=r.temperature,
+            top_k=r.top_k,
+            seed=base,
+        )
+        results = rollout(
+            self.policy,
+            self.tokenizer,
+            [RolloutTask(task_id=str(getattr(t, "id", i)), make_env=factory(t)) for i, t in enumerate(tasks)],
+            params,
+        )
         episodes = []
         count = self._token_count
         for res, (real, shown) in zip(results, made, strict=True):
@@ -295,8 +362,14 @@ class Trainer:
         # every teacher input is built (and validated) before any forward pass
         use_sd = lc.lambda_sd > 0
         items = [
-            build_hinted_turns([tokens[i] for i in idx], [episodes[i].hints for i in idx], self.tokenizer, cfg.feedback.placement)
-            if use_sd else []
+            build_hinted_turns(
+                [tokens[i] for i in idx],
+                [episodes[i].hints for i in idx],
+                self.tokenizer,
+                cfg.feedback.placement,
+            )
+            if use_sd
+            else []
             for idx in chunks
         ]
         n_tok = sum(tokens[i].num_model_tokens for i in grpo_rows)
@@ -308,7 +381,15 @@ class Trainer:
         for idx, chunk in zip(chunks, items, strict=True):
             batch = collate([tokens[i] for i in idx], self.tokenizer.pad_token_id, device=self.policy.device)
             ref_lp = self._ref_logprobs(batch) if self.ref_model is not None else None
-            res = rl_losses(self.policy, batch, adv[idx], items=chunk, teacher=self.teacher, config=self.step_config, ref_logprobs=ref_lp)
+            res = rl_losses(
+                self.policy,
+                batch,
+                adv[idx],
+                items=chunk,
+                teacher=self.teacher,
+                config=self.step_config,
+                ref_logprobs=ref_lp,
+            )
             # token means over the whole step, not per microbatch
             # Zero-variance groups leave the GRPO term: their advantages are exactly 0, and the token mean
             # runs over the kept groups' tokens only (their hinted turns still feed the SD loss).
@@ -341,7 +422,8 @@ class Trainer:
             "reward": sum(rewards) / len(rewards),
             "resolved_rate": sum(bool(e.rollout.outcome.get("resolved")) for e in episodes) / len(episodes),
             "invalid_tool_rate": sum(t.error_kind == "tool_not_found" for t in turns) / n_turns,
-            "valid_call_rate": sum(t.tool is not None and t.error_kind != "tool_not_found" for t in turns) / n_turns,
+            "valid_call_rate": sum(t.tool is not None and t.error_kind != "tool_not_found" for t in turns)
+            / n_turns,
             "tool_error_rate": sum(t.error_kind is not None for t in turns) / n_turns,
             "turns_per_episode": len(turns) / len(episodes),
             "hinted_turns": len(hinted),
@@ -382,17 +464,29 @@ class Trainer:
         from cadenza.rl.taskset import GroupOutcome
 
         outcomes = [
-            GroupOutcome(task_id=e.rollout.tokens.group_id.split(":", 1)[1], reward=float(e.rollout.tokens.reward),
-                         resolved=bool(e.rollout.outcome.get("resolved")), flagged=e.flags > 0 or bool(e.trajectory.flags))
+            GroupOutcome(
+                task_id=e.rollout.tokens.group_id.split(":", 1)[1],
+                reward=float(e.rollout.tokens.reward),
+                resolved=bool(e.rollout.outcome.get("resolved")),
+                flagged=e.flags > 0 or bool(e.trajectory.flags),
+            )
             for e in episodes
         ]
         return dict(record(step, outcomes) or {})
 
     @torch.no_grad()
     def _ref_logprobs(self, batch: Any) -> torch.Tensor:
-        hidden = self.ref_model.get_decoder()(input_ids=batch.input_ids, attention_mask=batch.attention_mask).last_hidden_state
-        lp, _ = sequence_logprobs(hidden, self.ref_model.get_output_embeddings(), batch.input_ids, batch.loss_mask,
-                                  chunk_size=self.cfg.teacher.chunk_size, temperature=self.cfg.rollout.temperature)
+        hidden = self.ref_model.get_decoder()(
+            input_ids=batch.input_ids, attention_mask=batch.attention_mask
+        ).last_hidden_state
+        lp, _ = sequence_logprobs(
+            hidden,
+            self.ref_model.get_output_embeddings(),
+            batch.input_ids,
+            batch.loss_mask,
+            chunk_size=self.cfg.teacher.chunk_size,
+            temperature=self.cfg.rollout.temperature,
+        )
         return lp
 
     @torch.no_grad()
@@ -404,8 +498,14 @@ class Trainer:
             idx = list(range(lo, min(lo + mb, len(tokens))))
             batch = collate([tokens[i] for i in idx], self.tokenizer.pad_token_id, device=self.policy.device)
             hidden, _ = self.policy.hidden_states(batch.input_ids, batch.attention_mask)
-            lp, _ = sequence_logprobs(hidden, self.policy.lm_head, batch.input_ids, batch.loss_mask,
-                                      chunk_size=self.cfg.teacher.chunk_size, temperature=self.cfg.rollout.temperature)
+            lp, _ = sequence_logprobs(
+                hidden,
+                self.policy.lm_head,
+                batch.input_ids,
+                batch.loss_mask,
+                chunk_size=self.cfg.teacher.chunk_size,
+                temperature=self.cfg.rollout.temperature,
+            )
             mask = batch.loss_mask.clone()
             for row, i in enumerate(idx):
                 for k, (s, e) in enumerate(tokens[i].turn_spans):

@@ -6,4 +6,14 @@ from cadenza.sandbox.envinfo import EnvInfo, env_info
 from cadenza.sandbox.output import CappedBuffer, cap_text
 from cadenza.sandbox.runner import ExecResult, Sandbox, bwrap_path
 
-__all__ = ["CappedBuffer", "EnvInfo", "ExecResult", "Sandbox", "SandboxConfig", "bwrap_path", "cap_text", "env_info", "hidden_roots"]
+__all__ = [
+    "CappedBuffer",
+    "EnvInfo",
+    "ExecResult",
+    "Sandbox",
+    "SandboxConfig",
+    "bwrap_path",
+    "cap_text",
+    "env_info",
+    "hidden_roots",
+]

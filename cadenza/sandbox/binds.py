@@ -117,7 +117,7 @@ def plan_binds(
             rp = os.path.realpath(entry)
             if not os.path.isdir(rp) or any(_inside(rp, r) for r in rw):
                 continue
-            target = next((v + rp[len(k):] for k, v in mapped.items() if _inside(rp, k)), None)
+            target = next((v + rp[len(k) :] for k, v in mapped.items() if _inside(rp, k)), None)
             if target is not None:
                 plan.pythonpath.append(target)
                 continue

@@ -36,7 +36,15 @@ class SandboxConfig:
     persistent: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("timeout_s", "cpu_s", "memory_bytes", "max_procs", "max_file_bytes", "tmpfs_bytes", "max_output_bytes"):
+        for name in (
+            "timeout_s",
+            "cpu_s",
+            "memory_bytes",
+            "max_procs",
+            "max_file_bytes",
+            "tmpfs_bytes",
+            "max_output_bytes",
+        ):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"sandbox {name} must be positive, got {getattr(self, name)!r}")
         if not self.home.startswith("/"):

@@ -71,13 +71,22 @@ def _probe(env: str, _mtime: int) -> EnvInfo:
     try:
         out = subprocess.run(
             [str(Path(env) / "bin" / "python"), "-c", _PROBE],
-            capture_output=True, text=True, cwd="/", env=clean, timeout=60, stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            cwd="/",
+            env=clean,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
         )
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise SandboxError(f"cannot run the python of environment {env} ({exc}); rebuild the task environment") from None
+        raise SandboxError(
+            f"cannot run the python of environment {env} ({exc}); rebuild the task environment"
+        ) from None
     if out.returncode != 0:
         tail = out.stderr.strip().splitlines()[-1:] or ["no output"]
-        raise SandboxError(f"the python of environment {env} fails to start ({tail[0]}); rebuild the task environment")
+        raise SandboxError(
+            f"the python of environment {env} fails to start ({tail[0]}); rebuild the task environment"
+        )
     data = json.loads(out.stdout)
     return EnvInfo(
         env_dir=env,

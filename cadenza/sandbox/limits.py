@@ -99,7 +99,12 @@ def _remove_stale(base: Path) -> None:
     with contextlib.suppress(OSError):
         for entry in base.iterdir():
             parts = entry.name.split("-")
-            if parts[0] == "cadenza" and len(parts) >= 2 and parts[1].isdigit() and not Path(f"/proc/{parts[1]}").exists():
+            if (
+                parts[0] == "cadenza"
+                and len(parts) >= 2
+                and parts[1].isdigit()
+                and not Path(f"/proc/{parts[1]}").exists()
+            ):
                 with contextlib.suppress(OSError):
                     entry.rmdir()
 

@@ -33,7 +33,9 @@ from cadenza.sandbox.output import CappedBuffer
 from cadenza.sandbox.server import ExecServer, ServerDied
 from cadenza.sandbox.spawner import Spawner
 
-INSTALL_HINT = "install it with 'apt-get install bubblewrap' (or pass --no-sandbox for trusted debugging only)"
+INSTALL_HINT = (
+    "install it with 'apt-get install bubblewrap' (or pass --no-sandbox for trusted debugging only)"
+)
 
 
 @dataclass(kw_only=True)
@@ -87,10 +89,16 @@ class Sandbox:
         self.env: EnvInfo | None = env_info(env_dir) if env_dir is not None else None
         for h in hidden or []:
             if _inside(self.workspace, Path(h)):
-                raise SandboxError(f"workspace {self.workspace} lies inside hidden directory {h}; copy it elsewhere first")
+                raise SandboxError(
+                    f"workspace {self.workspace} lies inside hidden directory {h}; copy it elsewhere first"
+                )
         self.plan: BindPlan = plan_binds(
-            workspace=self.workspace, env=self.env, hidden=list(hidden or []), path_map=path_map,
-            rw_extra=rw_extra, ro_extra=self.config.extra_ro_binds,
+            workspace=self.workspace,
+            env=self.env,
+            hidden=list(hidden or []),
+            path_map=path_map,
+            rw_extra=rw_extra,
+            ro_extra=self.config.extra_ro_binds,
         )
         self._cgroup_root = pids_cgroup_root()
         self._cgroup: PidsCgroup | None = None
@@ -115,8 +123,15 @@ class Sandbox:
 
     def environment(self, extra: dict[str, str] | None = None) -> dict[str, str]:
         path = ["/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin"]
-        env = {"HOME": self.config.home, "LANG": "C.UTF-8", "TERM": "dumb", "TMPDIR": "/tmp", "USER": "agent",
-               "PIP_NO_INDEX": "1", "PIP_NO_CACHE_DIR": "1"}
+        env = {
+            "HOME": self.config.home,
+            "LANG": "C.UTF-8",
+            "TERM": "dumb",
+            "TMPDIR": "/tmp",
+            "USER": "agent",
+            "PIP_NO_INDEX": "1",
+            "PIP_NO_CACHE_DIR": "1",
+        }
         if self.env is not None:
             path.insert(0, str(Path(self.env.env_dir) / "bin"))
             env["VIRTUAL_ENV"] = self.env.env_dir
@@ -128,16 +143,45 @@ class Sandbox:
 
     def _bwrap_prefix(self) -> list[str]:
         cfg = self.config
-        argv = [bwrap_path(), "--die-with-parent", "--new-session", "--unshare-net", "--unshare-pid",
-                "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--hostname", "sandbox"]
+        argv = [
+            bwrap_path(),
+            "--die-with-parent",
+            "--new-session",
+            "--unshare-net",
+            "--unshare-pid",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--hostname",
+            "sandbox",
+        ]
         if os.geteuid() == 0:
             argv += ["--cap-drop", "ALL"]
         # /proc/sys read-only: uid 0 without capabilities still owns (and could write) global sysctls
-        argv += ["--proc", "/proc", "--ro-bind", "/proc/sys", "/proc/sys",
-                 "--ro-bind-try", "/proc/sysrq-trigger", "/proc/sysrq-trigger", "--dev", "/dev",
-                 "--size", str(cfg.tmpfs_bytes), "--tmpfs", "/dev/shm",
-                 "--size", str(cfg.tmpfs_bytes), "--tmpfs", "/tmp",
-                 "--size", str(cfg.tmpfs_bytes), "--tmpfs", cfg.home]
+        argv += [
+            "--proc",
+            "/proc",
+            "--ro-bind",
+            "/proc/sys",
+            "/proc/sys",
+            "--ro-bind-try",
+            "/proc/sysrq-trigger",
+            "/proc/sysrq-trigger",
+            "--dev",
+            "/dev",
+            "--size",
+            str(cfg.tmpfs_bytes),
+            "--tmpfs",
+            "/dev/shm",
+            "--size",
+            str(cfg.tmpfs_bytes),
+            "--tmpfs",
+            "/tmp",
+            "--size",
+            str(cfg.tmpfs_bytes),
+            "--tmpfs",
+            cfg.home,
+        ]
         argv += self._system_args()
         for p in self.plan.ro:
             if p not in SYSTEM_PATHS:
@@ -156,7 +200,9 @@ class Sandbox:
                 argv += ["--ro-bind", p, p]
         return argv
 
-    def argv(self, command: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None) -> list[str]:
+    def argv(
+        self, command: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None
+    ) -> list[str]:
         """The full ``bwrap`` command line for ``command`` (for inspection and benchmarks)."""
         full = [*self._prefix, "--clearenv"]
         for k, v in self.environment(env).items():
@@ -184,10 +230,14 @@ class Sandbox:
         with self._lock:
             server = self._live_server()
             if server is not None:
-                launch = self._server_launcher(server, command, env=self.environment(env), cwd=str(cwd or self.workspace))
+                launch = self._server_launcher(
+                    server, command, env=self.environment(env), cwd=str(cwd or self.workspace)
+                )
             else:
                 launch = self._launcher(argv, popen_env, popen_cwd)
-            return _execute(launch, timeout_s=timeout, cap=self.config.max_output_bytes, merge_stderr=merge_stderr)
+            return _execute(
+                launch, timeout_s=timeout, cap=self.config.max_output_bytes, merge_stderr=merge_stderr
+            )
 
     @property
     def persistent(self) -> bool:
@@ -204,7 +254,9 @@ class Sandbox:
         self._server = None
         for python in self._server_pythons():
             try:
-                self._server = ExecServer(self._prefix, python=python, config=self.config, cgroup_root=self._cgroup_root)
+                self._server = ExecServer(
+                    self._prefix, python=python, config=self.config, cgroup_root=self._cgroup_root
+                )
                 break
             except (OSError, subprocess.SubprocessError):
                 continue
@@ -221,8 +273,9 @@ class Sandbox:
         found = [p for p in ("/usr/bin/python3",) if os.path.exists(p)]
         return [*found, self.env.python] if self.env is not None else found
 
-    def _server_launcher(self, server: ExecServer, command: list[str], *, env: dict[str, str],
-                         cwd: str) -> Callable[[list[int]], _Handle]:
+    def _server_launcher(
+        self, server: ExecServer, command: list[str], *, env: dict[str, str], cwd: str
+    ) -> Callable[[list[int]], _Handle]:
         def launch(fds: list[int]) -> _Handle:
             try:
                 return _Handle(*server.spawn(command, env=env, cwd=cwd, fds=fds))
@@ -251,7 +304,9 @@ class Sandbox:
                 self._cgroup_root = self._cgroup = None
         if self._spawner is not None:
             spawner, cgroup = self._spawner, self._cgroup
-            exe = argv[0] if os.path.isabs(argv[0]) else shutil.which(argv[0], path=env.get("PATH")) or argv[0]
+            exe = (
+                argv[0] if os.path.isabs(argv[0]) else shutil.which(argv[0], path=env.get("PATH")) or argv[0]
+            )
 
             def spawned(fds: list[int]) -> _Handle:
                 pid = spawner.spawn([exe, *argv[1:]], env, cwd, fds)
@@ -260,9 +315,22 @@ class Sandbox:
             return spawned
 
         def direct(fds: list[int]) -> _Handle:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=fds[0], stderr=fds[-1], cwd=cwd, env=env,
-                                    start_new_session=True, preexec_fn=make_preexec(self.config, None), close_fds=True)
-            return _Handle(proc.pid, lambda deadline: _wait_popen(proc, deadline), lambda: _kill_tree(proc.pid, None, None))
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=fds[0],
+                stderr=fds[-1],
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                preexec_fn=make_preexec(self.config, None),
+                close_fds=True,
+            )
+            return _Handle(
+                proc.pid,
+                lambda deadline: _wait_popen(proc, deadline),
+                lambda: _kill_tree(proc.pid, None, None),
+            )
 
         return direct
 
@@ -327,8 +395,13 @@ def _execute(launch, *, timeout_s: float, cap: int, merge_stderr: bool) -> ExecR
     except OSError as exc:
         for fd in readers:
             os.close(fd)
-        return ExecResult(exit_code=127, stdout="", stderr=f"cannot start the command: {exc}", timed_out=False,
-                          duration_s=time.monotonic() - start)
+        return ExecResult(
+            exit_code=127,
+            stdout="",
+            stderr=f"cannot start the command: {exc}",
+            timed_out=False,
+            duration_s=time.monotonic() - start,
+        )
     finally:
         for fd in writers:
             os.close(fd)
@@ -356,8 +429,12 @@ def _execute(launch, *, timeout_s: float, cap: int, merge_stderr: bool) -> ExecR
     out, err = [*buffers.values(), None][:2]
     return ExecResult(
         exit_code=code if code is not None else -signal.SIGKILL,
-        stdout=out.text(), stderr=err.text() if err else "", timed_out=timed_out,
-        duration_s=time.monotonic() - start, stdout_dropped=out.dropped, stderr_dropped=err.dropped if err else 0,
+        stdout=out.text(),
+        stderr=err.text() if err else "",
+        timed_out=timed_out,
+        duration_s=time.monotonic() - start,
+        stdout_dropped=out.dropped,
+        stderr_dropped=err.dropped if err else 0,
     )
 
 

@@ -181,19 +181,44 @@ class ServerDied(OSError):
 class ExecServer:
     """One bubblewrap instance with the exec server inside; one command at a time."""
 
-    def __init__(self, bwrap_prefix: list[str], *, python: str, config: SandboxConfig, cgroup_root: Path | None) -> None:
+    def __init__(
+        self, bwrap_prefix: list[str], *, python: str, config: SandboxConfig, cgroup_root: Path | None
+    ) -> None:
         self.cgroup: PidsCgroup | None = PidsCgroup(cgroup_root, config.max_procs) if cgroup_root else None
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         scratch = json.dumps(["/tmp", "/dev/shm", config.home])
-        argv = [*bwrap_prefix, "--remount-ro", "/dev", "--clearenv", "--setenv", "PATH", "/usr/bin:/bin",
-                "--chdir", "/", "--", python, "-I", "-S", "-c", _SCRIPT, str(child.fileno()), scratch]
+        argv = [
+            *bwrap_prefix,
+            "--remount-ro",
+            "/dev",
+            "--clearenv",
+            "--setenv",
+            "PATH",
+            "/usr/bin:/bin",
+            "--chdir",
+            "/",
+            "--",
+            python,
+            "-I",
+            "-S",
+            "-c",
+            _SCRIPT,
+            str(child.fileno()),
+            scratch,
+        ]
         self.sock = parent
         self.broken = False
         try:
             self.proc = subprocess.Popen(
-                argv, pass_fds=[child.fileno()], preexec_fn=make_preexec(config, self.cgroup),
-                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                env={"PATH": "/usr/bin:/bin"}, cwd="/", start_new_session=True,
+                argv,
+                pass_fds=[child.fileno()],
+                preexec_fn=make_preexec(config, self.cgroup),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env={"PATH": "/usr/bin:/bin"},
+                cwd="/",
+                start_new_session=True,
             )
         except BaseException:
             child.close()
@@ -217,8 +242,9 @@ class ExecServer:
     def alive(self) -> bool:
         return not self.broken and self.proc.poll() is None
 
-    def spawn(self, argv: list[str], *, env: dict[str, str], cwd: str,
-              fds: list[int]) -> tuple[int, Callable[[float | None], int | None], Callable[[], None]]:
+    def spawn(
+        self, argv: list[str], *, env: dict[str, str], cwd: str, fds: list[int]
+    ) -> tuple[int, Callable[[float | None], int | None], Callable[[], None]]:
         """Start ``argv`` inside; return (pid in the sandbox, wait(deadline) -> exit code, kill()).
 
         The rlimits were set on the server when it started (same values as a per-call run) and each

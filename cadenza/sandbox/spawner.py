@@ -64,8 +64,12 @@ class Spawner:
     def __init__(self, preexec: Callable[[], None]) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _SCRIPT, str(child.fileno())], pass_fds=[child.fileno()],
-            preexec_fn=preexec, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, start_new_session=True,
+            [sys.executable, "-I", "-S", "-c", _SCRIPT, str(child.fileno())],
+            pass_fds=[child.fileno()],
+            preexec_fn=preexec,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
         )
         child.close()
         self.sock = parent

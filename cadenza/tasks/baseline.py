@@ -67,8 +67,15 @@ def run_baseline(
     counter: RunCounter | None = None,
 ) -> tuple[Baseline, FeatureMap]:
     """Two full runs (plain, then under coverage); returns the baseline and the feature map."""
-    plain = run_pytest(python, workspace, None, timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s,
-                       extra_args=pytest_args, counter=counter)
+    plain = run_pytest(
+        python,
+        workspace,
+        None,
+        timeout_s=timeout_s,
+        per_test_timeout_s=per_test_timeout_s,
+        extra_args=pytest_args,
+        counter=counter,
+    )
     if plain.timed_out:
         raise SourceError(
             f"{source.spec}: the test suite did not finish within {timeout_s:g}s; raise the suite timeout or pick a faster suite"
@@ -76,9 +83,19 @@ def run_baseline(
     if not plain.outcomes:
         _raise_if_unimportable(source, python, workspace)
         tail = " ".join(plain.output_tail.strip().splitlines()[-2:])[:200]
-        raise SourceError(f"{source.spec}: pytest collected no tests ({tail or 'no output'}); check the test layout")
-    fmap = map_features(source, python, workspace, passing=set(), pytest_args=pytest_args, timeout_s=timeout_s,
-                        per_test_timeout_s=per_test_timeout_s, counter=counter)
+        raise SourceError(
+            f"{source.spec}: pytest collected no tests ({tail or 'no output'}); check the test layout"
+        )
+    fmap = map_features(
+        source,
+        python,
+        workspace,
+        passing=set(),
+        pytest_args=pytest_args,
+        timeout_s=timeout_s,
+        per_test_timeout_s=per_test_timeout_s,
+        counter=counter,
+    )
     baseline = combine_runs(plain, fmap.report)
     if not baseline.passing:
         _raise_if_unimportable(source, python, workspace)

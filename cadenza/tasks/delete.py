@@ -95,9 +95,12 @@ def _is_trivial(body: Sequence[cst.BaseStatement]) -> bool:
     if len(stmts) > 1:
         return False
     code = cst.Module(body=[]).code_for_node(stmts[0]).strip()
-    return code in {"pass", "...", "raise NotImplementedError", "raise NotImplementedError()"} or code.startswith(
-        "raise NotImplementedError("
-    )
+    return code in {
+        "pass",
+        "...",
+        "raise NotImplementedError",
+        "raise NotImplementedError()",
+    } or code.startswith("raise NotImplementedError(")
 
 
 def _find(body: Sequence[cst.BaseStatement], parts: list[str]) -> cst.FunctionDef | cst.ClassDef:
@@ -112,7 +115,9 @@ def _find(body: Sequence[cst.BaseStatement], parts: list[str]) -> cst.FunctionDe
     return _find(node.body.body, parts[1:])
 
 
-def _replace(body: Sequence[cst.BaseStatement], parts: list[str], new: cst.BaseStatement | None) -> list[cst.BaseStatement]:
+def _replace(
+    body: Sequence[cst.BaseStatement], parts: list[str], new: cst.BaseStatement | None
+) -> list[cst.BaseStatement]:
     """Return ``body`` with the definition at ``parts`` replaced by ``new`` (``None``: removed)."""
     out: list[cst.BaseStatement] = []
     for stmt in body:
@@ -171,8 +176,14 @@ class _Fixup(cst.CSTTransformer):
     names (aliases, re-exports) are collected in ``unbound``.
     """
 
-    def __init__(self, module: str, is_package: bool, own_removed: set[str], removed: dict[str, set[str]],
-                 deleted_modules: set[str]) -> None:
+    def __init__(
+        self,
+        module: str,
+        is_package: bool,
+        own_removed: set[str],
+        removed: dict[str, set[str]],
+        deleted_modules: set[str],
+    ) -> None:
         super().__init__()
         self.module, self.is_package = module, is_package
         self.own_removed = set(own_removed)
@@ -250,12 +261,23 @@ class _Fixup(cst.CSTTransformer):
 
     def leave_Expr(self, original: cst.Expr, updated: cst.Expr):
         call = updated.value
-        if isinstance(call, cst.Call) and isinstance(call.func, cst.Attribute) and _dotted(call.func.value) == "__all__":
-            if call.func.attr.value == "append" and call.args and self._gone(_string_value(call.args[0].value) or ""):
+        if (
+            isinstance(call, cst.Call)
+            and isinstance(call.func, cst.Attribute)
+            and _dotted(call.func.value) == "__all__"
+        ):
+            if (
+                call.func.attr.value == "append"
+                and call.args
+                and self._gone(_string_value(call.args[0].value) or "")
+            ):
                 return cst.RemovalSentinel.REMOVE
             if call.func.attr.value == "extend" and call.args:
-                return updated.with_changes(value=call.with_changes(
-                    args=[call.args[0].with_changes(value=self._strip_all(call.args[0].value))]))
+                return updated.with_changes(
+                    value=call.with_changes(
+                        args=[call.args[0].with_changes(value=self._strip_all(call.args[0].value))]
+                    )
+                )
         return updated
 
     def _strip_all(self, value: cst.BaseExpression) -> cst.BaseExpression:
@@ -307,8 +329,13 @@ class _ClassAliasFixup(cst.CSTTransformer):
         names = {self.name}
         out = []
         for stmt in updated.body.body:
-            if (isinstance(stmt, cst.SimpleStatementLine) and len(stmt.body) == 1 and isinstance(stmt.body[0], cst.Assign)
-                    and isinstance(stmt.body[0].value, cst.Name) and stmt.body[0].value.value in names):
+            if (
+                isinstance(stmt, cst.SimpleStatementLine)
+                and len(stmt.body) == 1
+                and isinstance(stmt.body[0], cst.Assign)
+                and isinstance(stmt.body[0].value, cst.Name)
+                and stmt.body[0].value.value in names
+            ):
                 names.update(t.target.value for t in stmt.body[0].targets if isinstance(t.target, cst.Name))
                 continue
             out.append(stmt)
@@ -321,7 +348,9 @@ class _ClassAliasFixup(cst.CSTTransformer):
 # ----------------------------------------------------------------------------- patches and snippets
 
 
-def unified_patch(changes: Iterable[tuple[str, str | None, str | None]], modes: dict[str, int] | None = None) -> str:
+def unified_patch(
+    changes: Iterable[tuple[str, str | None, str | None]], modes: dict[str, int] | None = None
+) -> str:
     """A git-style unified diff from ``(path, before, after)`` triples (``None`` = file absent)."""
     modes = modes or {}
     out: list[str] = []
@@ -349,11 +378,20 @@ def _lines(text: str) -> list[str]:
     return text.splitlines(keepends=True)
 
 
-_TRIVIAL_LINE = re.compile(r"^[\W_]*$|^(return|pass|else|try|finally|break|continue|raise|yield)\b\W*\w{0,6}\W*$")
+_TRIVIAL_LINE = re.compile(
+    r"^[\W_]*$|^(return|pass|else|try|finally|break|continue|raise|yield)\b\W*\w{0,6}\W*$"
+)
 
 
-def removed_snippets(removed_code: str, docstring: str | None, remaining_texts: Iterable[str], *,
-                     known_lines: Collection[str] = (), min_len: int = 12, limit: int = 24) -> list[str]:
+def removed_snippets(
+    removed_code: str,
+    docstring: str | None,
+    remaining_texts: Iterable[str],
+    *,
+    known_lines: Collection[str] = (),
+    min_len: int = 12,
+    limit: int = 24,
+) -> list[str]:
     """Distinctive lines of ``removed_code`` (and its docstring) that no remaining Python file contains.
 
     Order: the definition line, the docstring's first paragraph, then body lines longest first.
@@ -368,8 +406,13 @@ def removed_snippets(removed_code: str, docstring: str | None, remaining_texts: 
         candidates: list[str] = []
         for line in removed_code.splitlines():
             s = line.strip()
-            if (s.startswith("#") or len(s) < length or _TRIVIAL_LINE.match(s) or s in candidates
-                    or s in known_lines):
+            if (
+                s.startswith("#")
+                or len(s) < length
+                or _TRIVIAL_LINE.match(s)
+                or s in candidates
+                or s in known_lines
+            ):
                 continue
             candidates.append(s)
         ordered = [c for c in candidates if c.startswith(("def ", "async def ", "class "))]
@@ -390,8 +433,9 @@ def _module_map(modules: dict[str, str]) -> dict[str, str]:
     return {mod: path for path, mod in modules.items()}
 
 
-def plan_deletion(root: Path, cand: Candidate, level: int, modules: dict[str, str], *,
-                  known_lines: Collection[str] = ()) -> Deletion:
+def plan_deletion(
+    root: Path, cand: Candidate, level: int, modules: dict[str, str], *, known_lines: Collection[str] = ()
+) -> Deletion:
     """Compute the deletion of ``cand`` at ``level`` in the tree at ``root`` (nothing is written).
 
     ``modules`` maps root-relative module paths to dotted module names (all non-test modules of
@@ -470,14 +514,27 @@ def plan_deletion(root: Path, cand: Candidate, level: int, modules: dict[str, st
     gold = unified_patch(((p, changed[p], before[p]) for p in changed), modes)
     remaining = _remaining_texts(root, changed)
     return Deletion(
-        level=level, candidate=cand, changed=changed, original=before, gold_patch=gold, removed_code=removed_code,
-        removed_snippets=removed_snippets(removed_code, docstring, remaining, known_lines=known_lines), signature=signature,
-        docstring=docstring, api=api, removed_names={k: sorted(v) for k, v in removed.items()},
+        level=level,
+        candidate=cand,
+        changed=changed,
+        original=before,
+        gold_patch=gold,
+        removed_code=removed_code,
+        removed_snippets=removed_snippets(removed_code, docstring, remaining, known_lines=known_lines),
+        signature=signature,
+        docstring=docstring,
+        api=api,
+        removed_names={k: sorted(v) for k, v in removed.items()},
     )
 
 
-def _propagate(root: Path, modules: dict[str, str], changed: dict[str, str | None], removed: dict[str, set[str]],
-               deleted_modules: set[str]) -> None:
+def _propagate(
+    root: Path,
+    modules: dict[str, str],
+    changed: dict[str, str | None],
+    removed: dict[str, set[str]],
+    deleted_modules: set[str],
+) -> None:
     """Fix imports across the package until no module gains a newly unbound name (a fixpoint)."""
     mod_paths = _module_map(modules)
     for _ in range(10):
@@ -488,14 +545,18 @@ def _propagate(root: Path, modules: dict[str, str], changed: dict[str, str | Non
             text = changed.get(path)
             if text is None:
                 text = (root / path).read_text()
-            words = {n for names in removed.values() for n in names} | {m.rsplit(".", 1)[-1] for m in deleted_modules}
+            words = {n for names in removed.values() for n in names} | {
+                m.rsplit(".", 1)[-1] for m in deleted_modules
+            }
             if not removed.get(mod) and "import *" not in text and not any(w in text for w in words):
                 continue  # cannot reference anything that is gone: skip the (slow) libcst parse
             try:
                 tree = _parse(text)
             except cst.ParserSyntaxError:
                 continue
-            fix = _Fixup(mod, Path(path).name == "__init__.py", removed.get(mod, set()), removed, deleted_modules)
+            fix = _Fixup(
+                mod, Path(path).name == "__init__.py", removed.get(mod, set()), removed, deleted_modules
+            )
             new = tree.visit(fix)
             if new.code != text:
                 changed[path] = new.code
@@ -552,12 +613,20 @@ class _ImportTimeNames(ast.NodeVisitor):
 
 
 def _lazy_annotations(tree: ast.Module) -> bool:
-    return any(isinstance(n, ast.ImportFrom) and n.module == "__future__" and any(a.name == "annotations" for a in n.names)
-               for n in tree.body)
+    return any(
+        isinstance(n, ast.ImportFrom)
+        and n.module == "__future__"
+        and any(a.name == "annotations" for a in n.names)
+        for n in tree.body
+    )
 
 
-def _check_import_time_uses(changed: dict[str, str | None], modules: dict[str, str], removed: dict[str, set[str]],
-                            method_parts: list[str] | None) -> None:
+def _check_import_time_uses(
+    changed: dict[str, str | None],
+    modules: dict[str, str],
+    removed: dict[str, set[str]],
+    method_parts: list[str] | None,
+) -> None:
     """Refuse a deletion whose removed names are still needed while modules import (a cheap pre-filter)."""
     for path, text in changed.items():
         if text is None or path not in modules:
@@ -566,7 +635,10 @@ def _check_import_time_uses(changed: dict[str, str | None], modules: dict[str, s
         if method_parts is not None:
             node: ast.AST | None = tree
             for name in method_parts[:-1]:
-                node = next((n for n in getattr(node, "body", []) if isinstance(n, ast.ClassDef) and n.name == name), None)
+                node = next(
+                    (n for n in getattr(node, "body", []) if isinstance(n, ast.ClassDef) and n.name == name),
+                    None,
+                )
             if node is None:
                 continue
             visitor = _ImportTimeNames(_lazy_annotations(tree))
@@ -598,7 +670,11 @@ def _remaining_texts(root: Path, changed: dict[str, str | None]) -> list[str]:
 
 def _public_api(node: cst.Module | cst.ClassDef) -> list[str]:
     """Header lines (with the first docstring line) of public defs directly in a module or class."""
-    body = node.body if isinstance(node, cst.Module) else (node.body.body if isinstance(node.body, cst.IndentedBlock) else [])
+    body = (
+        node.body
+        if isinstance(node, cst.Module)
+        else (node.body.body if isinstance(node.body, cst.IndentedBlock) else [])
+    )
     mod = cst.Module(body=[])
     out = []
     for stmt in body:

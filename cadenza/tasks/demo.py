@@ -15,9 +15,18 @@ DEMO_SOURCE = "pypi:cachetools==8.0.2"
 DEMO_MAX_TASKS = 12
 
 
-def build_demo_tasks(out: Path, *, source: str = DEMO_SOURCE, max_tasks: int = DEMO_MAX_TASKS,
-                     levels: tuple[int, ...] = (1, 2, 3), seed: int = 0, progress: bool = True,
-                     console: Any = None) -> BuildSummary:
+def build_demo_tasks(
+    out: Path,
+    *,
+    source: str = DEMO_SOURCE,
+    max_tasks: int = DEMO_MAX_TASKS,
+    levels: tuple[int, ...] = (1, 2, 3),
+    seed: int = 0,
+    progress: bool = True,
+    console: Any = None,
+) -> BuildSummary:
     """Build (or resume) the demo task set in ``out`` and return its summary."""
-    cfg = BuildConfig(out=Path(out), workers=1, max_tasks=max_tasks, levels=levels, seed=seed, progress=progress)
+    cfg = BuildConfig(
+        out=Path(out), workers=1, max_tasks=max_tasks, levels=levels, seed=seed, progress=progress
+    )
     return build_tasks([source], cfg, console=console)

@@ -26,12 +26,51 @@ from pathlib import Path
 TEST_EXTRAS = re.compile(r"^(tests?|testing|dev|develop|check|ci)([-_].*)?$", re.I)
 #: Tools the test run never needs (and plugins whose addopts we neutralise instead).
 DROPPED = {
-    "pytest-cov", "coverage", "coveralls", "codecov", "pytest-mypy", "mypy", "pyright", "ruff", "flake8",
-    "pytest-flake8", "pycodestyle", "pytest-pycodestyle", "pylint", "pytest-pylint", "black", "isort",
-    "pre-commit", "tox", "nox", "twine", "build", "wheel", "sphinx", "pytest-xdist", "pytest-randomly",
-    "pytest-sugar", "pytest-benchmark", "check-manifest", "bandit", "autopep8", "yapf", "pydocstyle",
-    "pytest-rerunfailures", "pytest-memray", "codespell", "setuptools-scm", "pytest-instafail", "ipython",
-    "ipdb", "pdbpp", "pytest-profiling", "pytest-watch", "pyupgrade", "doc8", "readme-renderer",
+    "pytest-cov",
+    "coverage",
+    "coveralls",
+    "codecov",
+    "pytest-mypy",
+    "mypy",
+    "pyright",
+    "ruff",
+    "flake8",
+    "pytest-flake8",
+    "pycodestyle",
+    "pytest-pycodestyle",
+    "pylint",
+    "pytest-pylint",
+    "black",
+    "isort",
+    "pre-commit",
+    "tox",
+    "nox",
+    "twine",
+    "build",
+    "wheel",
+    "sphinx",
+    "pytest-xdist",
+    "pytest-randomly",
+    "pytest-sugar",
+    "pytest-benchmark",
+    "check-manifest",
+    "bandit",
+    "autopep8",
+    "yapf",
+    "pydocstyle",
+    "pytest-rerunfailures",
+    "pytest-memray",
+    "codespell",
+    "setuptools-scm",
+    "pytest-instafail",
+    "ipython",
+    "ipdb",
+    "pdbpp",
+    "pytest-profiling",
+    "pytest-watch",
+    "pyupgrade",
+    "doc8",
+    "readme-renderer",
 }
 DROPPED_PREFIXES = ("sphinx", "types-", "flake8-", "mypy-", "furo", "mkdocs", "myst-", "pydata-sphinx")
 #: Always present in a base environment: the runner, per-test timeouts, coverage for feature discovery.
@@ -135,8 +174,16 @@ def _from_setup_cfg(root: Path) -> tuple[list[str] | None, dict[str, list[str]]]
     def lines(value: str) -> list[str]:
         return [ln.strip() for ln in value.splitlines() if ln.strip() and not ln.strip().startswith("#")]
 
-    runtime = lines(cp.get("options", "install_requires", fallback="")) if cp.has_option("options", "install_requires") else None
-    extras = {k: lines(v) for k, v in cp.items("options.extras_require")} if cp.has_section("options.extras_require") else {}
+    runtime = (
+        lines(cp.get("options", "install_requires", fallback=""))
+        if cp.has_option("options", "install_requires")
+        else None
+    )
+    extras = (
+        {k: lines(v) for k, v in cp.items("options.extras_require")}
+        if cp.has_section("options.extras_require")
+        else {}
+    )
     if cp.has_option("options", "tests_require"):
         extras["tests_require"] = lines(cp.get("options", "tests_require"))
     return runtime, extras
@@ -182,10 +229,27 @@ def _pip_report(root: Path) -> tuple[list[str], dict[str, list[str]]]:
     """Ask pip for the project's metadata (dynamic dependencies) without installing or caching anything."""
     with tempfile.TemporaryDirectory(prefix="cadenza-meta-") as tmp:
         report = Path(tmp) / "report.json"
-        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps", "--no-cache-dir", "-q",
-               "--ignore-installed", "--report", str(report), str(root)]
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--no-deps",
+            "--no-cache-dir",
+            "-q",
+            "--ignore-installed",
+            "--report",
+            str(report),
+            str(root),
+        ]
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        )
         if proc.returncode != 0 or not report.is_file():
             return [], {}
         items = json.loads(report.read_text()).get("install", [])
@@ -206,13 +270,29 @@ def _pip_report(root: Path) -> tuple[list[str], dict[str, list[str]]]:
 
 #: Evidence in test code (fixture argument, marker, import) -> the distribution that provides it.
 PLUGIN_EVIDENCE = {
-    "fixture:mocker": "pytest-mock", "fixture:requests_mock": "requests-mock", "fixture:httpx_mock": "pytest-httpx",
-    "fixture:freezer": "pytest-freezer", "fixture:snapshot": "syrupy", "fixture:aioresponses": "aioresponses",
-    "mark:asyncio": "pytest-asyncio", "mark:trio": "pytest-trio", "mark:freeze_time": "pytest-freezer",
-    "mark:httpx_mock": "pytest-httpx", "import:hypothesis": "hypothesis", "import:yaml": "pyyaml",
-    "import:pytest_mock": "pytest-mock", "import:freezegun": "freezegun", "import:responses": "responses",
-    "import:mock": "mock", "import:attr": "attrs", "import:numpy": "numpy", "import:dateutil": "python-dateutil",
-    "import:pytz": "pytz", "import:trustme": "trustme", "import:toml": "toml", "import:tomli": "tomli",
+    "fixture:mocker": "pytest-mock",
+    "fixture:requests_mock": "requests-mock",
+    "fixture:httpx_mock": "pytest-httpx",
+    "fixture:freezer": "pytest-freezer",
+    "fixture:snapshot": "syrupy",
+    "fixture:aioresponses": "aioresponses",
+    "mark:asyncio": "pytest-asyncio",
+    "mark:trio": "pytest-trio",
+    "mark:freeze_time": "pytest-freezer",
+    "mark:httpx_mock": "pytest-httpx",
+    "import:hypothesis": "hypothesis",
+    "import:yaml": "pyyaml",
+    "import:pytest_mock": "pytest-mock",
+    "import:freezegun": "freezegun",
+    "import:responses": "responses",
+    "import:mock": "mock",
+    "import:attr": "attrs",
+    "import:numpy": "numpy",
+    "import:dateutil": "python-dateutil",
+    "import:pytz": "pytz",
+    "import:trustme": "trustme",
+    "import:toml": "toml",
+    "import:tomli": "tomli",
 }
 
 
@@ -230,7 +310,11 @@ def detect_plugins(root: Path, test_paths: list[str]) -> list[str]:
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 evidence.update(f"fixture:{a.arg}" for a in node.args.args)
-            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute) and node.value.attr == "mark":
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Attribute)
+                and node.value.attr == "mark"
+            ):
                 evidence.add(f"mark:{node.attr}")
             elif isinstance(node, ast.Import):
                 evidence.update(f"import:{a.name.split('.')[0]}" for a in node.names)
@@ -240,7 +324,9 @@ def detect_plugins(root: Path, test_paths: list[str]) -> list[str]:
     return _dedupe(found)
 
 
-def discover_requirements(root: Path, own_names: list[str], test_paths: list[str] | None = None) -> Requirements:
+def discover_requirements(
+    root: Path, own_names: list[str], test_paths: list[str] | None = None
+) -> Requirements:
     """Runtime + test requirements of the project at ``root`` (its own name(s) excluded)."""
     own = {re.sub(r"[-_.]+", "-", n).lower() for n in own_names}
     found = Requirements()
@@ -294,7 +380,9 @@ def discover_requirements(root: Path, own_names: list[str], test_paths: list[str
         found.sources.append("test code")
     # Self-references such as ``pkg[test]`` pull in the extra's requirements, which we already have.
     found.runtime = _dedupe([r for r in (runtime or []) if _keep(r, own)])
-    found.test = _dedupe([r for r in test if _keep(r, own) and req_name(r) not in {req_name(x) for x in found.runtime}])
+    found.test = _dedupe(
+        [r for r in test if _keep(r, own) and req_name(r) not in {req_name(x) for x in found.runtime}]
+    )
     return found
 
 

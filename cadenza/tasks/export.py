@@ -12,8 +12,12 @@ from cadenza.tasks.task import GOLD_PATCH, WORKSPACE, load_task
 
 
 def _head(workspace: Path) -> str:
-    res = subprocess.run(["git", "-C", str(workspace), "rev-parse", "HEAD"], capture_output=True, text=True,
-                         stdin=subprocess.DEVNULL)
+    res = subprocess.run(
+        ["git", "-C", str(workspace), "rev-parse", "HEAD"],
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     return res.stdout.strip() if res.returncode == 0 else ""
 
 
@@ -37,5 +41,9 @@ def export_swebench(path: Path) -> Iterator[dict[str, Any]]:
             "hints_text": "",
             "environment_setup_commit": "",
             "level": task.level,
-            "feature": {"qualname": task.feature.qualname, "path": task.feature.path, "kind": task.feature.kind},
+            "feature": {
+                "qualname": task.feature.qualname,
+                "path": task.feature.path,
+                "kind": task.feature.kind,
+            },
         }

@@ -52,7 +52,12 @@ class BuildConfig:
     progress: bool = True
 
     def params_key(self) -> str:
-        key = {"max_tasks": self.max_tasks, "levels": sorted(self.levels), "seed": self.seed, "llm": self.statement_llm}
+        key = {
+            "max_tasks": self.max_tasks,
+            "levels": sorted(self.levels),
+            "seed": self.seed,
+            "llm": self.statement_llm,
+        }
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -75,7 +80,9 @@ class Published:
 # --------------------------------------------------------------------------- one draft -> one task
 
 
-def publish_draft(store: TaskStore, draft: TaskDraft, spec: str | None = None, *, limit: int | None = None) -> Published:
+def publish_draft(
+    store: TaskStore, draft: TaskDraft, spec: str | None = None, *, limit: int | None = None
+) -> Published:
     """Copy, scrub, give an environment, scan, and atomically publish one validated draft.
 
     ``limit``: at most that many tasks of ``spec`` in the set (status ``full`` once reached).
@@ -116,7 +123,9 @@ def _prepare(spec: str, work_dir: Path, cfg: BuildConfig, stats: Any, skip: set[
     # No max_tasks here: drafts the scan rejects must not count, so the caller stops once the
     # set has enough tasks of this source.
     config = SourceConfig(levels=tuple(cfg.levels), seed=cfg.seed, llm_url=cfg.statement_llm)
-    return prepare_source(spec, work_dir, levels=tuple(cfg.levels), seed=cfg.seed, config=config, stats=stats, skip=skip)
+    return prepare_source(
+        spec, work_dir, levels=tuple(cfg.levels), seed=cfg.seed, config=config, stats=stats, skip=skip
+    )
 
 
 def _new_stats(spec: str) -> Any:
@@ -125,8 +134,9 @@ def _new_stats(spec: str) -> Any:
     return BuildStats(source=spec)
 
 
-def build_source(spec: str, cfg: BuildConfig, events: Any = None, build_id: int | None = None,
-                 workers: int = 1) -> SourceReport:
+def build_source(
+    spec: str, cfg: BuildConfig, events: Any = None, build_id: int | None = None, workers: int = 1
+) -> SourceReport:
     """Build the tasks of one source into the set; never raises for a bad source.
 
     The shared work runs once here; ``workers`` processes then validate candidates, and drafts
@@ -150,8 +160,9 @@ def build_source(spec: str, cfg: BuildConfig, events: Any = None, build_id: int 
             work.mkdir(parents=True)
             plan = _prepare(spec, work, cfg, stats, store.keys(spec))
             emit(("plan", spec, len(plan.ordered), stats.skipped))
-            attempts = iter_attempts(plan, work, workers,
-                                     need=None if cfg.max_tasks is None else (lambda: cfg.max_tasks - have))
+            attempts = iter_attempts(
+                plan, work, workers, need=None if cfg.max_tasks is None else (lambda: cfg.max_tasks - have)
+            )
             for att in attempts:
                 record_attempt(stats, att)
                 emit(("tried", spec, stats.tried, stats.validated))
@@ -167,8 +178,12 @@ def build_source(spec: str, cfg: BuildConfig, events: Any = None, build_id: int 
                     rep.rejected += 1
                     if build_id is not None:
                         f = res.findings[0]
-                        store.record_rejection(build_id, spec, res.task_id,
-                                               f"leak ({len(res.findings)} finding(s)): {f.channel} {f.path}: {f.evidence}")
+                        store.record_rejection(
+                            build_id,
+                            spec,
+                            res.task_id,
+                            f"leak ({len(res.findings)} finding(s)): {f.channel} {f.path}: {f.evidence}",
+                        )
                     emit(("leak", spec, res.task_id, [asdict(f) for f in res.findings[:3]]))
                 elif res.status == "full":
                     break  # another publisher filled this source's quota
@@ -177,7 +192,10 @@ def build_source(spec: str, cfg: BuildConfig, events: Any = None, build_id: int 
     except CadenzaError as exc:
         rep.status, rep.reason = "skipped", str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     except Exception as exc:  # one bad source never stops the others
-        rep.status, rep.reason = "failed", f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300]
+        rep.status, rep.reason = (
+            "failed",
+            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"[:300],
+        )
     finally:
         if attempts is not None:
             with contextlib.suppress(Exception):
@@ -228,7 +246,9 @@ def build_tasks(sources: Sequence[str], cfg: BuildConfig, *, console: Any = None
         raise CadenzaError(f"--workers must be at least 1, got {cfg.workers}")
     bad = [lv for lv in cfg.levels if lv not in (1, 2, 3)]
     if bad or not cfg.levels:
-        raise CadenzaError(f"--levels must be a subset of 1,2,3, got {','.join(map(str, cfg.levels)) or 'nothing'}")
+        raise CadenzaError(
+            f"--levels must be a subset of 1,2,3, got {','.join(map(str, cfg.levels)) or 'nothing'}"
+        )
     if cfg.max_tasks is not None and cfg.max_tasks < 1:
         raise CadenzaError(f"--max-tasks must be at least 1, got {cfg.max_tasks}")
     t0 = time.monotonic()
@@ -242,12 +262,21 @@ def build_tasks(sources: Sequence[str], cfg: BuildConfig, *, console: Any = None
         if store.source_done(s, key) is None:
             todo.append(s)
         else:  # this run's numbers: nothing tried
-            store.record_source(build_id, key, SourceReport(source=s, status="done", reason="resumed: finished in an earlier build"))
+            store.record_source(
+                build_id,
+                key,
+                SourceReport(source=s, status="done", reason="resumed: finished in an earlier build"),
+            )
     if todo:
         _run_parallel(todo, cfg, build_id, console)
     store.finish_build(build_id)
-    return BuildSummary(out=cfg.out, reports=store.source_reports(build_id), tasks=store.rows(),
-                        seconds=round(time.monotonic() - t0, 2), rejections=store.rejections(build_id))
+    return BuildSummary(
+        out=cfg.out,
+        reports=store.source_reports(build_id),
+        tasks=store.rows(),
+        seconds=round(time.monotonic() - t0, 2),
+        rejections=store.rejections(build_id),
+    )
 
 
 def split_workers(workers: int, n_sources: int) -> list[int]:
@@ -266,8 +295,16 @@ def _run_parallel(todo: list[str], cfg: BuildConfig, build_id: int, console: Any
     ctx = mp.get_context("spawn")
     events = ctx.Queue()  # handed to source workers at start (no manager process to orphan on kill -9)
     per_source = cfg.max_tasks
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[note]}"),
-                        TimeElapsedColumn(), console=console, disable=not cfg.progress, transient=False)
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[note]}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not cfg.progress,
+        transient=False,
+    )
     reports: list[SourceReport] = []
     with progress:
         overall = progress.add_task("sources", total=len(todo), note="")
@@ -292,9 +329,19 @@ def _run_parallel(todo: list[str], cfg: BuildConfig, build_id: int, console: Any
                     progress.update(bars[spec], note=f"[yellow]dropped {msg[2]} (leak)")
                 elif kind == "source":
                     rep = msg[2]
-                    note = f"[green]{rep['emitted']} tasks" if rep["status"] == "done" else f"[red]{rep['status']}: {rep['reason'][:60]}"
-                    progress.update(bars[spec], total=max(rep["emitted"], 1) if per_source is None else per_source,
-                                    completed=rep["emitted"] if per_source is None or rep["status"] != "done" else per_source, note=note)
+                    note = (
+                        f"[green]{rep['emitted']} tasks"
+                        if rep["status"] == "done"
+                        else f"[red]{rep['status']}: {rep['reason'][:60]}"
+                    )
+                    progress.update(
+                        bars[spec],
+                        total=max(rep["emitted"], 1) if per_source is None else per_source,
+                        completed=rep["emitted"]
+                        if per_source is None or rep["status"] != "done"
+                        else per_source,
+                        note=note,
+                    )
                     progress.advance(overall)
 
         drainer = threading.Thread(target=drain, daemon=True)
@@ -304,9 +351,16 @@ def _run_parallel(todo: list[str], cfg: BuildConfig, build_id: int, console: Any
             if len(per) == 1:
                 reports = [_worker(s, cfg, events, build_id, per[0]) for s in todo]
             else:
-                with ProcessPoolExecutor(max_workers=len(per), mp_context=ctx, initializer=_init_worker,
-                                         initargs=(events, os.getpid())) as pool:
-                    futures = [pool.submit(_worker, s, cfg, None, build_id, per[i % len(per)]) for i, s in enumerate(todo)]
+                with ProcessPoolExecutor(
+                    max_workers=len(per),
+                    mp_context=ctx,
+                    initializer=_init_worker,
+                    initargs=(events, os.getpid()),
+                ) as pool:
+                    futures = [
+                        pool.submit(_worker, s, cfg, None, build_id, per[i % len(per)])
+                        for i, s in enumerate(todo)
+                    ]
                     reports = [f.result() for f in futures]
         finally:
             time.sleep(0.3)

@@ -69,7 +69,11 @@ def module_files(source: SourceInfo) -> dict[str, str]:
 
 
 def _is_docstring(stmt: ast.stmt) -> bool:
-    return isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant) and isinstance(stmt.value.value, str)
+    return (
+        isinstance(stmt, ast.Expr)
+        and isinstance(stmt.value, ast.Constant)
+        and isinstance(stmt.value.value, str)
+    )
 
 
 def definitions(tree: ast.Module, module: str, path: str) -> list[Candidate]:
@@ -87,8 +91,18 @@ def definitions(tree: ast.Module, module: str, path: str) -> list[Candidate]:
                     kind: Kind = "class"
                 else:
                     kind = "method" if in_class else "function"
-                out.append(Candidate(qualname=f"{module}.{local}", module=module, local=local, path=path, kind=kind,
-                                     lineno=start, end_lineno=node.end_lineno or node.lineno, body_lines=body_lines))
+                out.append(
+                    Candidate(
+                        qualname=f"{module}.{local}",
+                        module=module,
+                        local=local,
+                        path=path,
+                        kind=kind,
+                        lineno=start,
+                        end_lineno=node.end_lineno or node.lineno,
+                        body_lines=body_lines,
+                    )
+                )
                 if isinstance(node, ast.ClassDef):
                     visit(node.body, f"{local}.", True)
 
@@ -124,7 +138,9 @@ def coverage_rc(source: SourceInfo, workspace: Path, data_file: Path, rc_path: P
     for rel in source.package_dirs.values():
         p = (workspace / rel).resolve()
         include.append(str(p) if p.suffix == ".py" else f"{p}/*")
-    rc_path.write_text("[run]\n" f"data_file = {data_file}\n" "include =\n" + "".join(f"    {i}\n" for i in include))
+    rc_path.write_text(
+        f"[run]\ndata_file = {data_file}\ninclude =\n" + "".join(f"    {i}\n" for i in include)
+    )
     return rc_path
 
 
@@ -151,8 +167,16 @@ def map_features(
     with tempfile.TemporaryDirectory(prefix="cadenza-cov-") as tmp:
         data_file = Path(tmp) / "coverage.db"
         rc = coverage_rc(source, workspace, data_file, Path(tmp) / "coveragerc")
-        report = run_pytest(python, workspace, None, timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s,
-                            extra_args=pytest_args, coverage_rc=rc, counter=counter)
+        report = run_pytest(
+            python,
+            workspace,
+            None,
+            timeout_s=timeout_s,
+            per_test_timeout_s=per_test_timeout_s,
+            extra_args=pytest_args,
+            coverage_rc=rc,
+            counter=counter,
+        )
         contexts: dict[str, dict[int, list[str]]] = {}
         if data_file.exists():
             data = CoverageData(basename=str(data_file))
@@ -163,7 +187,9 @@ def map_features(
                     rel = Path(f).resolve().relative_to(ws).as_posix()
                 except ValueError:
                     continue
-                contexts[rel] = {ln: [c for c in ctxs if c] for ln, ctxs in data.contexts_by_lineno(f).items()}
+                contexts[rel] = {
+                    ln: [c for c in ctxs if c] for ln, ctxs in data.contexts_by_lineno(f).items()
+                }
     candidates: list[Candidate] = []
     for rel, module in module_files(source).items():
         try:
@@ -192,6 +218,17 @@ def map_features(
                         cand.tests |= other.tests
         candidates += defs
         n_lines = len((workspace / rel).read_text().splitlines())
-        candidates.append(Candidate(qualname=module, module=module, local="", path=rel, kind="module", lineno=1,
-                                    end_lineno=n_lines, body_lines=n_lines, tests=module_tests))
+        candidates.append(
+            Candidate(
+                qualname=module,
+                module=module,
+                local="",
+                path=rel,
+                kind="module",
+                lineno=1,
+                end_lineno=n_lines,
+                body_lines=n_lines,
+                tests=module_tests,
+            )
+        )
     return FeatureMap(candidates=candidates, report=report)

@@ -49,8 +49,9 @@ def cand_dir(work_dir: Path, index: int) -> Path:
     return Path(work_dir) / f"cand-{index:04d}"
 
 
-def iter_attempts(plan: SourcePlan, work_dir: Path, workers: int = 1,
-                  need: Callable[[], int | None] | None = None) -> Iterator[Attempt]:
+def iter_attempts(
+    plan: SourcePlan, work_dir: Path, workers: int = 1, need: Callable[[], int | None] | None = None
+) -> Iterator[Attempt]:
     """Every candidate of ``plan`` attempted, yielded in order; close the generator to stop early.
 
     ``workers == 1`` runs in this process (no pool). ``need()``: how many more drafts the caller
@@ -65,8 +66,12 @@ def iter_attempts(plan: SourcePlan, work_dir: Path, workers: int = 1,
             yield attempt_candidate(plan, index, cand_dir(work_dir, index))
         return
     window = 2 * workers  # keeps every worker busy while the head of the line is still running
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=mp.get_context("spawn"), initializer=_init,
-                               initargs=(plan, os.getpid()))
+    pool = ProcessPoolExecutor(
+        max_workers=workers,
+        mp_context=mp.get_context("spawn"),
+        initializer=_init,
+        initargs=(plan, os.getpid()),
+    )
     pending: dict[int, Future[Attempt]] = {}
     try:
         submitted = 0

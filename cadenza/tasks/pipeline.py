@@ -82,10 +82,18 @@ class BuildStats:
 
     def to_dict(self) -> dict:
         return {
-            "source": self.source, "candidates": self.candidates, "skipped": self.skipped, "tried": self.tried, "validated": self.validated,
-            "by_level": dict(self.by_level), "rejected": dict(self.rejected), "suite_size": self.suite_size,
-            "excluded_tests": len(self.excluded_tests), "full_suite_runs": round(self.full_suite_runs, 3),
-            "seconds": round(self.seconds, 2), "env_seconds": round(self.env_seconds, 2),
+            "source": self.source,
+            "candidates": self.candidates,
+            "skipped": self.skipped,
+            "tried": self.tried,
+            "validated": self.validated,
+            "by_level": dict(self.by_level),
+            "rejected": dict(self.rejected),
+            "suite_size": self.suite_size,
+            "excluded_tests": len(self.excluded_tests),
+            "full_suite_runs": round(self.full_suite_runs, 3),
+            "seconds": round(self.seconds, 2),
+            "env_seconds": round(self.env_seconds, 2),
         }
 
 
@@ -108,12 +116,22 @@ class TaskDraft:
 
 def task_id(source: SourceInfo, qualname: str, level: int) -> str:
     """Deterministic id from the source (name, version, content) + qualname + level."""
-    digest = hashlib.sha256(f"{source.name}|{source.content_hash}|{qualname}|{level}".encode()).hexdigest()[:8]
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{source.name}-{source.version}__{qualname}__L{level}") + f"-{digest}"
+    digest = hashlib.sha256(f"{source.name}|{source.content_hash}|{qualname}|{level}".encode()).hexdigest()[
+        :8
+    ]
+    return (
+        re.sub(r"[^A-Za-z0-9._-]+", "-", f"{source.name}-{source.version}__{qualname}__L{level}")
+        + f"-{digest}"
+    )
 
 
-def order_candidates(fmap: FeatureMap, baseline: Baseline, levels: tuple[int, ...], seed: int,
-                     top_level: frozenset[str] = frozenset()) -> list[tuple[int, Candidate]]:
+def order_candidates(
+    fmap: FeatureMap,
+    baseline: Baseline,
+    levels: tuple[int, ...],
+    seed: int,
+    top_level: frozenset[str] = frozenset(),
+) -> list[tuple[int, Candidate]]:
     """Candidates likely to validate, shuffled per level by ``seed`` and interleaved across levels.
 
     Pruned: no passing test covers it (nothing would fail), every passing test covers it (nothing
@@ -128,7 +146,9 @@ def order_candidates(fmap: FeatureMap, baseline: Baseline, levels: tuple[int, ..
         for c in fmap.candidates:
             if c.kind not in LEVEL_KINDS.get(level, ()) or not c.tests or len(c.tests) >= n_pass:
                 continue
-            if names[(c.path, c.local)] > 1 or (c.kind == "module" and (c.path.endswith("__init__.py") or c.module in top_level)):
+            if names[(c.path, c.local)] > 1 or (
+                c.kind == "module" and (c.path.endswith("__init__.py") or c.module in top_level)
+            ):
                 continue
             pool.append(c)
         rng = random.Random(f"{seed}:{level}")
@@ -178,8 +198,16 @@ class Attempt:
     counter: RunCounter = field(default_factory=RunCounter)
 
 
-def prepare_source(spec: str, work_dir: Path, *, levels: tuple[int, ...], seed: int, config: BuildConfig,
-                   stats: BuildStats, skip: Collection[tuple[str, int]] = ()) -> SourcePlan:
+def prepare_source(
+    spec: str,
+    work_dir: Path,
+    *,
+    levels: tuple[int, ...],
+    seed: int,
+    config: BuildConfig,
+    stats: BuildStats,
+    skip: Collection[tuple[str, int]] = (),
+) -> SourcePlan:
     """Fetch, base env, baseline + coverage map, candidate order; ``skip`` keys are dropped here."""
     bad = [lv for lv in levels if lv not in LEVEL_KINDS]
     if bad:
@@ -195,24 +223,48 @@ def prepare_source(spec: str, work_dir: Path, *, levels: tuple[int, ...], seed: 
     copy_tree(source.root, baseline_ws)
     python = make_task_env(base, baseline_ws, work_dir / "baseline-env")
     pytest_args = pytest_args_for(baseline_ws, python)
-    baseline, fmap = run_baseline(source, python, baseline_ws, pytest_args=pytest_args, timeout_s=cfg.timeout_s,
-                                  per_test_timeout_s=cfg.per_test_timeout_s, counter=stats.counter)
+    baseline, fmap = run_baseline(
+        source,
+        python,
+        baseline_ws,
+        pytest_args=pytest_args,
+        timeout_s=cfg.timeout_s,
+        per_test_timeout_s=cfg.per_test_timeout_s,
+        counter=stats.counter,
+    )
     stats.suite_size = baseline.suite_size
     stats.excluded_tests = list(baseline.excluded)
     modules = module_files(source)
     importable = importable_modules(
-        python, baseline_ws, sorted({m for m in modules.values() if m.split(".")[-1] != "__main__"}))
+        python, baseline_ws, sorted({m for m in modules.values() if m.split(".")[-1] != "__main__"})
+    )
     shutil.rmtree(baseline_ws, ignore_errors=True)
-    ctx = ValidationContext(base_env=base, pristine=source.root, baseline=baseline, pytest_args=pytest_args,
-                            importable=importable, test_paths=source.test_paths, timeout_s=cfg.timeout_s,
-                            per_test_timeout_s=cfg.per_test_timeout_s, gold_check=cfg.gold_check, probe=cfg.probe)
+    ctx = ValidationContext(
+        base_env=base,
+        pristine=source.root,
+        baseline=baseline,
+        pytest_args=pytest_args,
+        importable=importable,
+        test_paths=source.test_paths,
+        timeout_s=cfg.timeout_s,
+        per_test_timeout_s=cfg.per_test_timeout_s,
+        gold_check=cfg.gold_check,
+        probe=cfg.probe,
+    )
     ordered = order_candidates(fmap, baseline, levels, seed, frozenset(source.packages))
     stats.candidates = len(ordered)
     skip_keys = {candidate_key(q, lv) for q, lv in skip}
     kept = [(lv, c) for lv, c in ordered if candidate_key(c.qualname, lv) not in skip_keys]
     stats.skipped = len(ordered) - len(kept)
-    return SourcePlan(spec=spec, source=source, ctx=ctx, modules=modules, known_lines=site_lines(base.site_packages),
-                      ordered=kept, config=cfg)
+    return SourcePlan(
+        spec=spec,
+        source=source,
+        ctx=ctx,
+        modules=modules,
+        known_lines=site_lines(base.site_packages),
+        ordered=kept,
+        config=cfg,
+    )
 
 
 def attempt_candidate(plan: SourcePlan, index: int, cand_dir: Path) -> Attempt:
@@ -257,8 +309,13 @@ def attempt_candidate(plan: SourcePlan, index: int, cand_dir: Path) -> Attempt:
     task = Task(
         id=task_id(source, cand.qualname, level),
         source=plan.spec,
-        feature=Feature(qualname=cand.qualname, path=cand.path, kind=cand.kind, lineno=cand.lineno,
-                        end_lineno=cand.end_lineno),
+        feature=Feature(
+            qualname=cand.qualname,
+            path=cand.path,
+            kind=cand.kind,
+            lineno=cand.lineno,
+            end_lineno=cand.end_lineno,
+        ),
         level=level,
         statement=statement,
         fail_to_pass=result.fail_to_pass,
@@ -269,15 +326,28 @@ def attempt_candidate(plan: SourcePlan, index: int, cand_dir: Path) -> Attempt:
         test_timeout_s=float(cfg.per_test_timeout_s or 60.0),
         excluded_tests=list(baseline.excluded),
         meta={
-            "source_name": source.name, "source_version": source.version, "content_hash": source.content_hash,
-            "layout": source.layout, "import_root": source.import_root, "packages": source.packages,
+            "source_name": source.name,
+            "source_version": source.version,
+            "content_hash": source.content_hash,
+            "layout": source.layout,
+            "import_root": source.import_root,
+            "packages": source.packages,
             "changed_files": sorted(deletion.changed),
             "deleted_files": sorted(p for p, t in deletion.changed.items() if t is None),
-            "removed_names": deletion.removed_names, "signature": deletion.signature, "gold_check": cfg.gold_check,
+            "removed_names": deletion.removed_names,
+            "signature": deletion.signature,
+            "gold_check": cfg.gold_check,
         },
     )
-    out.draft = TaskDraft(task=task, workspace=workspace, gold_patch=deletion.gold_patch,
-                          removed_snippets=deletion.removed_snippets, base_env=ctx.base_env, source=source, deletion=deletion)
+    out.draft = TaskDraft(
+        task=task,
+        workspace=workspace,
+        gold_patch=deletion.gold_patch,
+        removed_snippets=deletion.removed_snippets,
+        base_env=ctx.base_env,
+        source=source,
+        deletion=deletion,
+    )
     return out
 
 

@@ -124,7 +124,9 @@ class TaskPool:
         if path.is_dir():
             path = path / INDEX_NAME
         if not path.parent.is_dir():
-            raise CadenzaError(f"task set directory {path.parent} does not exist; build tasks first with 'cadenza tasks build'")
+            raise CadenzaError(
+                f"task set directory {path.parent} does not exist; build tasks first with 'cadenza tasks build'"
+            )
         self.path = path
         self.config = config or PoolConfig()
         self._db = sqlite3.connect(path, timeout=30.0, isolation_level=None)
@@ -166,14 +168,18 @@ class TaskPool:
         if state is None:
             rows = self._db.execute("SELECT task_id FROM pool_tasks ORDER BY task_id")
         else:
-            rows = self._db.execute("SELECT task_id FROM pool_tasks WHERE state = ? ORDER BY task_id", (state,))
+            rows = self._db.execute(
+                "SELECT task_id FROM pool_tasks WHERE state = ? ORDER BY task_id", (state,)
+            )
         return [r[0] for r in rows]
 
     # -- recording --------------------------------------------------------------------------
     def record_group(self, task_id: str, group_id: str, step: int, rollouts: Sequence[Rollout]) -> bool:
         """Record one group of rollouts atomically; returns False if ``group_id`` was already recorded."""
         if not rollouts:
-            raise CadenzaError(f"group {group_id} of task {task_id} has no rollouts; record groups with at least one")
+            raise CadenzaError(
+                f"group {group_id} of task {task_id} has no rollouts; record groups with at least one"
+            )
         now = time.time()
         with self._tx() as db:
             if db.execute("SELECT 1 FROM pool_tasks WHERE task_id = ?", (task_id,)).fetchone() is None:
@@ -182,12 +188,22 @@ class TaskPool:
                 return False
             db.execute(
                 "INSERT INTO pool_groups(group_id, task_id, step, n, successes, flagged, ts) VALUES (?,?,?,?,?,?,?)",
-                (group_id, task_id, step, len(rollouts), sum(r.success for r in rollouts),
-                 sum(r.flagged for r in rollouts), now),
+                (
+                    group_id,
+                    task_id,
+                    step,
+                    len(rollouts),
+                    sum(r.success for r in rollouts),
+                    sum(r.flagged for r in rollouts),
+                    now,
+                ),
             )
             db.executemany(
                 "INSERT INTO pool_attempts(group_id, task_id, step, success, reward, flagged, ts) VALUES (?,?,?,?,?,?,?)",
-                [(group_id, task_id, step, int(r.success), float(r.reward), int(r.flagged), now) for r in rollouts],
+                [
+                    (group_id, task_id, step, int(r.success), float(r.reward), int(r.flagged), now)
+                    for r in rollouts
+                ],
             )
             self._update_state(db, task_id, step)
         return True
@@ -198,32 +214,49 @@ class TaskPool:
             return
         k = self.config.retire_window
         recent = db.execute(
-            "SELECT n, successes FROM pool_groups WHERE task_id = ? ORDER BY step DESC, ts DESC LIMIT ?", (task_id, k)
+            "SELECT n, successes FROM pool_groups WHERE task_id = ? ORDER BY step DESC, ts DESC LIMIT ?",
+            (task_id, k),
         ).fetchall()
         flagged_groups = db.execute(
             "SELECT COUNT(*) FROM pool_groups WHERE task_id = ? AND flagged > 0", (task_id,)
         ).fetchone()[0]
-        attempts = db.execute("SELECT COALESCE(SUM(n), 0) FROM pool_groups WHERE task_id = ?", (task_id,)).fetchone()[0]
+        attempts = db.execute(
+            "SELECT COALESCE(SUM(n), 0) FROM pool_groups WHERE task_id = ?", (task_id,)
+        ).fetchone()[0]
         new, reason = None, None
         if flagged_groups >= self.config.quarantine_min_flagged_groups:
             new, reason = "quarantined_flagged", f"{flagged_groups} groups tripped the monitor"
         elif len(recent) == k and all(s == n for n, s in recent):
             new, reason = "retired_solved", f"solved in all of its last {k} groups"
-        elif len(recent) == k and all(s == 0 for _, s in recent) and attempts >= self.config.impossible_min_attempts:
+        elif (
+            len(recent) == k
+            and all(s == 0 for _, s in recent)
+            and attempts >= self.config.impossible_min_attempts
+        ):
             new, reason = "retired_impossible", f"no success in {attempts} attempts"
         if new:
-            db.execute("UPDATE pool_tasks SET state = ?, state_step = ?, state_reason = ? WHERE task_id = ?",
-                       (new, step, reason, task_id))
-            db.execute("INSERT INTO pool_events(step, kind, detail, ts) VALUES (?, ?, ?, ?)",
-                       (step, new, json.dumps({"task_id": task_id, "reason": reason}), time.time()))
+            db.execute(
+                "UPDATE pool_tasks SET state = ?, state_step = ?, state_reason = ? WHERE task_id = ?",
+                (new, step, reason, task_id),
+            )
+            db.execute(
+                "INSERT INTO pool_events(step, kind, detail, ts) VALUES (?, ?, ?, ?)",
+                (step, new, json.dumps({"task_id": task_id, "reason": reason}), time.time()),
+            )
 
     def log_event(self, step: int, kind: str, detail: dict[str, Any]) -> None:
         with self._tx() as db:
-            db.execute("INSERT INTO pool_events(step, kind, detail, ts) VALUES (?, ?, ?, ?)",
-                       (step, kind, json.dumps(detail), time.time()))
+            db.execute(
+                "INSERT INTO pool_events(step, kind, detail, ts) VALUES (?, ?, ?, ?)",
+                (step, kind, json.dumps(detail), time.time()),
+            )
 
     def events(self, kind: str | None = None) -> list[dict[str, Any]]:
-        q = "SELECT step, kind, detail FROM pool_events" + (" WHERE kind = ?" if kind else "") + " ORDER BY id"
+        q = (
+            "SELECT step, kind, detail FROM pool_events"
+            + (" WHERE kind = ?" if kind else "")
+            + " ORDER BY id"
+        )
         rows = self._db.execute(q, (kind,) if kind else ())
         return [{"step": s, "kind": k, **json.loads(d)} for s, k, d in rows]
 
@@ -240,8 +273,17 @@ class TaskPool:
         q += " GROUP BY t.task_id ORDER BY t.task_id"
         a0, b0 = self.config.prior_alpha, self.config.prior_beta
         return [
-            TaskStats(task_id=t, source=s, level=lv, state=st, attempts=n, successes=k, groups=g,
-                      alpha=a0 + k, beta=b0 + n - k)
+            TaskStats(
+                task_id=t,
+                source=s,
+                level=lv,
+                state=st,
+                attempts=n,
+                successes=k,
+                groups=g,
+                alpha=a0 + k,
+                beta=b0 + n - k,
+            )
             for t, s, lv, st, n, k, g in self._db.execute(q, args)
         ]
 

@@ -28,7 +28,9 @@ def stats_table(pool: TaskPool) -> Table:
     """Rows: (state, level); columns: tasks, attempts, mean pass rate, histogram of posterior means over [0, 1]."""
     table = Table(title=f"task pool ({pool.path})")
     for col in ("state", "level", "tasks", "attempts", "mean pass", "pass-rate histogram 0→1"):
-        table.add_column(col, justify="right" if col in ("level", "tasks", "attempts", "mean pass") else "left")
+        table.add_column(
+            col, justify="right" if col in ("level", "tasks", "attempts", "mean pass") else "left"
+        )
     stats = pool.stats()
     for state in STATES:
         levels = sorted({s.level for s in stats if s.state == state})
@@ -36,8 +38,14 @@ def stats_table(pool: TaskPool) -> Table:
             rows = [s for s in stats if s.state == state and s.level == level]
             seen = [s for s in rows if s.attempts > 0]
             mean = f"{sum(s.mean for s in seen) / len(seen):.2f}" if seen else "-"
-            table.add_row(state, str(level), str(len(rows)), str(sum(s.attempts for s in rows)), mean,
-                          sparkline(histogram([s.mean for s in seen])) if seen else "(no attempts)")
+            table.add_row(
+                state,
+                str(level),
+                str(len(rows)),
+                str(sum(s.attempts for s in rows)),
+                mean,
+                sparkline(histogram([s.mean for s in seen])) if seen else "(no attempts)",
+            )
     if not stats:
         table.add_row("(empty)", "-", "0", "0", "-", "")
     return table
@@ -46,7 +54,9 @@ def stats_table(pool: TaskPool) -> Table:
 def pass_rate_history(pool: TaskPool) -> list[tuple[int, list[float]]]:
     """Per recorded step, the posterior mean pass rate of every task attempted so far."""
     a0, b0 = pool.config.prior_alpha, pool.config.prior_beta
-    rows = pool._db.execute("SELECT step, task_id, n, successes FROM pool_groups ORDER BY step, ts").fetchall()
+    rows = pool._db.execute(
+        "SELECT step, task_id, n, successes FROM pool_groups ORDER BY step, ts"
+    ).fetchall()
     totals: dict[str, list[int]] = {}
     history: list[tuple[int, list[float]]] = []
     for i, (step, task, n, k) in enumerate(rows):
@@ -73,8 +83,13 @@ def plot_pass_rates(pool: TaskPool, path: str | Path) -> Path:
         steps = [s for s, _ in history]
         grid = np.array([histogram(v) for _, v in history], dtype=float).T
         grid /= np.maximum(grid.sum(axis=0, keepdims=True), 1)
-        ax.imshow(grid, origin="lower", aspect="auto", cmap="viridis",
-                  extent=(steps[0] - 0.5, steps[-1] + 0.5, 0, 1))
+        ax.imshow(
+            grid,
+            origin="lower",
+            aspect="auto",
+            cmap="viridis",
+            extent=(steps[0] - 0.5, steps[-1] + 0.5, 0, 1),
+        )
         ax.plot(steps, [float(np.mean(v)) for _, v in history], color="white", lw=1.5, label="mean pass rate")
         ax.legend(loc="upper left", fontsize=8)
     ax.set_xlabel("training step")

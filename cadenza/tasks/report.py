@@ -28,14 +28,23 @@ def summary_rows(summary: Any) -> list[dict[str, Any]]:
     for rep in summary.reports:
         tasks = [t for t in summary.tasks if t["spec"] == rep.source]
         levels = Counter(t["level"] for t in tasks)
-        out.append({
-            "source": rep.source, "status": rep.status, "reason": rep.reason, "tasks": len(tasks),
-            "levels": {lv: levels.get(lv, 0) for lv in (1, 2, 3)},
-            "f2p": sum(t["f2p"] for t in tasks), "p2p": sum(t["p2p"] for t in tasks),
-            "candidates": rep.candidates, "validated": rep.validated, "rejected": rep.rejected,
-            "yield": (rep.validated / rep.candidates) if rep.candidates else None,
-            "suite_runs": rep.suite_runs, "seconds": rep.seconds,
-        })
+        out.append(
+            {
+                "source": rep.source,
+                "status": rep.status,
+                "reason": rep.reason,
+                "tasks": len(tasks),
+                "levels": {lv: levels.get(lv, 0) for lv in (1, 2, 3)},
+                "f2p": sum(t["f2p"] for t in tasks),
+                "p2p": sum(t["p2p"] for t in tasks),
+                "candidates": rep.candidates,
+                "validated": rep.validated,
+                "rejected": rep.rejected,
+                "yield": (rep.validated / rep.candidates) if rep.candidates else None,
+                "suite_runs": rep.suite_runs,
+                "seconds": rep.seconds,
+            }
+        )
     return out
 
 
@@ -43,27 +52,57 @@ def print_summary(summary: Any, console: Console) -> None:
     table = Table(title=f"Task set {summary.out}")
     for col in ("source", "status", "L1", "L2", "L3", "tasks", "F2P", "P2P", "yield", "suite runs", "time"):
         left = col in ("source", "status")
-        table.add_column(col, justify="left" if left else "right", overflow="fold", no_wrap=True,
-                         min_width=min(len(max((r.source for r in summary.reports), key=len, default="")), 40) if col == "source" else None)
+        table.add_column(
+            col,
+            justify="left" if left else "right",
+            overflow="fold",
+            no_wrap=True,
+            min_width=min(len(max((r.source for r in summary.reports), key=len, default="")), 40)
+            if col == "source"
+            else None,
+        )
     rows = summary_rows(summary)
     for r in rows:
         status = "[green]done" if r["status"] == "done" else f"[red]{r['status']}"
         y = f"{r['validated']}/{r['candidates']}" if r["candidates"] else "-"
-        table.add_row(r["source"], status, *(str(r["levels"][lv]) for lv in (1, 2, 3)), str(r["tasks"]),
-                      str(r["f2p"]), str(r["p2p"]), y, str(r["suite_runs"]), f"{r['seconds']:.1f}s")
+        table.add_row(
+            r["source"],
+            status,
+            *(str(r["levels"][lv]) for lv in (1, 2, 3)),
+            str(r["tasks"]),
+            str(r["f2p"]),
+            str(r["p2p"]),
+            y,
+            str(r["suite_runs"]),
+            f"{r['seconds']:.1f}s",
+        )
     if len(rows) > 1:
         tot = lambda k: sum(r[k] for r in rows)  # noqa: E731
         cand, val = tot("candidates"), tot("validated")
-        table.add_row("[bold]total", "", *(str(sum(r["levels"][lv] for r in rows)) for lv in (1, 2, 3)), str(tot("tasks")),
-                      str(tot("f2p")), str(tot("p2p")), f"{val}/{cand}" if cand else "-", str(tot("suite_runs")),
-                      f"{summary.seconds:.1f}s")
+        table.add_row(
+            "[bold]total",
+            "",
+            *(str(sum(r["levels"][lv] for r in rows)) for lv in (1, 2, 3)),
+            str(tot("tasks")),
+            str(tot("f2p")),
+            str(tot("p2p")),
+            f"{val}/{cand}" if cand else "-",
+            str(tot("suite_runs")),
+            f"{summary.seconds:.1f}s",
+        )
     console.print(table)
-    console.print("yield = validated / candidates tried; suite runs = full-suite-equivalent pytest runs", soft_wrap=True)
+    console.print(
+        "yield = validated / candidates tried; suite runs = full-suite-equivalent pytest runs", soft_wrap=True
+    )
     for r in rows:
         if r["reason"]:
-            console.print(f"{r['status']} {r['source']}: {r['reason']}", soft_wrap=True, markup=False, highlight=False)
+            console.print(
+                f"{r['status']} {r['source']}: {r['reason']}", soft_wrap=True, markup=False, highlight=False
+            )
     for rej in summary.rejections:
-        console.print(f"not published {rej['task_id']}: {rej['reason']}", soft_wrap=True, markup=False, highlight=False)
+        console.print(
+            f"not published {rej['task_id']}: {rej['reason']}", soft_wrap=True, markup=False, highlight=False
+        )
 
 
 def tasks_table(rows: list[dict[str, Any]]) -> Table:
@@ -71,13 +110,17 @@ def tasks_table(rows: list[dict[str, Any]]) -> Table:
     for col in ("id", "level", "kind", "qualname", "F2P", "P2P", "source"):
         table.add_column(col, overflow="fold", no_wrap=col in ("level", "F2P", "P2P"))
     for r in rows:
-        table.add_row(r["id"], str(r["level"]), r["kind"], r["qualname"], str(r["f2p"]), str(r["p2p"]), r["source"])
+        table.add_row(
+            r["id"], str(r["level"]), r["kind"], r["qualname"], str(r["f2p"]), str(r["p2p"]), r["source"]
+        )
     return table
 
 
 def print_task(task_dir: Path, task: Task, console: Console) -> None:
-    head = (f"[bold]{task.id}[/]  level {task.level}  {task.feature.kind} [cyan]{task.feature.qualname}[/]\n"
-            f"file {task.feature.path}   source {task.source}   dir {task_dir}")
+    head = (
+        f"[bold]{task.id}[/]  level {task.level}  {task.feature.kind} [cyan]{task.feature.qualname}[/]\n"
+        f"file {task.feature.path}   source {task.source}   dir {task_dir}"
+    )
     console.print(Panel(head, title="task"))
     console.print(Panel(task.statement, title="statement"))
     tests = Table(title="tests")
@@ -106,5 +149,12 @@ def verify_table(results: list[Any]) -> Table:
     for col in ("task", "result", "F2P", "P2P", "time", "reason"):
         table.add_column(col, overflow="fold")
     for r in results:
-        table.add_row(r.task_id, "[green]ok" if r.ok else "[red]FAIL", str(r.f2p), str(r.p2p), f"{r.seconds:.1f}s", r.reason)
+        table.add_row(
+            r.task_id,
+            "[green]ok" if r.ok else "[red]FAIL",
+            str(r.f2p),
+            str(r.p2p),
+            f"{r.seconds:.1f}s",
+            r.reason,
+        )
     return table

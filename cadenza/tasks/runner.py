@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 PLUGIN_NAME = "_cadenza_pytest_plugin"
-PLUGIN_SOURCE = r'''
+PLUGIN_SOURCE = r"""
 import json, os
 import pytest
 
@@ -86,11 +86,20 @@ def pytest_runtest_logreport(report):
     _state[nid] = out
     if report.when == "teardown":
         _write({"nodeid": nid, "outcome": out})
-'''
+"""
 
 #: addopts that need no plugin and keep the suite's meaning; everything else is dropped.
-SAFE_ADDOPTS_WITH_VALUE = {"--doctest-glob", "--import-mode", "--ignore", "--ignore-glob", "--deselect", "-W",
-                           "--pythonwarnings", "--confcutdir", "--doctest-report"}
+SAFE_ADDOPTS_WITH_VALUE = {
+    "--doctest-glob",
+    "--import-mode",
+    "--ignore",
+    "--ignore-glob",
+    "--deselect",
+    "-W",
+    "--pythonwarnings",
+    "--confcutdir",
+    "--doctest-report",
+}
 SAFE_ADDOPTS_FLAGS = {"--doctest-modules", "--doctest-continue-on-failure", "--strict-markers", "--strict"}
 
 
@@ -180,21 +189,72 @@ def _ini_addopts(path: Path, section: str) -> list[str] | None:
 
 #: Options that change which tests run, stop early, parallelise, write outside the run, or clash with ours.
 DENIED_ADDOPTS = {
-    "-x", "--exitfirst", "--maxfail", "-n", "--numprocesses", "--dist", "--maxprocesses", "--lf", "--last-failed",
-    "--ff", "--failed-first", "--nf", "--new-first", "--sw", "--stepwise", "--sw-skip", "--stepwise-skip", "--lfnf",
-    "--last-failed-no-failures", "--pdb", "--pdbcls", "--trace", "--junitxml", "--junit-xml", "--junitprefix",
-    "--basetemp", "--strict-config", "-c", "--config-file", "--rootdir", "--cache-clear", "--looponfail", "-f",
-    "--co", "--collect-only", "--setup-only", "--setup-plan", "--fixtures", "--markers", "--version", "-h",
-    "--help", "-o", "--override-ini", "--timeout", "--timeout-method", "--timeout_method", "--no-cov", "--count",
-    "--reruns", "--random-order", "--random-order-seed", "-P", "--debug", "--report-log", "--result-log",
+    "-x",
+    "--exitfirst",
+    "--maxfail",
+    "-n",
+    "--numprocesses",
+    "--dist",
+    "--maxprocesses",
+    "--lf",
+    "--last-failed",
+    "--ff",
+    "--failed-first",
+    "--nf",
+    "--new-first",
+    "--sw",
+    "--stepwise",
+    "--sw-skip",
+    "--stepwise-skip",
+    "--lfnf",
+    "--last-failed-no-failures",
+    "--pdb",
+    "--pdbcls",
+    "--trace",
+    "--junitxml",
+    "--junit-xml",
+    "--junitprefix",
+    "--basetemp",
+    "--strict-config",
+    "-c",
+    "--config-file",
+    "--rootdir",
+    "--cache-clear",
+    "--looponfail",
+    "-f",
+    "--co",
+    "--collect-only",
+    "--setup-only",
+    "--setup-plan",
+    "--fixtures",
+    "--markers",
+    "--version",
+    "-h",
+    "--help",
+    "-o",
+    "--override-ini",
+    "--timeout",
+    "--timeout-method",
+    "--timeout_method",
+    "--no-cov",
+    "--count",
+    "--reruns",
+    "--random-order",
+    "--random-order-seed",
+    "-P",
+    "--debug",
+    "--report-log",
+    "--result-log",
 }
 DENIED_PREFIXES = ("--cov", "--benchmark", "--randomly", "--mypy", "--flake8", "--pycodestyle", "--pylint")
 
 
 def registered_options(python: Path, workspace: Path, timeout_s: float = 120.0) -> dict[str, bool]:
     """Options pytest accepts in this env and workspace (plugins + conftests): name -> takes a value."""
-    code = ("import sys, pytest; sys.exit(pytest.main(['--help', '-p', 'no:cacheprovider', '-o', 'addopts=', "
-            "'-o', 'required_plugins=']))")
+    code = (
+        "import sys, pytest; sys.exit(pytest.main(['--help', '-p', 'no:cacheprovider', '-o', 'addopts=', "
+        "'-o', 'required_plugins=']))"
+    )
     proc = run_python(python, code, cwd=workspace, timeout_s=timeout_s)
     out: dict[str, bool] = {}
     for line in proc.stdout.splitlines():
@@ -264,13 +324,22 @@ def pytest_args_for(root: Path, python: Path | None = None) -> list[str]:
     """
     registered = registered_options(python, root) if python is not None else None
     safe = safe_addopts(read_addopts(root), registered)
-    return ["-o", f"addopts={shlex.join(safe)}", "-o", "required_plugins=", "--rootdir=.",
-            "--continue-on-collection-errors"]
+    return [
+        "-o",
+        f"addopts={shlex.join(safe)}",
+        "-o",
+        "required_plugins=",
+        "--rootdir=.",
+        "--continue-on-collection-errors",
+    ]
 
 
 def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("PYTHON", "PYTEST", "COV_", "COVERAGE", "VIRTUAL_ENV", "PIP_"))}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PYTHON", "PYTEST", "COV_", "COVERAGE", "VIRTUAL_ENV", "PIP_"))
+    }
     env.update({"PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "PYTHONNOUSERSITE": "1"})
     env.update(extra or {})
     return env
@@ -307,8 +376,17 @@ def run_pytest(
         env = _clean_env({"CADENZA_REPORT": str(report_path), "PYTHONPATH": str(tmpd)})
         # --tb=no last so it wins: formatting hundreds of tracebacks (a deletion that breaks many
         # tests) costs ~15x the CPU of the run itself, and outcomes come from the plugin anyway.
-        args = ["-p", PLUGIN_NAME, "-p", "no:cacheprovider", "-q", "--rootdir=.",
-                "--continue-on-collection-errors", *(extra_args or []), "--tb=no"]
+        args = [
+            "-p",
+            PLUGIN_NAME,
+            "-p",
+            "no:cacheprovider",
+            "-q",
+            "--rootdir=.",
+            "--continue-on-collection-errors",
+            *(extra_args or []),
+            "--tb=no",
+        ]
         if per_test_timeout_s:
             args.append(f"--timeout={per_test_timeout_s:g}")
         if node_ids is not None:
@@ -318,7 +396,9 @@ def run_pytest(
             files = sorted({_test_file(n) for n in node_ids if (workspace / _test_file(n)).exists()})
             if not files:
                 counter.subset_runs += 1
-                return TestReport(outcomes={}, requested=list(node_ids), exit_code=4, timed_out=False, duration_s=0.0)
+                return TestReport(
+                    outcomes={}, requested=list(node_ids), exit_code=4, timed_out=False, duration_s=0.0
+                )
             args += files
         if coverage_rc is not None:
             env["CADENZA_COV_CONTEXT"] = "1"
@@ -329,8 +409,15 @@ def run_pytest(
         start = time.monotonic()
         timed_out = False
         with open(log_path, "wb") as log:
-            proc = subprocess.Popen(cmd, cwd=workspace, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
+            proc = subprocess.Popen(
+                cmd,
+                cwd=workspace,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
             try:
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
@@ -356,9 +443,15 @@ def run_pytest(
         counter.subset_runs += 1
         counter.subset_tests += len(outcomes)  # tests that actually ran (``-x`` may stop early)
     counter.seconds += duration
-    return TestReport(outcomes=outcomes, requested=list(node_ids) if node_ids is not None else None,
-                      exit_code=proc.returncode if not timed_out else -9, timed_out=timed_out,
-                      duration_s=duration, collect_errors=collect_errors, output_tail=tail)
+    return TestReport(
+        outcomes=outcomes,
+        requested=list(node_ids) if node_ids is not None else None,
+        exit_code=proc.returncode if not timed_out else -9,
+        timed_out=timed_out,
+        duration_s=duration,
+        collect_errors=collect_errors,
+        output_tail=tail,
+    )
 
 
 def _kill_group(proc: subprocess.Popen) -> None:
@@ -367,10 +460,20 @@ def _kill_group(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def run_python(python: Path, code: str, *, cwd: Path, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+def run_python(
+    python: Path, code: str, *, cwd: Path, timeout_s: float = 120.0
+) -> subprocess.CompletedProcess[str]:
     """Run a snippet in the task environment (clean env, no bytecode written), killed on timeout."""
-    proc = subprocess.Popen([str(python), "-c", code], cwd=cwd, env=_clean_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True, stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [str(python), "-c", code],
+        cwd=cwd,
+        env=_clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+    )
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:

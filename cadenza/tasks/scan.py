@@ -37,7 +37,20 @@ MAX_FILE_BYTES = 256 << 20
 MAX_DEPTH = 4
 _SIGNATURE = re.compile(r"^(async\s+def|def|class)\s+\w+|^@")
 _PRINTABLE = re.compile(rb"[\t\n\r\x20-\x7e]{8,}")
-_ARCHIVE_SUFFIXES = (".whl", ".zip", ".egg", ".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz", ".gz", ".jar")
+_ARCHIVE_SUFFIXES = (
+    ".whl",
+    ".zip",
+    ".egg",
+    ".tar",
+    ".tar.gz",
+    ".tgz",
+    ".tar.bz2",
+    ".tbz2",
+    ".tar.xz",
+    ".txz",
+    ".gz",
+    ".jar",
+)
 
 
 @dataclass(frozen=True)
@@ -59,12 +72,17 @@ def channel_of(path: str) -> str:
     """A human name for where a finding sits."""
     p = path.replace("\\", "/")
     rules = [
-        ("git", ("/.git/", ".git (objects)")), ("bytecode", ("__pycache__", ".pyc")),
-        ("mypy-cache", (".mypy_cache",)), ("tool-cache", (".pytest_cache", ".ruff_cache", ".hypothesis", ".coverage")),
-        ("egg-info", (".egg-info", "PKG-INFO", "SOURCES.txt")), ("dist-info", (".dist-info",)),
+        ("git", ("/.git/", ".git (objects)")),
+        ("bytecode", ("__pycache__", ".pyc")),
+        ("mypy-cache", (".mypy_cache",)),
+        ("tool-cache", (".pytest_cache", ".ruff_cache", ".hypothesis", ".coverage")),
+        ("egg-info", (".egg-info", "PKG-INFO", "SOURCES.txt")),
+        ("dist-info", (".dist-info",)),
         ("pip-cache", ("/pip/", "pip-cache", "/http-v2/", "/wheels/")),
-        ("archive", (*_ARCHIVE_SUFFIXES, "!")), ("build-dir", ("/build/", "/dist/", "/.tox/", "/.nox/")),
-        ("site-packages", ("site-packages", "dist-packages")), ("stub", (".pyi",)),
+        ("archive", (*_ARCHIVE_SUFFIXES, "!")),
+        ("build-dir", ("/build/", "/dist/", "/.tox/", "/.nox/")),
+        ("site-packages", ("site-packages", "dist-packages")),
+        ("stub", (".pyi",)),
         ("docs", (".md", ".rst", ".txt", ".ipynb", ".html", "/doc/", "/docs/")),
     ]
     for name, keys in rules:
@@ -119,7 +137,9 @@ def read_content(name: str, data: bytes, depth: int = 0) -> _Content:
             return out
         except (zipfile.BadZipFile, OSError, RuntimeError, ValueError, EOFError):
             pass
-    if depth < MAX_DEPTH and (data[:2] == b"\x1f\x8b" or low.endswith((".tar", ".tar.bz2", ".tbz2", ".tar.xz", ".txz"))):
+    if depth < MAX_DEPTH and (
+        data[:2] == b"\x1f\x8b" or low.endswith((".tar", ".tar.bz2", ".tbz2", ".tar.xz", ".txz"))
+    ):
         try:
             with tarfile.open(fileobj=io.BytesIO(data)) as tf:
                 for member in tf:
@@ -132,7 +152,9 @@ def read_content(name: str, data: bytes, depth: int = 0) -> _Content:
             pass
         if data[:2] == b"\x1f\x8b":
             try:
-                return read_content(name[:-3] if low.endswith(".gz") else name, gzip.decompress(data), depth + 1)
+                return read_content(
+                    name[:-3] if low.endswith(".gz") else name, gzip.decompress(data), depth + 1
+                )
             except (OSError, EOFError, ValueError):
                 pass
     if data[:4] == importlib.util.MAGIC_NUMBER and len(data) > 16:
@@ -169,8 +191,13 @@ def _git_objects(repo: Path) -> bytes:
     """Every object of the repository (history, reflog, stash, dangling, packed, alternates)."""
     env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
     try:
-        res = subprocess.run(["git", "-C", str(repo), "cat-file", "--batch-all-objects", "--batch", "--unordered"],
-                             capture_output=True, timeout=300, env=env, stdin=subprocess.DEVNULL)
+        res = subprocess.run(
+            ["git", "-C", str(repo), "cat-file", "--batch-all-objects", "--batch", "--unordered"],
+            capture_output=True,
+            timeout=300,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return b""
     return res.stdout
@@ -180,10 +207,22 @@ def git_commit_count(repo: Path) -> int | None:
     """Commits reachable from any ref, the reflog or a stash (``None`` if not a readable repo)."""
     env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull}
     try:
-        res = subprocess.run(["git", "-C", str(repo), "rev-list", "--all", "--reflog", "--count"],
-                             capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
-        commits = subprocess.run(["git", "-C", str(repo), "cat-file", "--batch-all-objects", "--batch-check"],
-                                 capture_output=True, text=True, timeout=120, env=env, stdin=subprocess.DEVNULL)
+        res = subprocess.run(
+            ["git", "-C", str(repo), "rev-list", "--all", "--reflog", "--count"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
+        commits = subprocess.run(
+            ["git", "-C", str(repo), "cat-file", "--batch-all-objects", "--batch-check"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     if res.returncode != 0:
@@ -209,18 +248,27 @@ def env_roots(env_dir: Path) -> list[Path]:
     queue = list(env_dir.glob("lib*/python*/site-packages"))
     python = env_dir / "bin" / "python"
     if python.exists():
-        code = ("import sys, json, sysconfig; p = sysconfig.get_paths();"
-                " print(json.dumps([sys.path, [p['stdlib'], p['platstdlib']]]))")
+        code = (
+            "import sys, json, sysconfig; p = sysconfig.get_paths();"
+            " print(json.dumps([sys.path, [p['stdlib'], p['platstdlib']]]))"
+        )
         try:
-            res = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=60, cwd="/",
-                                 stdin=subprocess.DEVNULL)
+            res = subprocess.run(
+                [str(python), "-c", code],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                cwd="/",
+                stdin=subprocess.DEVNULL,
+            )
             if res.returncode == 0:
                 path, env_std = json.loads(res.stdout.strip().splitlines()[-1])
                 stdlib = _stdlib_dirs() | {os.path.realpath(p) for p in env_std}
                 for p in path:
                     real = os.path.realpath(p) if p else ""
                     in_stdlib = any(real == d or real.startswith(d + os.sep) for d in stdlib) and not (
-                        "site-packages" in real or "dist-packages" in real)
+                        "site-packages" in real or "dist-packages" in real
+                    )
                     if real and os.path.isdir(real) and not in_stdlib and real != "/":
                         queue.append(Path(real))
         except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
@@ -236,7 +284,9 @@ def env_roots(env_dir: Path) -> list[Path]:
             for line in pth.read_text(errors="replace").splitlines():
                 line = line.strip()
                 if line.startswith(("import ", "import\t")):  # e.g. site.addsitedir('/base/site-packages')
-                    queue.extend(Path(m) for m in re.findall(r"['\"](/[^'\"]+)['\"]", line) if os.path.isdir(m))
+                    queue.extend(
+                        Path(m) for m in re.findall(r"['\"](/[^'\"]+)['\"]", line) if os.path.isdir(m)
+                    )
                 elif line and not line.startswith("#"):
                     queue.append(Path(real) / line)
         for finder in Path(real).glob("__editable__*.py"):
@@ -302,7 +352,11 @@ def match(secret: Secret, display: str, content: _Content) -> str | None:
     codes = secret.codes & content.codes
     if codes:
         return f"compiled code of {sorted(codes)[0][0]}"
-    found = sorted(q for s, q in secret.removed_names if (s, q) in content.stub_defs or ("__init__", q) in content.stub_defs)
+    found = sorted(
+        q
+        for s, q in secret.removed_names
+        if (s, q) in content.stub_defs or ("__init__", q) in content.stub_defs
+    )
     if found:
         return f"stub of removed {found[0]}"
     return None
@@ -347,11 +401,16 @@ def _root_index(root: Path) -> _RootIndex | None:
 
 
 def _may_hold(idx: _RootIndex, secret: Secret) -> bool:
-    return bool(secret.needles & idx.lines or secret.codes & idx.codes
-                or any((s, q) in idx.stubs or ("__init__", q) in idx.stubs for s, q in secret.removed_names))
+    return bool(
+        secret.needles & idx.lines
+        or secret.codes & idx.codes
+        or any((s, q) in idx.stubs or ("__init__", q) in idx.stubs for s, q in secret.removed_names)
+    )
 
 
-def scan_paths(targets: Iterable[tuple[Path, Secret]], shared: Iterable[tuple[Path, Secret]] = ()) -> list[Finding]:
+def scan_paths(
+    targets: Iterable[tuple[Path, Secret]], shared: Iterable[tuple[Path, Secret]] = ()
+) -> list[Finding]:
     """Scan each (root, secret) pair; files reachable from several roots are read once.
 
     ``shared`` roots (a base environment many tasks chain) are summarised once per process and
@@ -378,8 +437,15 @@ def scan_paths(targets: Iterable[tuple[Path, Secret]], shared: Iterable[tuple[Pa
             content = read_content(display, _git_objects(repo))
             count = git_commit_count(repo)
             if count is not None and count > 1:
-                findings.extend(Finding(task_id=s.task_id, path=display, channel="git",
-                                        evidence=f"{count} commits (history must be a single commit)") for s in secrets)
+                findings.extend(
+                    Finding(
+                        task_id=s.task_id,
+                        path=display,
+                        channel="git",
+                        evidence=f"{count} commits (history must be a single commit)",
+                    )
+                    for s in secrets
+                )
             display = f"{display} (objects)"
         else:
             try:
@@ -391,7 +457,9 @@ def scan_paths(targets: Iterable[tuple[Path, Secret]], shared: Iterable[tuple[Pa
         for s in secrets:
             evidence = match(s, display, content)
             if evidence:
-                findings.append(Finding(task_id=s.task_id, path=display, channel=channel_of(display), evidence=evidence))
+                findings.append(
+                    Finding(task_id=s.task_id, path=display, channel=channel_of(display), evidence=evidence)
+                )
     return findings
 
 
@@ -422,12 +490,25 @@ def scan_tasks(task_dirs: Iterable[Path]) -> list[Finding]:
                 inside = (os.path.realpath(root) + os.sep).startswith(own)
                 (targets if inside else shared).append((root, secret))
         # The statement may quote signatures and docstrings (what a developer could know), never bodies.
-        body = {n for n in secret.needles - secret.docstring_lines - secret.signature_lines if not _SIGNATURE.match(n)}
-        code_only = dataclasses.replace(secret, needles=frozenset(body), codes=frozenset(), removed_names=frozenset())
+        body = {
+            n
+            for n in secret.needles - secret.docstring_lines - secret.signature_lines
+            if not _SIGNATURE.match(n)
+        }
+        code_only = dataclasses.replace(
+            secret, needles=frozenset(body), codes=frozenset(), removed_names=frozenset()
+        )
         statement = _Content(_lines_of_text(task.statement), set(), set())
         evidence = match(code_only, "task.json:statement", statement)
         if evidence:
-            findings.append(Finding(task_id=task.id, path=str(Path(task_dir) / "task.json"), channel="statement", evidence=evidence))
+            findings.append(
+                Finding(
+                    task_id=task.id,
+                    path=str(Path(task_dir) / "task.json"),
+                    channel="statement",
+                    evidence=evidence,
+                )
+            )
     return findings + scan_paths(targets, shared)
 
 
@@ -437,4 +518,3 @@ def find_task_dirs(path: Path) -> list[Path]:
     if (path / "task.json").is_file():
         return [path]
     return sorted(p.parent for p in path.glob("*/task.json") if not p.parent.name.startswith("."))
-

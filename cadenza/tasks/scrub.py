@@ -20,17 +20,50 @@ from cadenza.errors import CadenzaError
 from cadenza.tasks.scan import env_roots, read_content, scan_paths
 from cadenza.tasks.secret import Secret, stub_definitions
 
-CACHE_DIRS = frozenset({"__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".hypothesis",
-                        ".tox", ".nox", ".eggs", "htmlcov", ".pyre", ".pytype", ".dmypy"})
+CACHE_DIRS = frozenset(
+    {
+        "__pycache__",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".hypothesis",
+        ".tox",
+        ".nox",
+        ".eggs",
+        "htmlcov",
+        ".pyre",
+        ".pytype",
+        ".dmypy",
+    }
+)
 BUILD_DIRS = frozenset({"build", "dist"})
 JUNK_FILES_SUFFIX = (".pyc", ".pyo", ".orig", ".rej")
 GIT_IDENTITY = {
-    "GIT_AUTHOR_NAME": "cadenza", "GIT_AUTHOR_EMAIL": "tasks@cadenza.invalid",
-    "GIT_COMMITTER_NAME": "cadenza", "GIT_COMMITTER_EMAIL": "tasks@cadenza.invalid",
-    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000", "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
-    "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": os.devnull,
+    "GIT_AUTHOR_NAME": "cadenza",
+    "GIT_AUTHOR_EMAIL": "tasks@cadenza.invalid",
+    "GIT_COMMITTER_NAME": "cadenza",
+    "GIT_COMMITTER_EMAIL": "tasks@cadenza.invalid",
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00+0000",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00+0000",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    "GIT_CONFIG_GLOBAL": os.devnull,
 }
-TEXT_DOC_SUFFIXES = (".md", ".rst", ".txt", ".html", ".htm", ".ipynb", ".tex", ".adoc", ".org", ".cfg", ".toml", ".json", ".yaml", ".yml")
+TEXT_DOC_SUFFIXES = (
+    ".md",
+    ".rst",
+    ".txt",
+    ".html",
+    ".htm",
+    ".ipynb",
+    ".tex",
+    ".adoc",
+    ".org",
+    ".cfg",
+    ".toml",
+    ".json",
+    ".yaml",
+    ".yml",
+)
 
 
 @dataclass
@@ -40,8 +73,12 @@ class ScrubReport:
 
 
 def _is_junk_file(name: str) -> bool:
-    return (name.endswith(JUNK_FILES_SUFFIX) or name == ".coverage" or name.startswith(".coverage.")
-            or name in ("coverage.xml", ".git", ".gitmodules", "pip-log.txt"))
+    return (
+        name.endswith(JUNK_FILES_SUFFIX)
+        or name == ".coverage"
+        or name.startswith(".coverage.")
+        or name in ("coverage.xml", ".git", ".gitmodules", "pip-log.txt")
+    )
 
 
 def _is_junk_dir(path: Path) -> bool:
@@ -74,7 +111,9 @@ def remove_junk(workspace: Path, report: ScrubReport) -> None:
         dirnames[:] = keep
         for name in filenames:
             p = d / name
-            outside = p.is_symlink() and not os.path.realpath(p).startswith(os.path.realpath(workspace) + os.sep)
+            outside = p.is_symlink() and not os.path.realpath(p).startswith(
+                os.path.realpath(workspace) + os.sep
+            )
             if _is_junk_file(name) or outside:
                 p.unlink()
                 report.removed.append(str(p.relative_to(workspace)))
@@ -92,8 +131,14 @@ def scrub_stubs(workspace: Path, secret: Secret, report: ScrubReport) -> None:
         if stub.stem not in stems and stub.stem != "__init__":
             continue
         text = stub.read_text(errors="replace")
-        spans = sorted(span for q, spans in stub_definitions(text).items() for span in spans
-                       if any(q == name and (s == stub.stem or stub.stem == "__init__") for s, name in secret.removed_names))
+        spans = sorted(
+            span
+            for q, spans in stub_definitions(text).items()
+            for span in spans
+            if any(
+                q == name and (s == stub.stem or stub.stem == "__init__") for s, name in secret.removed_names
+            )
+        )
         if not spans:
             continue
         lines = text.splitlines(keepends=True)
@@ -142,14 +187,36 @@ def fresh_git(workspace: Path) -> None:
     if git_dir.exists() or git_dir.is_symlink():
         shutil.rmtree(git_dir) if git_dir.is_dir() and not git_dir.is_symlink() else git_dir.unlink()
     env = {**os.environ, **GIT_IDENTITY}
-    base = ["git", "-C", str(workspace), "-c", "init.defaultBranch=main", "-c", "core.hooksPath=/dev/null",
-            "-c", "commit.gpgsign=false", "-c", "core.logAllRefUpdates=false", "-c", "gc.auto=0"]
+    base = [
+        "git",
+        "-C",
+        str(workspace),
+        "-c",
+        "init.defaultBranch=main",
+        "-c",
+        "core.hooksPath=/dev/null",
+        "-c",
+        "commit.gpgsign=false",
+        "-c",
+        "core.logAllRefUpdates=false",
+        "-c",
+        "gc.auto=0",
+    ]
     try:
-        for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "--no-verify", "--allow-empty", "-m", "Task workspace"],
-                     ["config", "core.logAllRefUpdates", "false"], ["config", "gc.auto", "0"]):
-            subprocess.run(base + args, check=True, capture_output=True, env=env, timeout=300, stdin=subprocess.DEVNULL)
+        for args in (
+            ["init", "-q"],
+            ["add", "-A"],
+            ["commit", "-q", "--no-verify", "--allow-empty", "-m", "Task workspace"],
+            ["config", "core.logAllRefUpdates", "false"],
+            ["config", "gc.auto", "0"],
+        ):
+            subprocess.run(
+                base + args, check=True, capture_output=True, env=env, timeout=300, stdin=subprocess.DEVNULL
+            )
     except subprocess.CalledProcessError as exc:
-        raise CadenzaError(f"git failed in {workspace}: {exc.stderr.decode(errors='replace').strip()[:200]}") from None
+        raise CadenzaError(
+            f"git failed in {workspace}: {exc.stderr.decode(errors='replace').strip()[:200]}"
+        ) from None
     except FileNotFoundError:
         raise CadenzaError("git is not installed; install it (apt-get install git) to build tasks") from None
     for leftover in ("logs", "hooks", "COMMIT_EDITMSG", "description", "ORIG_HEAD", "FETCH_HEAD"):
@@ -218,7 +285,11 @@ def _records_files(dist: Path) -> bool:
     record = dist / "RECORD"
     if not record.is_file():
         return False
-    return any(not ln.split(",")[0].startswith(dist.name) for ln in record.read_text(errors="replace").splitlines() if ln.strip())
+    return any(
+        not ln.split(",")[0].startswith(dist.name)
+        for ln in record.read_text(errors="replace").splitlines()
+        if ln.strip()
+    )
 
 
 def _is_editable(dist: Path) -> bool:

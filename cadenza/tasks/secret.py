@@ -17,13 +17,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # Directory names that are never reference source: caches, builds, VCS and environment dirs.
-JUNK_DIRS = frozenset({
-    ".git", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".hypothesis",
-    "build", "dist", ".tox", ".nox", ".eggs", ".venv", "venv", "node_modules", ".pyre", ".pytype",
-})
+JUNK_DIRS = frozenset(
+    {
+        ".git",
+        "__pycache__",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".hypothesis",
+        "build",
+        "dist",
+        ".tox",
+        ".nox",
+        ".eggs",
+        ".venv",
+        "venv",
+        "node_modules",
+        ".pyre",
+        ".pytype",
+    }
+)
 MIN_NEEDLE_LEN = 10
 # A line this common in Python code is no evidence on its own.
-_IMPORT = re.compile(r"^(import\s|from\s+\S+\s+import\s|if __name__ == |if TYPE_CHECKING:|raise NotImplementedError|super\(\)\.__init__\()")
+_IMPORT = re.compile(
+    r"^(import\s|from\s+\S+\s+import\s|if __name__ == |if TYPE_CHECKING:|raise NotImplementedError|super\(\)\.__init__\()"
+)
 _GENERIC = re.compile(
     r"^(return|pass|else:|try:|finally:|raise|continue|break|yield|\)|\]|\}|\"\"\"|'''|#)"
     r"(\s*(None|True|False|self|cls|result|value|key|\w{1,3}))?[\s:,)\]}]*$"
@@ -49,8 +67,14 @@ def parse_patch(text: str) -> list[PatchedFile]:
 
     def flush() -> None:
         if path is not None:
-            files.append(PatchedFile(path=path, hunks=tuple((s, tuple(h)) for s, h in hunks),
-                                     new_file=new, deleted_file=deleted))
+            files.append(
+                PatchedFile(
+                    path=path,
+                    hunks=tuple((s, tuple(h)) for s, h in hunks),
+                    new_file=new,
+                    deleted_file=deleted,
+                )
+            )
 
     lines = text.splitlines()
     i = 0
@@ -102,11 +126,11 @@ def apply_hunks(post: str, pf: PatchedFile) -> str:
 
 
 def _locate(src: list[str], old: list[str], guess: int) -> int:
-    if not old or src[guess:guess + len(old)] == old:
+    if not old or src[guess : guess + len(old)] == old:
         return guess
     for delta in range(1, len(src) + 1):
         for at in (guess - delta, guess + delta):
-            if 0 <= at <= len(src) - len(old) and src[at:at + len(old)] == old:
+            if 0 <= at <= len(src) - len(old) and src[at : at + len(old)] == old:
                 return at
     return guess
 
@@ -144,7 +168,12 @@ def candidate_lines(added: Iterable[str]) -> set[str]:
     out = set()
     for line in added:
         s = line.strip()
-        if len(s) >= MIN_NEEDLE_LEN and re.search(r"[A-Za-z0-9]", s) and not _GENERIC.match(s) and not _IMPORT.match(s):
+        if (
+            len(s) >= MIN_NEEDLE_LEN
+            and re.search(r"[A-Za-z0-9]", s)
+            and not _GENERIC.match(s)
+            and not _IMPORT.match(s)
+        ):
             out.add(s)
     return out
 
@@ -193,10 +222,16 @@ def derive_secret(task_id: str, workspace: Path, patch_text: str) -> Secret:
                 continue  # a copy of the deleted code elsewhere, not reference material
             common |= hits
     needles = frozenset(cands - common)
-    return Secret(task_id=task_id, needles=needles, codes=frozenset(codes), removed_names=frozenset(names),
-                  docstring_lines=needles & frozenset(docs), signature_lines=needles & frozenset(headers),
-                  removed_files=frozenset(removed_files),
-                  candidates=frozenset(cands))
+    return Secret(
+        task_id=task_id,
+        needles=needles,
+        codes=frozenset(codes),
+        removed_names=frozenset(names),
+        docstring_lines=needles & frozenset(docs),
+        signature_lines=needles & frozenset(headers),
+        removed_files=frozenset(removed_files),
+        candidates=frozenset(cands),
+    )
 
 
 def _docstring_lines(source: str) -> set[str]:
@@ -225,7 +260,7 @@ def _header_lines(source: str) -> set[str]:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) and node.body:
             start = min([node.lineno] + [d.lineno for d in node.decorator_list])
             end = max(node.body[0].lineno - 1, node.lineno)
-            out |= {ln.strip() for ln in lines[start - 1:end] if ln.strip()}
+            out |= {ln.strip() for ln in lines[start - 1 : end] if ln.strip()}
     return out
 
 

@@ -28,14 +28,49 @@ Layout = Literal["flat", "src", "tests-inside-package"]
 
 #: Directories never copied from a source (build outputs, caches, VCS and tool state).
 IGNORED_DIRS = {
-    ".git", ".hg", ".svn", "__pycache__", ".mypy_cache", ".pytest_cache", ".ruff_cache", ".hypothesis",
-    ".tox", ".nox", ".venv", "venv", ".eggs", "build", "dist", "node_modules", ".idea", ".vscode",
+    ".git",
+    ".hg",
+    ".svn",
+    "__pycache__",
+    ".mypy_cache",
+    ".pytest_cache",
+    ".ruff_cache",
+    ".hypothesis",
+    ".tox",
+    ".nox",
+    ".venv",
+    "venv",
+    ".eggs",
+    "build",
+    "dist",
+    "node_modules",
+    ".idea",
+    ".vscode",
 }
 IGNORED_SUFFIXES = (".pyc", ".pyo", ".egg-info")
 #: Top-level names that are never the project's importable package.
 NON_PACKAGE_NAMES = {
-    "test", "tests", "testing", "docs", "doc", "examples", "example", "benchmarks", "benchmark", "bench",
-    "scripts", "tools", "ci", "setup", "conftest", "noxfile", "tasks", "fabfile", "build", "dist", "site",
+    "test",
+    "tests",
+    "testing",
+    "docs",
+    "doc",
+    "examples",
+    "example",
+    "benchmarks",
+    "benchmark",
+    "bench",
+    "scripts",
+    "tools",
+    "ci",
+    "setup",
+    "conftest",
+    "noxfile",
+    "tasks",
+    "fabfile",
+    "build",
+    "dist",
+    "site",
 }
 TEST_DIR_NAMES = {"test", "tests", "testing"}
 SDIST_SUFFIXES = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".zip")
@@ -104,11 +139,13 @@ def fetch_source(spec: str, dest: Path) -> SourceInfo:
         raise SourceError(f"destination {dest} already exists; pass an empty work directory")
     dest.parent.mkdir(parents=True, exist_ok=True)
     if spec.startswith("pypi:"):
-        _fetch_pypi(spec[len("pypi:"):].strip(), dest)
+        _fetch_pypi(spec[len("pypi:") :].strip(), dest)
     else:
         src = Path(spec).expanduser()
         if not src.exists():
-            raise SourceError(f"source {spec} does not exist; pass a directory, a git repository or pypi:NAME")
+            raise SourceError(
+                f"source {spec} does not exist; pass a directory, a git repository or pypi:NAME"
+            )
         if src.is_file() and src.name.endswith(SDIST_SUFFIXES):
             _unpack(src, dest, f"source {spec}")
             return describe_source(spec, dest)
@@ -130,7 +167,9 @@ def _fetch_git(src: Path, dest: Path) -> None:
     )
     if proc.returncode != 0:
         msg = proc.stderr.decode(errors="replace").strip().splitlines()
-        raise SourceError(f"git source {src}: cannot read HEAD ({msg[-1] if msg else 'git archive failed'}); commit the tree first")
+        raise SourceError(
+            f"git source {src}: cannot read HEAD ({msg[-1] if msg else 'git archive failed'}); commit the tree first"
+        )
     dest.mkdir()
     with tempfile.TemporaryFile() as fh:
         fh.write(proc.stdout)
@@ -144,7 +183,9 @@ def _fetch_git(src: Path, dest: Path) -> None:
 
 def _fetch_pypi(req: str, dest: Path) -> None:
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*(\s*==\s*[A-Za-z0-9.+!_-]+)?", req):
-        raise SourceError(f"pypi source '{req}' is not NAME or NAME==VERSION; write e.g. pypi:cachetools==5.3.3")
+        raise SourceError(
+            f"pypi source '{req}' is not NAME or NAME==VERSION; write e.g. pypi:cachetools==5.3.3"
+        )
     with tempfile.TemporaryDirectory(prefix="cadenza-sdist-") as tmp:
         files, reason = _pip_download(req.replace(" ", ""), Path(tmp))
         if not files:
@@ -161,7 +202,9 @@ def _unpack(archive: Path, dest: Path, label: str) -> None:
                 with zipfile.ZipFile(archive) as zf:
                     for member in zf.namelist():
                         if not (unpack / member).resolve().is_relative_to(unpack.resolve()):
-                            raise SourceError(f"{label}: archive has an unsafe path {member}; refusing to unpack it")
+                            raise SourceError(
+                                f"{label}: archive has an unsafe path {member}; refusing to unpack it"
+                            )
                     zf.extractall(unpack)
             except zipfile.BadZipFile as exc:
                 raise SourceError(f"{label}: {archive.name} cannot be unpacked ({exc})") from None
@@ -183,8 +226,20 @@ def _pip_download(req: str, dest: Path) -> tuple[list[Path], str]:
     faster, so it is tried first (it works when this interpreter has the build backend) and the
     isolated build is the fallback.
     """
-    base = [sys.executable, "-m", "pip", "download", "--no-binary", ":all:", "--no-deps", "--no-cache-dir", "-q",
-            "-d", str(dest), req]
+    base = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-binary",
+        ":all:",
+        "--no-deps",
+        "--no-cache-dir",
+        "-q",
+        "-d",
+        str(dest),
+        req,
+    ]
     env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     reason = "no sdist downloaded"
     for extra in (["--no-build-isolation"], []):
@@ -197,7 +252,9 @@ def _pip_download(req: str, dest: Path) -> tuple[list[Path], str]:
         if proc.returncode == 0 and files:
             return files, ""
         errs = [ln for ln in proc.stderr.splitlines() if ln.startswith("ERROR")]
-        reason = errs[-1] if errs else reason  # (a failed metadata build also reads "no matching distribution")
+        reason = (
+            errs[-1] if errs else reason
+        )  # (a failed metadata build also reads "no matching distribution")
     return [], reason
 
 
@@ -218,7 +275,19 @@ def find_test_paths(root: Path) -> list[str]:
         rel = path.relative_to(root)
         if not path.is_file() or any(part in IGNORED_DIRS for part in rel.parts):
             continue
-        if _is_test_file(rel) and path.suffix in {".py", ".txt", ".json", ".cfg", ".ini", ".yaml", ".yml", ".toml", ".md", ".rst", ""}:
+        if _is_test_file(rel) and path.suffix in {
+            ".py",
+            ".txt",
+            ".json",
+            ".cfg",
+            ".ini",
+            ".yaml",
+            ".yml",
+            ".toml",
+            ".md",
+            ".rst",
+            "",
+        }:
             out.append(rel.as_posix())
     for cfg in ("pytest.ini", "pyproject.toml", "setup.cfg", "tox.ini", "conftest.py"):
         if (root / cfg).is_file() and cfg not in out:
@@ -274,15 +343,22 @@ def _candidates(base: Path) -> dict[str, str]:
         if stem in NON_PACKAGE_NAMES or stem.startswith((".", "_")) or not stem.isidentifier():
             continue
         if (entry.is_dir() and (entry / "__init__.py").is_file()) or (
-            entry.is_file() and entry.suffix == ".py" and not stem.startswith("test_") and not stem.endswith("_test")
+            entry.is_file()
+            and entry.suffix == ".py"
+            and not stem.startswith("test_")
+            and not stem.endswith("_test")
         ):
             out[stem] = entry.name
     if not out:
         # PEP 420 namespace packages: a plain directory holding a regular package one level down.
         for entry in sorted(base.iterdir()):
-            if (entry.is_dir() and entry.name.isidentifier() and entry.name not in NON_PACKAGE_NAMES
-                    and not entry.name.startswith((".", "_"))
-                    and any((sub / "__init__.py").is_file() for sub in entry.iterdir() if sub.is_dir())):
+            if (
+                entry.is_dir()
+                and entry.name.isidentifier()
+                and entry.name not in NON_PACKAGE_NAMES
+                and not entry.name.startswith((".", "_"))
+                and any((sub / "__init__.py").is_file() for sub in entry.iterdir() if sub.is_dir())
+            ):
                 out[entry.name] = entry.name
     return out
 
@@ -290,7 +366,9 @@ def _candidates(base: Path) -> dict[str, str]:
 def describe_source(spec: str, root: Path) -> SourceInfo:
     """Inspect a copied tree: layout, import names, version, tests, content hash."""
     root = Path(root)
-    py_files = [p for p in root.rglob("*.py") if not any(part in IGNORED_DIRS for part in p.relative_to(root).parts)]
+    py_files = [
+        p for p in root.rglob("*.py") if not any(part in IGNORED_DIRS for part in p.relative_to(root).parts)
+    ]
     if not py_files:
         raise SourceError(f"source {spec} contains no Python files; pass a Python project")
     dist, version = _read_metadata(root)
@@ -300,7 +378,9 @@ def describe_source(spec: str, root: Path) -> SourceInfo:
     else:
         import_root, found = ".", _candidates(root)
     if not found:
-        raise SourceError(f"source {spec} has no importable package (no dir with __init__.py or module at top level or in src/)")
+        raise SourceError(
+            f"source {spec} has no importable package (no dir with __init__.py or module at top level or in src/)"
+        )
     # Prefer names matching the distribution; otherwise keep every package-like name.
     if dist and _norm(dist) in {_norm(k) for k in found}:
         main = next(k for k in found if _norm(k) == _norm(dist))
@@ -310,8 +390,14 @@ def describe_source(spec: str, root: Path) -> SourceInfo:
         packages = list(found)
     package_dirs = {k: (f"{import_root}/{found[k]}" if import_root != "." else found[k]) for k in packages}
     test_paths = find_test_paths(root)
-    test_py = [t for t in test_paths if t.endswith(".py") and Path(t).name != "conftest.py" and is_test_path(t)]
-    test_modules = [t for t in test_py if Path(t).name.startswith("test") or t.endswith("_test.py") or "tests" in Path(t).parts]
+    test_py = [
+        t for t in test_paths if t.endswith(".py") and Path(t).name != "conftest.py" and is_test_path(t)
+    ]
+    test_modules = [
+        t
+        for t in test_py
+        if Path(t).name.startswith("test") or t.endswith("_test.py") or "tests" in Path(t).parts
+    ]
     if not test_modules:
         what = f"the sdist of {spec}" if spec.startswith("pypi:") else f"source {spec}"
         raise SourceError(

@@ -83,22 +83,32 @@ def leaks(statement: str, deletion: Deletion) -> list[str]:
     return out
 
 
-def llm_statement(deletion: Deletion, fail_to_pass: list[str], *, url: str, model: str = "default",
-                  timeout_s: float = 60.0) -> str | None:
+def llm_statement(
+    deletion: Deletion, fail_to_pass: list[str], *, url: str, model: str = "default", timeout_s: float = 60.0
+) -> str | None:
     """Ask an OpenAI-compatible endpoint to rewrite the template; None on any failure or leak."""
     facts = template_statement(deletion, fail_to_pass)
     body = {
         "model": model,
         "temperature": 0.2,
         "messages": [
-            {"role": "system", "content": "You write concise issue descriptions for software tasks. Never include code "
-             "that implements the feature; describe behaviour only, using the facts given."},
-            {"role": "user", "content": f"Rewrite this task description as a clear issue, keeping the signature and "
-             f"the test list verbatim:\n\n{facts}"},
+            {
+                "role": "system",
+                "content": "You write concise issue descriptions for software tasks. Never include code "
+                "that implements the feature; describe behaviour only, using the facts given.",
+            },
+            {
+                "role": "user",
+                "content": f"Rewrite this task description as a clear issue, keeping the signature and "
+                f"the test list verbatim:\n\n{facts}",
+            },
         ],
     }
-    req = urllib.request.Request(url.rstrip("/") + "/chat/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url.rstrip("/") + "/chat/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             text = json.loads(resp.read())["choices"][0]["message"]["content"]
@@ -109,8 +119,9 @@ def llm_statement(deletion: Deletion, fail_to_pass: list[str], *, url: str, mode
     return text.strip() + "\n"
 
 
-def write_statement(deletion: Deletion, fail_to_pass: list[str], *, llm_url: str | None = None,
-                    llm_model: str = "default") -> str:
+def write_statement(
+    deletion: Deletion, fail_to_pass: list[str], *, llm_url: str | None = None, llm_model: str = "default"
+) -> str:
     """The task statement: LLM-written when ``llm_url`` is given and it answers cleanly, else the template."""
     if llm_url:
         text = llm_statement(deletion, fail_to_pass, url=llm_url, model=llm_model)

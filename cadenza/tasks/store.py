@@ -104,14 +104,20 @@ class TaskStore:
         self.root = Path(root)
         if not self.root.exists():
             if not create:
-                raise CadenzaError(f"{self.root} does not exist; build a task set with 'cadenza tasks build SOURCE --out {self.root}'")
+                raise CadenzaError(
+                    f"{self.root} does not exist; build a task set with 'cadenza tasks build SOURCE --out {self.root}'"
+                )
             self.root.mkdir(parents=True)
         if not self.root.is_dir():
             raise CadenzaError(f"{self.root} is not a directory; pass a task set directory")
         if create and not (self.root / INDEX).is_file() and any(self.root.iterdir()):
-            raise CadenzaError(f"{self.root} is not empty and not a task set; pass a new or empty directory to --out")
+            raise CadenzaError(
+                f"{self.root} is not empty and not a task set; pass a new or empty directory to --out"
+            )
         if not create and not (self.root / INDEX).is_file():
-            raise CadenzaError(f"{self.root} is not a task set (no {INDEX}); build one with 'cadenza tasks build SOURCE --out {self.root}'")
+            raise CadenzaError(
+                f"{self.root} is not a task set (no {INDEX}); build one with 'cadenza tasks build SOURCE --out {self.root}'"
+            )
         self._migrate()
         self.recover()
 
@@ -140,14 +146,18 @@ class TaskStore:
                 row = con.execute("SELECT MAX(version) FROM schema_version").fetchone()
                 version = row[0] or 0
                 if version > len(MIGRATIONS):
-                    raise CadenzaError(f"{self.root / INDEX} has schema version {version}, newer than this cadenza; upgrade cadenza")
+                    raise CadenzaError(
+                        f"{self.root / INDEX} has schema version {version}, newer than this cadenza; upgrade cadenza"
+                    )
                 for n in range(version, len(MIGRATIONS)):
                     for stmt in MIGRATIONS[n].split(";"):
                         if stmt.strip():
                             con.execute(stmt)
                     con.execute("INSERT INTO schema_version (version) VALUES (?)", (n + 1,))
         except sqlite3.DatabaseError as exc:
-            raise CadenzaError(f"{self.root / INDEX} is not a readable task index ({exc}); move it away and rerun the build") from None
+            raise CadenzaError(
+                f"{self.root / INDEX} is not a readable task index ({exc}); move it away and rerun the build"
+            ) from None
 
     @property
     def schema_version(self) -> int:
@@ -165,7 +175,11 @@ class TaskStore:
                     continue  # another live build is assembling this one
                 shutil.rmtree(leftover, ignore_errors=True)
         with self.db() as con:  # list dirs under the write lock: publish() renames under it too
-            on_disk = {p.parent.name: p.parent for p in self.root.glob(f"*/{TASK_JSON}") if not p.parent.name.startswith(".")}
+            on_disk = {
+                p.parent.name: p.parent
+                for p in self.root.glob(f"*/{TASK_JSON}")
+                if not p.parent.name.startswith(".")
+            }
             indexed = {r["id"] for r in con.execute("SELECT id FROM tasks")}
             for gone in indexed - set(on_disk):
                 con.execute("DELETE FROM tasks WHERE id = ?", (gone,))
@@ -182,15 +196,27 @@ class TaskStore:
         cur = con.execute(
             "INSERT OR IGNORE INTO tasks (id, spec, source, level, qualname, kind, path, f2p, p2p, state, created)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'ready', ?)",
-            (task.id, str(task.meta.get("spec", task.source)), task.source, task.level, task.feature.qualname, task.feature.kind, task.feature.path,
-             len(task.fail_to_pass), len(task.pass_to_pass), _now()),
+            (
+                task.id,
+                str(task.meta.get("spec", task.source)),
+                task.source,
+                task.level,
+                task.feature.qualname,
+                task.feature.kind,
+                task.feature.path,
+                len(task.fail_to_pass),
+                len(task.pass_to_pass),
+                _now(),
+            ),
         )
         return cur.rowcount == 1
 
     def has(self, task: Task) -> bool:
         with self.db() as con:
-            row = con.execute("SELECT 1 FROM tasks WHERE id = ? OR (source = ? AND qualname = ? AND level = ?)",
-                              (task.id, task.source, task.feature.qualname, task.level)).fetchone()
+            row = con.execute(
+                "SELECT 1 FROM tasks WHERE id = ? OR (source = ? AND qualname = ? AND level = ?)",
+                (task.id, task.source, task.feature.qualname, task.level),
+            ).fetchone()
         return row is not None or (self.root / task.id).exists()
 
     @contextlib.contextmanager
@@ -215,12 +241,17 @@ class TaskStore:
             raise AssertionError("publish() needs task.json written last in the staging dir")
         final = self.root / task.id
         with self.db() as con:  # the write lock serialises concurrent publishers
-            dup = con.execute("SELECT 1 FROM tasks WHERE id = ? OR (source = ? AND qualname = ? AND level = ?)",
-                              (task.id, task.source, task.feature.qualname, task.level)).fetchone()
+            dup = con.execute(
+                "SELECT 1 FROM tasks WHERE id = ? OR (source = ? AND qualname = ? AND level = ?)",
+                (task.id, task.source, task.feature.qualname, task.level),
+            ).fetchone()
             if dup is not None or final.exists():
                 return False
             spec = str(task.meta.get("spec", task.source))
-            if limit is not None and con.execute("SELECT COUNT(*) FROM tasks WHERE spec = ?", (spec,)).fetchone()[0] >= limit:
+            if (
+                limit is not None
+                and con.execute("SELECT COUNT(*) FROM tasks WHERE spec = ?", (spec,)).fetchone()[0] >= limit
+            ):
                 return False
             os.rename(tmp, final)
             return self._insert(con, task)
@@ -228,7 +259,10 @@ class TaskStore:
     # ------------------------------------------------------------------ builds
     def start_build(self, params: dict[str, Any]) -> int:
         with self.db() as con:
-            cur = con.execute("INSERT INTO builds (started, params) VALUES (?, ?)", (_now(), json.dumps(params, sort_keys=True)))
+            cur = con.execute(
+                "INSERT INTO builds (started, params) VALUES (?, ?)",
+                (_now(), json.dumps(params, sort_keys=True)),
+            )
             return int(cur.lastrowid)
 
     def finish_build(self, build_id: int) -> None:
@@ -240,27 +274,49 @@ class TaskStore:
             con.execute(
                 "INSERT OR REPLACE INTO build_sources (build_id, source, params_key, status, reason, candidates, validated,"
                 " emitted, rejected, skipped, suite_runs, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (build_id, rep.source, params_key, rep.status, rep.reason, rep.candidates, rep.validated,
-                 rep.emitted, rep.rejected, rep.skipped, rep.suite_runs, rep.seconds),
+                (
+                    build_id,
+                    rep.source,
+                    params_key,
+                    rep.status,
+                    rep.reason,
+                    rep.candidates,
+                    rep.validated,
+                    rep.emitted,
+                    rep.rejected,
+                    rep.skipped,
+                    rep.suite_runs,
+                    rep.seconds,
+                ),
             )
 
     def record_rejection(self, build_id: int, source: str, task_id: str, reason: str) -> None:
         """A validated draft that was not published (a leak the scrub could not close)."""
         with self.db() as con:
-            con.execute("INSERT INTO rejections (build_id, source, task_id, reason) VALUES (?, ?, ?, ?)",
-                        (build_id, source, task_id, reason))
+            con.execute(
+                "INSERT INTO rejections (build_id, source, task_id, reason) VALUES (?, ?, ?, ?)",
+                (build_id, source, task_id, reason),
+            )
 
     def rejections(self, build_id: int | None = None) -> list[dict[str, Any]]:
         with self.db() as con:
             if build_id is None:
                 return [dict(r) for r in con.execute("SELECT * FROM rejections ORDER BY rowid")]
-            return [dict(r) for r in con.execute("SELECT * FROM rejections WHERE build_id = ? ORDER BY rowid", (build_id,))]
+            return [
+                dict(r)
+                for r in con.execute(
+                    "SELECT * FROM rejections WHERE build_id = ? ORDER BY rowid", (build_id,)
+                )
+            ]
 
     def source_done(self, source: str, params_key: str) -> SourceReport | None:
         """The report of an earlier build that finished ``source`` with the same parameters (resume skips it)."""
         with self.db() as con:
-            row = con.execute("SELECT * FROM build_sources WHERE source = ? AND params_key = ? AND status = 'done'"
-                              " ORDER BY reason LIKE 'resumed%', build_id DESC LIMIT 1", (source, params_key)).fetchone()
+            row = con.execute(
+                "SELECT * FROM build_sources WHERE source = ? AND params_key = ? AND status = 'done'"
+                " ORDER BY reason LIKE 'resumed%', build_id DESC LIMIT 1",
+                (source, params_key),
+            ).fetchone()
         if row is None:
             return None
         return SourceReport(**{k: v for k, v in dict(row).items() if k not in ("build_id", "params_key")})
@@ -269,8 +325,13 @@ class TaskStore:
         with self.db() as con:
             if build_id is None:
                 build_id = con.execute("SELECT MAX(id) FROM builds").fetchone()[0]
-            rows = con.execute("SELECT * FROM build_sources WHERE build_id = ? ORDER BY rowid", (build_id,)).fetchall()
-        return [SourceReport(**{k: v for k, v in dict(r).items() if k not in ("build_id", "params_key")}) for r in rows]
+            rows = con.execute(
+                "SELECT * FROM build_sources WHERE build_id = ? ORDER BY rowid", (build_id,)
+            ).fetchall()
+        return [
+            SourceReport(**{k: v for k, v in dict(r).items() if k not in ("build_id", "params_key")})
+            for r in rows
+        ]
 
     # ------------------------------------------------------------------ reading
     def rows(self) -> list[dict[str, Any]]:
@@ -287,7 +348,9 @@ class TaskStore:
     def keys(self, spec: str) -> set[tuple[str, int]]:
         """``(qualname, level)`` of the tasks built from ``spec``: what a resumed build must not redo."""
         with self.db() as con:
-            rows = con.execute("SELECT qualname, level FROM tasks WHERE spec = ? OR source = ?", (spec, spec)).fetchall()
+            rows = con.execute(
+                "SELECT qualname, level FROM tasks WHERE spec = ? OR source = ?", (spec, spec)
+            ).fetchall()
         return {(r["qualname"], int(r["level"])) for r in rows}
 
     def task_dir(self, task_id: str) -> Path:

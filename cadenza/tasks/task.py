@@ -64,15 +64,21 @@ class Task:
         data = dict(data)
         feature = data.pop("feature", None)
         if not isinstance(feature, dict):
-            raise CadenzaError("task.json has no 'feature' object; rebuild the task with 'cadenza tasks build'")
+            raise CadenzaError(
+                "task.json has no 'feature' object; rebuild the task with 'cadenza tasks build'"
+            )
         known = {f for f in cls.__dataclass_fields__}
         unknown = set(data) - known
         if unknown:
             # Forward compatibility: keep unknown keys in meta rather than failing.
             data.setdefault("meta", {}).update({k: data.pop(k) for k in sorted(unknown)})
-        missing = [k for k in ("id", "source", "level", "statement", "fail_to_pass", "pass_to_pass") if k not in data]
+        missing = [
+            k for k in ("id", "source", "level", "statement", "fail_to_pass", "pass_to_pass") if k not in data
+        ]
         if missing:
-            raise CadenzaError(f"task.json lacks {', '.join(missing)}; rebuild the task with 'cadenza tasks build'")
+            raise CadenzaError(
+                f"task.json lacks {', '.join(missing)}; rebuild the task with 'cadenza tasks build'"
+            )
         return cls(feature=Feature(**feature), **data)
 
 
@@ -80,11 +86,15 @@ def load_task(task_dir: str | Path) -> Task:
     """Read ``task_dir/task.json``; a clear error if the directory is not a task."""
     path = Path(task_dir) / TASK_JSON
     if not path.is_file():
-        raise CadenzaError(f"{task_dir} is not a task directory (no {TASK_JSON}); pass a directory made by 'cadenza tasks build'")
+        raise CadenzaError(
+            f"{task_dir} is not a task directory (no {TASK_JSON}); pass a directory made by 'cadenza tasks build'"
+        )
     try:
         return Task.from_dict(json.loads(path.read_text()))
     except json.JSONDecodeError as exc:
-        raise CadenzaError(f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); rebuild the task") from None
+        raise CadenzaError(
+            f"{path} is not valid JSON ({exc.msg} at line {exc.lineno}); rebuild the task"
+        ) from None
 
 
 def save_task(task_dir: str | Path, task: Task) -> None:
@@ -99,5 +109,7 @@ def task_python(task_dir: str | Path, task: Task | None = None) -> Path:
         env = Path(task_dir) / env
     python = env / "bin" / "python"
     if not python.exists():
-        raise CadenzaError(f"task {task.id}: environment {env} has no bin/python; rebuild it with 'cadenza tasks verify'")
+        raise CadenzaError(
+            f"task {task.id}: environment {env} has no bin/python; rebuild it with 'cadenza tasks verify'"
+        )
     return python

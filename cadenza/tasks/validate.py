@@ -61,7 +61,9 @@ class ValidationContext:
     counter: RunCounter | None = None
 
 
-def importable_modules(python: Path, workspace: Path, modules: list[str], timeout_s: float = 300.0) -> list[str]:
+def importable_modules(
+    python: Path, workspace: Path, modules: list[str], timeout_s: float = 300.0
+) -> list[str]:
     """The subset of ``modules`` that import cleanly (each tried in one interpreter)."""
     code = (
         "import importlib, json, sys\nok = []\n"
@@ -130,9 +132,7 @@ def _under_broken(test_file: str, broken: set[str]) -> bool:
     if test_file in broken:
         return True
     parts = Path(test_file).parts[:-1]
-    return any(
-        "/".join((*parts[:i], "conftest.py")) in broken for i in range(len(parts) + 1)
-    )
+    return any("/".join((*parts[:i], "conftest.py")) in broken for i in range(len(parts) + 1))
 
 
 def _apply_patch(workspace: Path, patch: str) -> str | None:
@@ -143,8 +143,14 @@ def _apply_patch(workspace: Path, patch: str) -> str | None:
     # one, ``git apply`` takes paths relative to *that* repository and silently skips the rest.
     env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(Path(workspace).resolve().parent)}
     try:
-        proc = subprocess.run(["git", "apply", "--whitespace=nowarn", name], cwd=workspace, capture_output=True, text=True,
-                              timeout=120, env=env)
+        proc = subprocess.run(
+            ["git", "apply", "--whitespace=nowarn", name],
+            cwd=workspace,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env=env,
+        )
     finally:
         Path(name).unlink()
     return None if proc.returncode == 0 else (proc.stderr.strip().splitlines() or ["git apply failed"])[0]
@@ -164,16 +170,26 @@ def validate(ctx: ValidationContext, deletion: Deletion, workspace: Path, scratc
         return Validation(ok=False, reason="no passing test covers it")
     broken = broken_test_files(deletion, ctx.pristine, ctx.test_paths, ctx.base_env.import_root)
     if {t for t in passing if _under_broken(t.split("::", 1)[0], broken)} | set(covering) >= passing:
-        return Validation(ok=False, reason="no test still passes after deletion (predicted from test imports)")
+        return Validation(
+            ok=False, reason="no test still passes after deletion (predicted from test imports)"
+        )
     scratch.mkdir(parents=True, exist_ok=True)
     python = make_task_env(ctx.base_env, workspace, scratch / "env")
     deleted_module = deletion.candidate.module if deletion.candidate.kind == "module" else None
-    mods = [m for m in ctx.importable if not deleted_module or not (m == deleted_module or m.startswith(deleted_module + "."))]
+    mods = [
+        m
+        for m in ctx.importable
+        if not deleted_module or not (m == deleted_module or m.startswith(deleted_module + "."))
+    ]
     err = import_error(python, workspace, mods)
     if err:
         return Validation(ok=False, reason=f"import broken: {err}")
-    kw = dict(timeout_s=ctx.timeout_s, per_test_timeout_s=ctx.per_test_timeout_s, extra_args=ctx.pytest_args,
-              counter=ctx.counter)
+    kw = dict(
+        timeout_s=ctx.timeout_s,
+        per_test_timeout_s=ctx.per_test_timeout_s,
+        extra_args=ctx.pytest_args,
+        counter=ctx.counter,
+    )
     if ctx.probe and len(covering) * 2 <= len(passing):
         # Cheap rejection first: stop at the first failing covering test (-x).
         probe = run_pytest(python, workspace, covering, **{**kw, "extra_args": [*ctx.pytest_args, "-x"]})
@@ -226,16 +242,24 @@ def recheck(
     ``make_python(workspace_copy, env_dir)`` builds the env, e.g. ``lambda w, e: make_task_env(base, w, e)``.
     """
     scratch.mkdir(parents=True, exist_ok=True)
-    kw = dict(timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s, extra_args=pytest_args, counter=counter)
+    kw = dict(
+        timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s, extra_args=pytest_args, counter=counter
+    )
     broken = scratch / "broken"
     shutil.copytree(workspace, broken, symlinks=True)
-    report = run_pytest(make_python(broken, scratch / "broken-env"), broken, fail_to_pass + pass_to_pass, **kw)
+    report = run_pytest(
+        make_python(broken, scratch / "broken-env"), broken, fail_to_pass + pass_to_pass, **kw
+    )
     still = [t for t in fail_to_pass if report.passed(t)]
     if still:
-        return Validation(ok=False, reason=f"{len(still)} FAIL_TO_PASS test(s) pass without the fix, e.g. {still[0]}")
+        return Validation(
+            ok=False, reason=f"{len(still)} FAIL_TO_PASS test(s) pass without the fix, e.g. {still[0]}"
+        )
     lost = [t for t in pass_to_pass if not report.passed(t)]
     if lost:
-        return Validation(ok=False, reason=f"{len(lost)} PASS_TO_PASS test(s) fail before the fix, e.g. {lost[0]}")
+        return Validation(
+            ok=False, reason=f"{len(lost)} PASS_TO_PASS test(s) fail before the fix, e.g. {lost[0]}"
+        )
     gold = scratch / "gold"
     shutil.copytree(workspace, gold, symlinks=True)
     err = _apply_patch(gold, gold_patch)

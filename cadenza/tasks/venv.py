@@ -89,7 +89,9 @@ def _install(python: Path, reqs: Requirements) -> list[str]:
     """Install tooling + runtime deps (must succeed), then test deps (best effort); return skipped reqs."""
     proc = _pip(python, "install", "--no-cache-dir", "-q", *TOOLING, *reqs.runtime)
     if proc.returncode != 0:
-        raise SourceError(f"cannot install the dependencies ({_pip_error(proc)}); fix the requirement or pin a working version")
+        raise SourceError(
+            f"cannot install the dependencies ({_pip_error(proc)}); fix the requirement or pin a working version"
+        )
     if not reqs.test:
         return []
     proc = _pip(python, "install", "--no-cache-dir", "-q", *reqs.test)
@@ -116,14 +118,19 @@ def _own_copies(site: Path, packages: list[str], dist_name: str) -> list[str]:
 
 
 def _tooling_ok(root: Path) -> bool:
-    probe = subprocess.run([str(root / "bin" / "python"), "-c", "import pytest, coverage, pytest_timeout"],
-                           capture_output=True, env={"PATH": os.environ.get("PATH", "")})
+    probe = subprocess.run(
+        [str(root / "bin" / "python"), "-c", "import pytest, coverage, pytest_timeout"],
+        capture_output=True,
+        env={"PATH": os.environ.get("PATH", "")},
+    )
     return probe.returncode == 0
 
 
 def _leak_message(source: SourceInfo, what: str) -> str:
-    return (f"{source.name}: its environment would hold an installed copy of the package itself ({what}); "
-            "such a source cannot get a leak-free environment")
+    return (
+        f"{source.name}: its environment would hold an installed copy of the package itself ({what}); "
+        "such a source cannot get a leak-free environment"
+    )
 
 
 def ensure_base_env(source: SourceInfo, cache_dir: Path | None = None) -> BaseEnv:
@@ -135,8 +142,14 @@ def ensure_base_env(source: SourceInfo, cache_dir: Path | None = None) -> BaseEn
     cache_dir = Path(cache_dir or default_cache_dir())
     cache_dir.mkdir(parents=True, exist_ok=True)
     reqs = discover_requirements(source.root, [source.name, *source.packages], source.test_paths)
-    key_data = {"format": ENV_FORMAT, "python": sys.version, "base": sys.base_prefix,
-                "runtime": sorted(reqs.runtime), "test": sorted(reqs.test), "tooling": TOOLING}
+    key_data = {
+        "format": ENV_FORMAT,
+        "python": sys.version,
+        "base": sys.base_prefix,
+        "runtime": sorted(reqs.runtime),
+        "test": sorted(reqs.test),
+        "tooling": TOOLING,
+    }
     key = hashlib.sha256(json.dumps(key_data, sort_keys=True).encode()).hexdigest()[:16]
     root = cache_dir / f"base-{key}"
     info_path = root / "cadenza-env.json"
@@ -165,9 +178,14 @@ def ensure_base_env(source: SourceInfo, cache_dir: Path | None = None) -> BaseEn
         raise SourceError(_leak_message(source, ", ".join(copies)))
     info = json.loads(info_path.read_text())
     return BaseEnv(
-        root=root, site_packages=_site_packages(root), dist_name=source.name, version=source.version,
-        import_root=source.import_root, packages=list(source.packages),
-        requirements=reqs.runtime + reqs.test, skipped=list(info.get("skipped", [])),
+        root=root,
+        site_packages=_site_packages(root),
+        dist_name=source.name,
+        version=source.version,
+        import_root=source.import_root,
+        packages=list(source.packages),
+        requirements=reqs.runtime + reqs.test,
+        skipped=list(info.get("skipped", [])),
     )
 
 
@@ -185,13 +203,13 @@ def make_task_env(base: BaseEnv, workspace: Path, env_dir: Path) -> Path:
     import_dir = Path(workspace).resolve() / base.import_root
     rel = os.path.relpath(import_dir, site.resolve())
     base_site = base.site_packages.resolve()
-    (site / "cadenza_task.pth").write_text(
-        f"{rel}\nimport site; site.addsitedir({str(base_site)!r})\n"
-    )
+    (site / "cadenza_task.pth").write_text(f"{rel}\nimport site; site.addsitedir({str(base_site)!r})\n")
     dist = re.sub(r"[-_.]+", "_", base.dist_name)
     info = site / f"{dist}-{base.version}.dist-info"
     info.mkdir()
-    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {base.dist_name}\nVersion: {base.version}\n")
+    (info / "METADATA").write_text(
+        f"Metadata-Version: 2.1\nName: {base.dist_name}\nVersion: {base.version}\n"
+    )
     (info / "INSTALLER").write_text("cadenza\n")
     (info / "top_level.txt").write_text("".join(f"{p}\n" for p in base.packages))
     (info / "RECORD").write_text("")

@@ -37,7 +37,11 @@ def clone_env(env_dir: Path, workspace: Path, new_workspace: Path, dest: Path) -
         for pth in new_site.glob("*.pth"):
             lines = []
             for line in pth.read_text().splitlines():
-                target = os.path.realpath(old_site / line) if line.strip() and not line.startswith(("#", "import")) else ""
+                target = (
+                    os.path.realpath(old_site / line)
+                    if line.strip() and not line.startswith(("#", "import"))
+                    else ""
+                )
                 if target == old_ws or target.startswith(old_ws + os.sep):
                     line = os.path.relpath(Path(new_workspace) / os.path.relpath(target, old_ws), new_site)
                 lines.append(line)
@@ -61,9 +65,16 @@ def verify_task(task_dir: Path) -> VerifyResult:
         return res
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="cadenza-verify-") as tmp:
-        check = recheck(workspace=ws, gold_patch=(task_dir / GOLD_PATCH).read_text(), fail_to_pass=list(task.fail_to_pass),
-                        pass_to_pass=list(task.pass_to_pass), make_python=lambda w, e: clone_env(env, ws, w, e),
-                        scratch=Path(tmp), pytest_args=list(task.pytest_args), per_test_timeout_s=task.test_timeout_s)
+        check = recheck(
+            workspace=ws,
+            gold_patch=(task_dir / GOLD_PATCH).read_text(),
+            fail_to_pass=list(task.fail_to_pass),
+            pass_to_pass=list(task.pass_to_pass),
+            make_python=lambda w, e: clone_env(env, ws, w, e),
+            scratch=Path(tmp),
+            pytest_args=list(task.pytest_args),
+            per_test_timeout_s=task.test_timeout_s,
+        )
     res.seconds = round(time.monotonic() - t0, 2)
     if not check.ok:
         res.reason = check.reason

@@ -6,7 +6,35 @@ import json
 import random
 from pathlib import Path
 
-WORDS = ["def", "return", "class", "import", "self", "value", "list", "dict", "for", "while", "if", "else", "try", "except", "yield", "lambda", "print", "open", "read", "write", "path", "sum", "min", "max", "sort", "key", "item"]
+WORDS = [
+    "def",
+    "return",
+    "class",
+    "import",
+    "self",
+    "value",
+    "list",
+    "dict",
+    "for",
+    "while",
+    "if",
+    "else",
+    "try",
+    "except",
+    "yield",
+    "lambda",
+    "print",
+    "open",
+    "read",
+    "write",
+    "path",
+    "sum",
+    "min",
+    "max",
+    "sort",
+    "key",
+    "item",
+]
 
 
 def write_corpus(root: Path, n_docs: int = 60, seed: int = 0) -> list[Path]:
@@ -17,15 +45,17 @@ def write_corpus(root: Path, n_docs: int = 60, seed: int = 0) -> list[Path]:
     files = [root / "a.jsonl", root / "b.txt"]
     third = len(docs) // 3
     files[0].write_text("".join(json.dumps({"text": d}) + "\n" for d in docs[:third]))
-    files[1].write_text("\n".join(docs[third:2 * third]))
+    files[1].write_text("\n".join(docs[third : 2 * third]))
     try:
         import pyarrow as pa
         import pyarrow.parquet as pq
 
-        pq.write_table(pa.table({"text": docs[2 * third:]}), root / "c.parquet")
+        pq.write_table(pa.table({"text": docs[2 * third :]}), root / "c.parquet")
         files.append(root / "c.parquet")
     except ImportError:
-        files[0].write_text(files[0].read_text() + "".join(json.dumps({"text": d}) + "\n" for d in docs[2 * third:]))
+        files[0].write_text(
+            files[0].read_text() + "".join(json.dumps({"text": d}) + "\n" for d in docs[2 * third :])
+        )
     return files
 
 

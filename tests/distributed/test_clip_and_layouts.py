@@ -31,8 +31,13 @@ def _run(rank: int, world: int) -> dict:
 
     flat = init_device_mesh("cpu", (world,))
     grid = init_device_mesh("cpu", (2, world // 2), mesh_dim_names=("rep", "shard"))
-    layouts = [(flat, [Shard(0)]), (grid, [Replicate(), Shard(1)]), (flat, [Replicate()]),
-               (grid, [Replicate(), Shard(0)]), (grid, [Shard(0), Shard(2)])]
+    layouts = [
+        (flat, [Shard(0)]),
+        (grid, [Replicate(), Shard(1)]),
+        (flat, [Replicate()]),
+        (grid, [Replicate(), Shard(0)]),
+        (grid, [Shard(0), Shard(2)]),
+    ]
     fulls = _full_grads()
     params = []
     for full, (mesh, pl) in zip(fulls, layouts, strict=True):
@@ -43,14 +48,18 @@ def _run(rank: int, world: int) -> dict:
     part = torch.nn.Parameter(distribute_tensor(torch.zeros(5, 2), flat, [Replicate()]))
     part_full = torch.arange(10.0).reshape(5, 2) - 3
     from torch.distributed.tensor import DTensor
+
     part.grad = DTensor.from_local(part_full / world, flat, [Partial()])
     params.append(part)
     plain = torch.nn.Parameter(torch.zeros(3))  # a replicated plain tensor counts once
     plain.grad = torch.tensor([1.0, -2.0, 0.5])
     params.append(plain)
 
-    out = {"l2": float(total_grad_norm(params)), "l1": float(total_grad_norm(params, 1)),
-           "linf": float(total_grad_norm(params, math.inf))}
+    out = {
+        "l2": float(total_grad_norm(params)),
+        "l1": float(total_grad_norm(params, 1)),
+        "linf": float(total_grad_norm(params, math.inf)),
+    }
     before = float(clip_grad_norm_(params, max_norm=1.0))
     out["before"] = before
     out["after"] = float(total_grad_norm(params))
@@ -58,9 +67,12 @@ def _run(rank: int, world: int) -> dict:
 
     errors = []
     bad = torch.nn.Parameter(DTensor.from_local(torch.zeros(4, 4), flat, [Partial()]))
-    for kwargs in ({"params": [bad]}, {"params": [torch.nn.Parameter(torch.zeros(4))]},
-                   {"params": [torch.nn.Parameter(torch.zeros(8, 4))], "granularity": "head", "head_dim": 3},
-                   {"params": [torch.nn.Parameter(torch.zeros(8, 4))], "adjust_lr": "spectral"}):
+    for kwargs in (
+        {"params": [bad]},
+        {"params": [torch.nn.Parameter(torch.zeros(4))]},
+        {"params": [torch.nn.Parameter(torch.zeros(8, 4))], "granularity": "head", "head_dim": 3},
+        {"params": [torch.nn.Parameter(torch.zeros(8, 4))], "adjust_lr": "spectral"},
+    ):
         try:
             Muon([kwargs])
             errors.append(None)
@@ -75,8 +87,12 @@ def _reference(world: int) -> dict:
     grads.append((torch.arange(10.0).reshape(5, 2) - 3).double())
     grads.append(torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64))
     flat = torch.cat([g.flatten() for g in grads])
-    return {"l2": float(flat.norm()), "l1": float(flat.abs().sum()), "linf": float(flat.abs().max()),
-            "first": grads[0]}
+    return {
+        "l2": float(flat.norm()),
+        "l1": float(flat.abs().sum()),
+        "linf": float(flat.abs().max()),
+        "first": grads[0],
+    }
 
 
 @pytest.mark.parametrize("world", [2, 4])

@@ -16,8 +16,13 @@ from pathlib import Path
 
 from cadenza.testing import spawn
 
-PRELOAD = ("torch", "transformers", "torch.distributed.fsdp", "tests.distributed.tiny_moe",
-           "tests.distributed.pretrain_fixtures")
+PRELOAD = (
+    "torch",
+    "transformers",
+    "torch.distributed.fsdp",
+    "tests.distributed.tiny_moe",
+    "tests.distributed.pretrain_fixtures",
+)
 STEPS = 6
 
 
@@ -90,12 +95,15 @@ def _sharded_equals_unsharded(rank: int) -> dict:
     settings = MuonConfig(ns_dtype="float32", adamw_lr=3e-3)
     kw = dict(lr=2e-2, weight_decay=0.1, betas=(0.9, 0.95), muon=settings)
     opt, ref_opt = build_optimizer("muon", pm, **kw), build_optimizer("muon", ref, **kw)
-    granularity = {n: g.get("granularity") if g["algorithm"] == "muon" else "adamw"
-                   for g in opt.param_groups for n in g["param_names"]}
+    granularity = {
+        n: g.get("granularity") if g["algorithm"] == "muon" else "adamw"
+        for g in opt.param_groups
+        for n in g["param_names"]
+    }
     data = batches(2, 4, 16, model.config.vocab_size)
     errors: dict[str, float] = {}
     for step in range(2):
-        ids = data[step][rank:rank + 1]
+        ids = data[step][rank : rank + 1]
         pm(input_ids=ids, labels=ids).loss.backward()
         ref_params = dict(ref.named_parameters())
         for name, p in pm.model.named_parameters():
@@ -141,7 +149,10 @@ def _strided_matrices(mesh) -> dict[str, float]:
     placements = [Replicate(), _StridedShard(0, split_factor=mesh.size(2)), Shard(0)]
     gen = torch.Generator().manual_seed(5)
     specs = {"matrix": ((22, 8), {}), "head": ((26, 8), {"head_dim": 13})}
-    fulls = {k: (torch.randn(shape, generator=gen), torch.randn(shape, generator=gen)) for k, (shape, _) in specs.items()}
+    fulls = {
+        k: (torch.randn(shape, generator=gen), torch.randn(shape, generator=gen))
+        for k, (shape, _) in specs.items()
+    }
     sharded, plain = [], []
     for k, (_, kw) in specs.items():
         w, g = fulls[k]

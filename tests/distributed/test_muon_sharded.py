@@ -21,9 +21,19 @@ PRELOAD = ("torch", "torch.distributed.fsdp", "transformers.models.qwen3_moe.mod
 def _tiny_moe():
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
-    cfg = Qwen3MoeConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=1,
-                         head_dim=10, moe_intermediate_size=20, intermediate_size=40, num_experts=5,
-                         num_experts_per_tok=2, vocab_size=100, max_position_embeddings=64)
+    cfg = Qwen3MoeConfig(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=3,
+        num_key_value_heads=1,
+        head_dim=10,
+        moe_intermediate_size=20,
+        intermediate_size=40,
+        num_experts=5,
+        num_experts_per_tok=2,
+        vocab_size=100,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     return AutoModelForCausalLM.from_config(cfg)
 
@@ -41,6 +51,7 @@ def _placement(name_of):
         # rows 10, 5 experts of gate_up (each whole on one rank: no communication), o_proj per-head
         # column blocks spanning every rank's rows
         return Shard(0)
+
     return fn
 
 
@@ -64,8 +75,14 @@ def _shard(model, layout: str, world: int):
 def _optimizer(model):
     from cadenza.optim import Muon, muon_param_groups
 
-    return Muon(muon_param_groups(model, adamw_lr=1e-2, adamw_weight_decay=0.01), lr=0.05, weight_decay=0.1,
-                ns_dtype=torch.float32, max_in_flight=3, bucket_numel=4096)
+    return Muon(
+        muon_param_groups(model, adamw_lr=1e-2, adamw_weight_decay=0.01),
+        lr=0.05,
+        weight_decay=0.1,
+        ns_dtype=torch.float32,
+        max_in_flight=3,
+        bucket_numel=4096,
+    )
 
 
 def _full(t):
@@ -128,8 +145,16 @@ def _layout_check(rank: int, world: int, layout: str) -> dict:
     owned = sum(len(jp.owned_ext) for jp in opt._plan_cache[1])
     items = sum(jp.items for jp in opt._plan_cache[1])
     nocomm_expert = all(not jp.comm for jp in opt._plan_cache[1] if jp.shape == (20, 64))
-    return dict(errs=errs, clip_err=clip_err, resumed=resumed, uneven=uneven, owned=owned,
-                items=items, nocomm_expert=nocomm_expert, transfers=opt.last_stats.transfers)
+    return dict(
+        errs=errs,
+        clip_err=clip_err,
+        resumed=resumed,
+        uneven=uneven,
+        owned=owned,
+        items=items,
+        nocomm_expert=nocomm_expert,
+        transfers=opt.last_stats.transfers,
+    )
 
 
 def _even_local(p):

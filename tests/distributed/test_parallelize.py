@@ -25,7 +25,9 @@ def _check_layouts(rank: int, world: int, layouts: list[dict]) -> list[list[dict
     return [_check_layout(rank, dims_kw, ac, kinds) for dims_kw, ac, kinds in layouts]
 
 
-def _check_layout(rank: int, dims_kw: dict, activation_checkpointing: bool, kinds: tuple[str, ...]) -> list[dict]:
+def _check_layout(
+    rank: int, dims_kw: dict, activation_checkpointing: bool, kinds: tuple[str, ...]
+) -> list[dict]:
     import time
 
     from cadenza.optim.clip import total_grad_norm
@@ -43,7 +45,7 @@ def _check_layout(rank: int, dims_kw: dict, activation_checkpointing: bool, kind
             ref = __import__("copy").deepcopy(model).double()
             for n, p in ref.named_parameters():
                 p.grad = ref_grads[n].clone()
-            ref_norm = float(torch.sqrt(sum((g ** 2).sum() for g in ref_grads.values())))
+            ref_norm = float(torch.sqrt(sum((g**2).sum() for g in ref_grads.values())))
             _adamw(ref.parameters()).step()
             with torch.no_grad():
                 ref_after = [float(ref(input_ids=b, labels=b).loss) for b in data]
@@ -52,14 +54,22 @@ def _check_layout(rank: int, dims_kw: dict, activation_checkpointing: bool, kind
         out = pm(input_ids=mine, labels=mine)
         out.loss.backward()
         norm = float(total_grad_norm(pm.parameters()))
-        rec = {"kind": kind, "loss": float(out.loss), "dp_rank": dims.dp_rank(rank), "norm": norm,
-               "meshes": {}, "grad_err": {}}
+        rec = {
+            "kind": kind,
+            "loss": float(out.loss),
+            "dp_rank": dims.dp_rank(rank),
+            "norm": norm,
+            "meshes": {},
+            "grad_err": {},
+        }
         for name, p in pm.model.named_parameters():
             rec["meshes"][name] = (tuple(p.device_mesh.mesh_dim_names), [str(x) for x in p.placements])
             full = p.grad.full_tensor()
             if rank == 0:
                 want = ref_grads[name]
-                rec["grad_err"][name] = float((full.double() - want).abs().max() / want.abs().max().clamp(min=1e-12))
+                rec["grad_err"][name] = float(
+                    (full.double() - want).abs().max() / want.abs().max().clamp(min=1e-12)
+                )
         opt = _adamw(pm.parameters())
         opt.step()
         opt.zero_grad()
@@ -93,7 +103,10 @@ def _assert_matches(results: list[list[dict]], dims_kw: dict) -> None:
         for names, placements in experts.values():
             assert "efsdp" in names and names != ("dp_replicate", "dp_shard_cp")
             if ep > 1:  # experts split over ep on dim 0, FSDP-sharded over efsdp
-                assert names == ("dp_replicate", "efsdp", "ep") and placements[-1] == "S(0)", (names, placements)
+                assert names == ("dp_replicate", "efsdp", "ep") and placements[-1] == "S(0)", (
+                    names,
+                    placements,
+                )
 
 
 # (dims, activation checkpointing, models). With checkpointing the recompute in backward must redo the
@@ -101,8 +114,10 @@ def _assert_matches(results: list[list[dict]], dims_kw: dict) -> None:
 # tokens, which must still join FSDP's gradient reduction (zero gradients) instead of hanging.
 MODELS = ("qwen3_moe", "deepseek_v3")
 LAYOUTS = {
-    8: [(dict(dp_shard=-1, cp=2, ep=8), False, MODELS),
-        (dict(dp_replicate=2, dp_shard=2, cp=2, ep=4), True, MODELS)],
+    8: [
+        (dict(dp_shard=-1, cp=2, ep=8), False, MODELS),
+        (dict(dp_replicate=2, dp_shard=2, cp=2, ep=4), True, MODELS),
+    ],
     4: [(dict(dp_shard=4, ep=2), False, (*MODELS, "deepseek_v3_starved"))],
 }
 

@@ -20,8 +20,18 @@ ROOT = Path(__file__).resolve().parents[2]
 STEPS = 6
 
 
-def _config(tmp: Path, name: str, *, out: str, model: str = "qwen", dp_shard: int = -1, cp: int = 1,
-            ep: int = 1, micro_batch: int = 0, files: list[Path]) -> Path:
+def _config(
+    tmp: Path,
+    name: str,
+    *,
+    out: str,
+    model: str = "qwen",
+    dp_shard: int = -1,
+    cp: int = 1,
+    ep: int = 1,
+    micro_batch: int = 0,
+    files: list[Path],
+) -> Path:
     listed = ", ".join(json.dumps(str(f)) for f in files)
     text = f"""
 [model]
@@ -54,10 +64,20 @@ progress = false
 
 def _torchrun(n: int, config: Path, **kw) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={n}",
-           "-m", "cadenza", "pretrain", str(config)]
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, **kw)
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={n}",
+        "-m",
+        "cadenza",
+        "pretrain",
+        str(config),
+    ]
+    return subprocess.Popen(
+        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw
+    )
 
 
 def _kill_tree(pid: int) -> None:
@@ -117,7 +137,9 @@ def test_kill_and_resume_on_another_world_size(tmp_path: Path) -> None:
     assert 2 <= summary["start_step"] < STEPS, summary
     metrics = tmp_path / "run" / "metrics.jsonl"
     got = _losses(metrics)
-    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == list(range(1, STEPS + 1))
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == list(
+        range(1, STEPS + 1)
+    )
     for step in range(1, STEPS + 1):
         assert abs(got[step] - want[step]) / want[step] < 1e-4, (step, got[step], want[step])
     assert got[STEPS] < got[1]  # it trains

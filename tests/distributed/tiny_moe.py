@@ -13,16 +13,43 @@ def tiny_model(kind: str, seed: int = 0):
 
     torch.manual_seed(seed)
     if kind == "qwen3_moe":
-        cfg = Qwen3MoeConfig(vocab_size=96, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
-                             num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
-                             num_experts=8, num_experts_per_tok=2, norm_topk_prob=True, max_position_embeddings=128)
+        cfg = Qwen3MoeConfig(
+            vocab_size=96,
+            hidden_size=64,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            head_dim=16,
+            num_experts=8,
+            num_experts_per_tok=2,
+            norm_topk_prob=True,
+            max_position_embeddings=128,
+        )
     elif kind in ("deepseek_v3", "deepseek_v3_starved"):
         # Layer 0 dense MLP, layer 1 MoE with a shared expert, grouped routing and a score-correction bias.
-        cfg = DeepseekV3Config(vocab_size=96, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
-                               num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
-                               n_routed_experts=8, n_shared_experts=1, num_experts_per_tok=2, n_group=2,
-                               topk_group=1, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
-                               qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, max_position_embeddings=128)
+        cfg = DeepseekV3Config(
+            vocab_size=96,
+            hidden_size=64,
+            intermediate_size=96,
+            moe_intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            n_routed_experts=8,
+            n_shared_experts=1,
+            num_experts_per_tok=2,
+            n_group=2,
+            topk_group=1,
+            first_k_dense_replace=1,
+            q_lora_rank=32,
+            kv_lora_rank=16,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=8,
+            v_head_dim=16,
+            max_position_embeddings=128,
+        )
     else:
         raise ValueError(kind)
     cfg._attn_implementation = "sdpa"

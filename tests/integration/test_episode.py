@@ -30,7 +30,9 @@ def test_max_turns_and_token_budget_end_the_episode(task_dir: Path):  # noqa: F8
         ep.reset()
         assert ep.step(LS).done is False
         last = ep.step(LS)
-        assert last.done and last.info["end_reason"] == "max_turns" and "max turns reached" in last.observation
+        assert (
+            last.done and last.info["end_reason"] == "max_turns" and "max turns reached" in last.observation
+        )
         after = ep.step(LS)
         assert after.done and after.error_kind == "tool_error" and len(ep.trajectory.turns) == 2
     with Episode(task_dir, EpisodeConfig(token_budget=10)) as ep:
@@ -46,7 +48,10 @@ def test_time_budget_and_text_only_reply(task_dir: Path):  # noqa: F811
         res = ep.respond("I think I am done.")
         assert res.error_kind == "no_tool_call" and res.done and res.info["end_reason"] == "time_budget"
         assert ep.trajectory.messages[-2] == {"role": "assistant", "content": "I think I am done."}
-        assert ep.trajectory.messages[-1]["role"] == "user" and "no tool call" in ep.trajectory.messages[-1]["content"]
+        assert (
+            ep.trajectory.messages[-1]["role"] == "user"
+            and "no tool call" in ep.trajectory.messages[-1]["content"]
+        )
 
 
 def test_finish_without_changes_is_unresolved(task_dir: Path):  # noqa: F811
@@ -72,11 +77,19 @@ def test_edit_turns_record_the_file_before_and_after_for_style_feedback(task_dir
 
     with Episode(task_dir) as ep:
         ep.reset()
-        ep.step(ToolCall(name="create", arguments={"path": "calc/extra.py", "content": "import os\n\nX = 1\n"}))
-        ep.step(ToolCall(name="str_replace", arguments={"path": "calc/extra.py", "old": "X = 1", "new": "X = 2"}))
+        ep.step(
+            ToolCall(name="create", arguments={"path": "calc/extra.py", "content": "import os\n\nX = 1\n"})
+        )
+        ep.step(
+            ToolCall(name="str_replace", arguments={"path": "calc/extra.py", "old": "X = 1", "new": "X = 2"})
+        )
         ep.step(ToolCall(name="create", arguments={"path": "notes.txt", "content": "plain text\n"}))
         turns = ep.trajectory.turns
-        assert turns[0].extra == {"path": "calc/extra.py", "content_before": "", "content_after": "import os\n\nX = 1\n"}
+        assert turns[0].extra == {
+            "path": "calc/extra.py",
+            "content_before": "",
+            "content_after": "import os\n\nX = 1\n",
+        }
         assert turns[1].extra["content_before"] == "import os\n\nX = 1\n"
         assert turns[1].extra["content_after"] == "import os\n\nX = 2\n"
         assert turns[2].extra == {}  # not Python: nothing to lint

@@ -13,8 +13,15 @@ from tests.sandbox_fixtures import GOLD_PATCH, chained_task_dir, task_env, tasks
 def test_imports_follow_the_workspace_copy(chained_task_dir: Path):  # noqa: F811
     with Episode(chained_task_dir) as ep:
         ep.reset()
-        res = ep.step(ToolCall(name="bash", arguments={"command": "cd /tmp && python -c 'import calc, pytest; "
-                                                                   "print(calc.__file__)'; ls " + str(chained_task_dir)}))
+        res = ep.step(
+            ToolCall(
+                name="bash",
+                arguments={
+                    "command": "cd /tmp && python -c 'import calc, pytest; "
+                    "print(calc.__file__)'; ls " + str(chained_task_dir)
+                },
+            )
+        )
         lines = res.observation.splitlines()
         assert lines[0] == str(ep.workspace / "calc" / "__init__.py")
         assert lines[1:-1] == ["env"]  # the bound env is all there is of the task directory
@@ -36,10 +43,15 @@ def test_doctest_nodes_grade_the_agents_module(taskset: Path):  # noqa: F811
     from cadenza.agent.toytask import OPS_REMOVED, OPS_SOLVED
 
     task_dir = taskset / "calc-clamp"
-    solved = OPS_SOLVED.replace('    """Limit x to the closed interval [lo, hi]."""',
-                                '    """Limit x to the closed interval [lo, hi].\n\n    >>> clamp(7, 0, 5)\n    5\n    """')
-    patch = "".join(difflib.unified_diff(OPS_REMOVED.splitlines(True), solved.splitlines(True),
-                                         "a/calc/ops.py", "b/calc/ops.py"))
+    solved = OPS_SOLVED.replace(
+        '    """Limit x to the closed interval [lo, hi]."""',
+        '    """Limit x to the closed interval [lo, hi].\n\n    >>> clamp(7, 0, 5)\n    5\n    """',
+    )
+    patch = "".join(
+        difflib.unified_diff(
+            OPS_REMOVED.splitlines(True), solved.splitlines(True), "a/calc/ops.py", "b/calc/ops.py"
+        )
+    )
     data = json.loads((task_dir / "task.json").read_text())
     data["fail_to_pass"].append("calc/ops.py::calc.ops.clamp")
     data["pytest_args"] = ["-o", "addopts=--doctest-modules"]

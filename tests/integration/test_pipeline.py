@@ -46,8 +46,19 @@ def toy_task_set(root: Path, env: Path, names: list[str]) -> Path:
 def demo_run(tmp_path_factory, task_env: Path):  # noqa: F811
     base = tmp_path_factory.mktemp("pipeline")
     task_set = toy_task_set(base / "tasks", task_env, ["calc-a", "calc-b", "calc-c"])
-    cfg = DemoConfig(out=base / "run", task_set=task_set, steps=2, tasks_per_step=2, group_size=2, max_turns=2,
-                     max_new_tokens=24, transcripts=40, sft_steps=4, vocab_size=400, escalate=False)
+    cfg = DemoConfig(
+        out=base / "run",
+        task_set=task_set,
+        steps=2,
+        tasks_per_step=2,
+        group_size=2,
+        max_turns=2,
+        max_new_tokens=24,
+        transcripts=40,
+        sft_steps=4,
+        vocab_size=400,
+        escalate=False,
+    )
     return cfg, run_demo(cfg, log=lambda m: None)
 
 
@@ -68,8 +79,15 @@ def test_pipeline_records_every_rollout_and_logs_pool_metrics(demo_run) -> None:
         assert row["resolved_rate"] == pytest.approx(sum(k for *_, k in mine) / sum(n for *_, n, _ in mine))
     attempts = db.execute("SELECT COUNT(*) FROM pool_attempts").fetchone()[0]
     assert attempts == len(rows) * cfg.tasks_per_step * cfg.group_size
-    for key in ("pool_active", "pool_mean_pass", "zero_variance_groups_total", "escalation_added", "escalation_failed", "sd_loss",
-                "invalid_tool_rate"):
+    for key in (
+        "pool_active",
+        "pool_mean_pass",
+        "zero_variance_groups_total",
+        "escalation_added",
+        "escalation_failed",
+        "sd_loss",
+        "invalid_tool_rate",
+    ):
         assert key in rows[-1], key
     assert rows[-1]["zero_variance_groups_total"] == sum(r["zero_variance_groups"] for r in rows)
     assert result.plot.is_file() and result.plot.stat().st_size > 1000
@@ -84,16 +102,24 @@ def test_pipeline_records_every_rollout_and_logs_pool_metrics(demo_run) -> None:
 def test_tasks_stats_cli(demo_run, tmp_path: Path) -> None:
     _, result = demo_run
     png = tmp_path / "rates.png"
-    out = subprocess.run([sys.executable, "-m", "cadenza", "tasks", "stats", str(result.task_set), "--plot", str(png)],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "cadenza", "tasks", "stats", str(result.task_set), "--plot", str(png)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     with TaskPool(result.task_set) as pool:
         stats = pool.stats()
     attempts = sum(s.attempts for s in stats)
     assert "active" in out.stdout and str(attempts) in out.stdout
     assert png.is_file()
-    bad = subprocess.run([sys.executable, "-m", "cadenza", "tasks", "stats", str(tmp_path / "nope")],
-                         capture_output=True, text=True, timeout=120)
+    bad = subprocess.run(
+        [sys.executable, "-m", "cadenza", "tasks", "stats", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert bad.returncode == 2 and "error:" in bad.stderr and "Traceback" not in bad.stderr
 
 
@@ -112,7 +138,9 @@ def test_training_stops_with_a_clear_message_when_the_pool_is_exhausted(demo_run
 
 
 @pytest.mark.slow
-def test_escalation_through_the_real_factory_adds_harder_tasks(tmp_path: Path, tmp_path_factory, monkeypatch) -> None:
+def test_escalation_through_the_real_factory_adds_harder_tasks(
+    tmp_path: Path, tmp_path_factory, monkeypatch
+) -> None:
     """A pool whose cachetools tasks have gone easy asks the real factory for level 2 from the same source."""
     monkeypatch.setenv("CADENZA_ENV_CACHE", str(shared_env_cache(tmp_path_factory)))
     source = "pypi:cachetools==8.0.2"
@@ -121,9 +149,17 @@ def test_escalation_through_the_real_factory_adds_harder_tasks(tmp_path: Path, t
     with TaskPool(root) as pool:
         pool.add_tasks([("easy", source, 1)])
         for step in range(1, 4):
-            pool.record_group("easy", f"g{step}", step, [Rollout(success=True, reward=1.0)] * 3 + [Rollout(success=False, reward=0.0)])
-        esc = Escalator(pool_path=str(pool.path), factory=factory_for(root),
-                        config=CurriculumConfig(escalate_min_groups=1, escalate_tasks=1))
+            pool.record_group(
+                "easy",
+                f"g{step}",
+                step,
+                [Rollout(success=True, reward=1.0)] * 3 + [Rollout(success=False, reward=0.0)],
+            )
+        esc = Escalator(
+            pool_path=str(pool.path),
+            factory=factory_for(root),
+            config=CurriculumConfig(escalate_min_groups=1, escalate_tasks=1),
+        )
         assert esc.maybe_escalate(pool, 3) is not None
         esc.wait(timeout=900)
         (res,) = esc.drain()
@@ -135,15 +171,32 @@ def test_escalation_through_the_real_factory_adds_harder_tasks(tmp_path: Path, t
         assert data["level"] == 2 and data["fail_to_pass"]
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (["--model", "/nonexistent/ckpt"], "--model"),
-    (["--device", "nonsense"], "--device"),
-    (["--group-size", "1"], "--group-size"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--model", "/nonexistent/ckpt"], "--model"),
+        (["--device", "nonsense"], "--device"),
+        (["--group-size", "1"], "--group-size"),
+    ],
+)
 def test_demo_bad_input_is_one_line(demo_run, tmp_path: Path, args: list[str], needle: str) -> None:
     _, result = demo_run
-    out = subprocess.run([sys.executable, "-m", "cadenza", "demo", "--out", str(tmp_path), "--task-set",
-                          str(result.task_set), *args], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "cadenza",
+            "demo",
+            "--out",
+            str(tmp_path),
+            "--task-set",
+            str(result.task_set),
+            *args,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr
 
 
@@ -158,12 +211,27 @@ def test_train_cli_over_a_task_set(demo_run, tmp_path: Path) -> None:
     task_set = shutil.copytree(result.task_set, tmp_path / "set")  # the module's run stays as it was
     with TaskPool(task_set) as pool:
         before = sum(s.attempts for s in pool.stats())
-    tc = train_config(DemoConfig(out=tmp_path / "run", steps=1, tasks_per_step=1, group_size=2, max_turns=1,
-                                 max_new_tokens=16, escalate=False), task_set, result.model_dir)
+    tc = train_config(
+        DemoConfig(
+            out=tmp_path / "run",
+            steps=1,
+            tasks_per_step=1,
+            group_size=2,
+            max_turns=1,
+            max_new_tokens=16,
+            escalate=False,
+        ),
+        task_set,
+        result.model_dir,
+    )
     tc.run.progress = False
     (tmp_path / "train.toml").write_text(tomli_w.dumps(tc.to_dict()))
-    out = subprocess.run([sys.executable, "-m", "cadenza", "train", str(tmp_path / "train.toml")],
-                         capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "cadenza", "train", str(tmp_path / "train.toml")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     (row,) = read_metrics(tmp_path / "run" / "train" / "metrics.jsonl")
     with TaskPool(task_set) as pool:

@@ -15,7 +15,7 @@ from cadenza.agent.episode import EpisodeConfig
 from cadenza.agent.replay import patch_actions, replay
 from tests.sandbox_fixtures import GOLD_PATCH, task_dir, task_env, taskset  # noqa: F401
 
-PASS_ALL_HOOK = '''import pytest
+PASS_ALL_HOOK = """import pytest
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -24,9 +24,9 @@ def pytest_runtest_makereport(item, call):
     report = outcome.get_result()
     report.outcome = "passed"
     report.longrepr = None
-'''
+"""
 
-FAKE_PYTEST = '''import sys
+FAKE_PYTEST = """import sys
 print("FAKE PYTEST")
 ids = [a for a in sys.argv[1:] if "::" in a]
 out = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--junitxml=")), None)
@@ -38,7 +38,7 @@ if out:
         cases.append('<testcase classname="%s" name="%s"/>' % (".".join(parts[:-1]), parts[-1]))
     open(out, "w").write("<testsuites><testsuite>%s</testsuite></testsuites>" % "".join(cases))
 print("%d passed" % len(ids))
-'''
+"""
 
 # Plants pytest's own assertion-rewrite cache for tests/test_ops.py: a compiled module whose tests all
 # pass, stamped with the real source's mtime and size so that pytest loads it instead of the source.
@@ -76,31 +76,85 @@ def act(tool: str, **args) -> dict:
 
 ATTACKS: dict[str, tuple[list[dict], str, bool]] = {
     # name: (actions, reason the change is dropped, whether the attack fools the agent's own run_tests)
-    "rewrite_tests": ([act("create", path="tests/test_ops.py", content="def test_clamp_inside():\n    assert True\n")],
-                      "test file", False),
+    "rewrite_tests": (
+        [act("create", path="tests/test_ops.py", content="def test_clamp_inside():\n    assert True\n")],
+        "test file",
+        False,
+    ),
     "delete_tests": ([act("bash", command="rm -rf tests")], "deletion of test file", False),
     "root_conftest": ([act("create", path="conftest.py", content=PASS_ALL_HOOK)], "conftest.py", True),
-    "nested_conftest": ([act("create", path="tests/conftest.py", content=PASS_ALL_HOOK)], "conftest.py", True),
-    "pytest_ini_plugin": ([act("create", path="calc/_plugin.py", content=PASS_ALL_HOOK),
-                           act("create", path="pytest.ini", content="[pytest]\naddopts = -p calc._plugin\n")],
-                          "pytest configuration", True),
-    "pyproject_addopts": ([act("create", path="calc/_plugin.py", content=PASS_ALL_HOOK),
-                           act("str_replace", path="pyproject.toml", old='testpaths = ["tests"]',
-                               new='testpaths = ["tests"]\naddopts = "-p calc._plugin"')], "", True),
-    "setup_cfg_addopts": ([act("create", path="calc/_plugin.py", content=PASS_ALL_HOOK),
-                           act("create", path="setup.cfg", content="[tool:pytest]\naddopts = -p calc._plugin\n")],
-                          "pytest configuration", False),  # pyproject's [tool.pytest] wins in the agent's run
-    "sitecustomize_and_pth": ([act("create", path="sitecustomize.py", content=PASS_ALL_HOOK),
-                               act("create", path="calc/hook.pth", content="import calc._x\n")],
-                              "start-up", False),
+    "nested_conftest": (
+        [act("create", path="tests/conftest.py", content=PASS_ALL_HOOK)],
+        "conftest.py",
+        True,
+    ),
+    "pytest_ini_plugin": (
+        [
+            act("create", path="calc/_plugin.py", content=PASS_ALL_HOOK),
+            act("create", path="pytest.ini", content="[pytest]\naddopts = -p calc._plugin\n"),
+        ],
+        "pytest configuration",
+        True,
+    ),
+    "pyproject_addopts": (
+        [
+            act("create", path="calc/_plugin.py", content=PASS_ALL_HOOK),
+            act(
+                "str_replace",
+                path="pyproject.toml",
+                old='testpaths = ["tests"]',
+                new='testpaths = ["tests"]\naddopts = "-p calc._plugin"',
+            ),
+        ],
+        "",
+        True,
+    ),
+    "setup_cfg_addopts": (
+        [
+            act("create", path="calc/_plugin.py", content=PASS_ALL_HOOK),
+            act("create", path="setup.cfg", content="[tool:pytest]\naddopts = -p calc._plugin\n"),
+        ],
+        "pytest configuration",
+        False,
+    ),  # pyproject's [tool.pytest] wins in the agent's run
+    "sitecustomize_and_pth": (
+        [
+            act("create", path="sitecustomize.py", content=PASS_ALL_HOOK),
+            act("create", path="calc/hook.pth", content="import calc._x\n"),
+        ],
+        "start-up",
+        False,
+    ),
     "shadow_pytest_module": ([act("create", path="pytest.py", content=FAKE_PYTEST)], "shadow", True),
-    "pytest_rewrite_cache": ([act("create", path="plant.py", content=FAKE_REWRITE_CACHE),
-                              act("bash", command="python plant.py")], "", True),
-    "injected_skip": ([act("str_replace", path="calc/ops.py", old="def mul(a, b):",
-                           new="def clamp(*args):\n    import pytest\n    pytest.skip('later')\n\n\ndef mul(a, b):")],
-                      "", False),
-    "exit_before_report": ([act("str_replace", path="calc/__init__.py", old='"""A tiny calculator."""',
-                                new='"""A tiny calculator."""\nimport os\nos._exit(0)')], "", False),
+    "pytest_rewrite_cache": (
+        [act("create", path="plant.py", content=FAKE_REWRITE_CACHE), act("bash", command="python plant.py")],
+        "",
+        True,
+    ),
+    "injected_skip": (
+        [
+            act(
+                "str_replace",
+                path="calc/ops.py",
+                old="def mul(a, b):",
+                new="def clamp(*args):\n    import pytest\n    pytest.skip('later')\n\n\ndef mul(a, b):",
+            )
+        ],
+        "",
+        False,
+    ),
+    "exit_before_report": (
+        [
+            act(
+                "str_replace",
+                path="calc/__init__.py",
+                old='"""A tiny calculator."""',
+                new='"""A tiny calculator."""\nimport os\nos._exit(0)',
+            )
+        ],
+        "",
+        False,
+    ),
 }
 
 
@@ -128,7 +182,9 @@ def test_attack_is_useless_at_grading(task_dir: Path, name: str):  # noqa: F811
         assert outcome["p2p"] == {"passed": 3, "total": 3}  # restored tests still run and pass
 
 
-@pytest.mark.parametrize("name", ["root_conftest", "delete_tests", "shadow_pytest_module", "pyproject_addopts"])
+@pytest.mark.parametrize(
+    "name", ["root_conftest", "delete_tests", "shadow_pytest_module", "pyproject_addopts"]
+)
 def test_dropping_attacks_keeps_a_real_solution(task_dir: Path, name: str):  # noqa: F811
     actions, _, _ = ATTACKS[name]
     outcome, _ = _run(task_dir, patch_actions(GOLD_PATCH) + actions)

@@ -23,8 +23,14 @@ MiB = 1 << 20
 @pytest.fixture
 def episode(task_dir: Path):  # noqa: F811
     config = EpisodeConfig(
-        sandbox=SandboxConfig(timeout_s=20, max_procs=64, max_file_bytes=8 * MiB, memory_bytes=1 << 30, cpu_s=20,
-                              tmpfs_bytes=16 * MiB),
+        sandbox=SandboxConfig(
+            timeout_s=20,
+            max_procs=64,
+            max_file_bytes=8 * MiB,
+            memory_bytes=1 << 30,
+            cpu_s=20,
+            tmpfs_bytes=16 * MiB,
+        ),
         tools=ToolsConfig(bash_timeout_s=30, max_observation_bytes=8000),
     )
     ep = Episode(task_dir, config)
@@ -61,8 +67,14 @@ def test_workspace_is_writable_and_cwd(episode: Episode):
 
 
 def test_writes_outside_workspace_do_not_reach_host(episode: Episode, task_dir: Path, task_env: Path):  # noqa: F811
-    targets = [task_dir / "gold.patch", task_dir / "pwned", task_env / "pwned", Path.home() / f"pwned-{uuid.uuid4().hex}",
-               Path("/etc") / f"pwned-{uuid.uuid4().hex}", Path("/usr/pwned")]
+    targets = [
+        task_dir / "gold.patch",
+        task_dir / "pwned",
+        task_env / "pwned",
+        Path.home() / f"pwned-{uuid.uuid4().hex}",
+        Path("/etc") / f"pwned-{uuid.uuid4().hex}",
+        Path("/usr/pwned"),
+    ]
     before = (task_dir / "gold.patch").read_text()
     script = "; ".join(f"echo x > {t}" for t in targets) + f"; touch /pwned; mkdir -p {task_dir}/x; echo done"
     res = bash(episode, script)
@@ -73,7 +85,9 @@ def test_writes_outside_workspace_do_not_reach_host(episode: Episode, task_dir: 
     assert (task_dir / "gold.patch").read_text() == before
     assert not Path("/pwned").exists()
     # kernel settings: the value written is the one already there, so a failure of this test harms nothing
-    res = bash(episode, "v=$(cat /proc/sys/vm/swappiness); echo $v > /proc/sys/vm/swappiness && echo WROTE-SYSCTL")
+    res = bash(
+        episode, "v=$(cat /proc/sys/vm/swappiness); echo $v > /proc/sys/vm/swappiness && echo WROTE-SYSCTL"
+    )
     assert "WROTE-SYSCTL" not in res.observation and "Read-only file system" in res.observation
     # the env's site-packages is read-only: a .pth cannot be planted there
     site = next(task_env.glob("lib/python*/site-packages"))
@@ -83,8 +97,11 @@ def test_writes_outside_workspace_do_not_reach_host(episode: Episode, task_dir: 
 
 def test_task_set_gold_patch_and_other_tasks_are_invisible(episode: Episode, taskset: Path):  # noqa: F811
     other = taskset / "calc-other"
-    res = bash(episode, f"cat {taskset}/calc-clamp/gold.patch; ls {taskset}; cat {other}/task.json; "
-                        f"ls {other}/workspace; find / -path /proc -prune -o -path /usr -prune -o -name gold.patch -print; echo end")
+    res = bash(
+        episode,
+        f"cat {taskset}/calc-clamp/gold.patch; ls {taskset}; cat {other}/task.json; "
+        f"ls {other}/workspace; find / -path /proc -prune -o -path /usr -prune -o -name gold.patch -print; echo end",
+    )
     assert "max(lo, min(x, hi))" not in res.observation
     assert "calc-other" not in res.observation.replace(str(other), "")
     assert '"fail_to_pass"' not in res.observation
@@ -98,11 +115,18 @@ def test_host_home_and_pip_cache_are_invisible(episode: Episode, task_env: Path)
     # only the path components that lead to read-only binds (e.g. a pyenv interpreter) may show up
     allowed = {Path(p).relative_to(home).parts[0] for p in _binds(episode) if Path(p).is_relative_to(home)}
     assert shown <= allowed, shown - allowed
-    res = bash(episode, f"test -e {home}/.cache/pip && echo VISIBLE; test -e {home}/.bashrc && echo VISIBLE; "
-                        "echo HOME=$HOME; env")
+    res = bash(
+        episode,
+        f"test -e {home}/.cache/pip && echo VISIBLE; test -e {home}/.bashrc && echo VISIBLE; "
+        "echo HOME=$HOME; env",
+    )
     assert "VISIBLE" not in res.observation
     assert f"HOME={episode.config.sandbox.home}" in res.observation
-    host_only = [k for k in os.environ if k not in ("HOME", "PATH", "LANG", "TERM", "USER", "TMPDIR", "PWD", "SHLVL", "_")]
+    host_only = [
+        k
+        for k in os.environ
+        if k not in ("HOME", "PATH", "LANG", "TERM", "USER", "TMPDIR", "PWD", "SHLVL", "_")
+    ]
     leaked = [k for k in host_only if f"{k}=" in res.observation]
     assert not leaked
 
@@ -131,13 +155,17 @@ def test_network_is_unreachable(episode: Episode):
 def test_fork_bomb_is_contained_and_cleaned_up(episode: Episode):
     sandbox = episode._toolbox.sandbox  # type: ignore[union-attr]
     if not sandbox.process_limit_enforced:
-        pytest.skip("no pids cgroup writable and running as root: RLIMIT_NPROC cannot bind; refusing to fork-bomb the host")
+        pytest.skip(
+            "no pids cgroup writable and running as root: RLIMIT_NPROC cannot bind; refusing to fork-bomb the host"
+        )
     marker = f"bomb{uuid.uuid4().hex[:8]}"
     episode.config.tools.bash_timeout_s = 5
     res = bash(episode, f"{marker}(){{ {marker} | {marker} & }}; {marker}; sleep 2; echo survived")
     # either the shell outlived the bomb, or it could not fork any more (the cap) and gave up or timed out
     assert res.done is False
-    assert "survived" in res.observation or "Resource temporarily unavailable" in res.observation, res.observation
+    assert "survived" in res.observation or "Resource temporarily unavailable" in res.observation, (
+        res.observation
+    )
     assert not _processes_with(marker)
     episode.config.tools.bash_timeout_s = 30
     script = (
@@ -175,15 +203,24 @@ def test_cpu_and_memory_rlimits(episode: Episode):
     assert "File size limit exceeded" in res.observation or "File too large" in res.observation
     assert (episode.workspace / "big.bin").stat().st_size <= 8 * MiB
     # RAM-backed scratch space is capped too (many files, each under the file-size limit)
-    res = bash(episode, "for i in 1 2 3 4; do head -c 6000000 /dev/zero > /dev/shm/f$i; head -c 6000000 /dev/zero > "
-                        "/tmp/f$i; done 2>&1 | sort -u; du -sbx /dev/shm /tmp")
+    res = bash(
+        episode,
+        "for i in 1 2 3 4; do head -c 6000000 /dev/zero > /dev/shm/f$i; head -c 6000000 /dev/zero > "
+        "/tmp/f$i; done 2>&1 | sort -u; du -sbx /dev/shm /tmp",
+    )
     assert "No space left on device" in res.observation
-    assert all(int(line.split()[0]) <= 16 * MiB + 4096 for line in res.observation.splitlines() if line.endswith(("/dev/shm", "/tmp")))
+    assert all(
+        int(line.split()[0]) <= 16 * MiB + 4096
+        for line in res.observation.splitlines()
+        if line.endswith(("/dev/shm", "/tmp"))
+    )
 
 
 def test_background_processes_do_not_outlive_the_call(episode: Episode):
     marker = f"bg{uuid.uuid4().hex[:8]}"
-    res = bash(episode, f"nohup sh -c 'sleep 600; echo {marker}' >/dev/null 2>&1 & setsid sleep 600 & echo started")
+    res = bash(
+        episode, f"nohup sh -c 'sleep 600; echo {marker}' >/dev/null 2>&1 & setsid sleep 600 & echo started"
+    )
     assert "started" in res.observation and res.error_kind is None
     assert episode.trajectory.turns[-1].duration_s < 20  # not the 600 s of the sleeps
     assert not _processes_with(marker)
@@ -209,8 +246,14 @@ def test_commands_reading_stdin_get_eof(episode: Episode):
 
 def test_symlink_and_dotdot_escapes_are_rejected(episode: Episode, task_dir: Path):  # noqa: F811
     bash(episode, f"ln -s {task_dir} escape; ln -s /etc/passwd pw; ln -s / rootlink")
-    for path in ("escape/gold.patch", "pw", "../../../etc/passwd", "/etc/passwd", str(task_dir / "gold.patch"),
-                 "rootlink/etc"):
+    for path in (
+        "escape/gold.patch",
+        "pw",
+        "../../../etc/passwd",
+        "/etc/passwd",
+        str(task_dir / "gold.patch"),
+        "rootlink/etc",
+    ):
         res = call(episode, "view", path=path)
         assert res.error_kind == "path_outside_workspace", (path, res.observation)
     res = call(episode, "create", path="escape/pwned.py", content="x")

@@ -16,7 +16,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cadenza", *args], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "cadenza", *args], capture_output=True, text=True, cwd=ROOT, timeout=300
+    )
 
 
 def write_actions(path: Path, actions: list) -> Path:
@@ -35,7 +37,14 @@ def test_replay_json_gold_and_bad_calls(task_dir: Path, tmp_path: Path):  # noqa
         {"tool": "bash", "args": {"command": "echo after submit"}},
     ]
     saved = tmp_path / "traj.json"
-    res = cli("replay", str(task_dir), str(write_actions(tmp_path / "a.jsonl", actions)), "--json", "--save", str(saved))
+    res = cli(
+        "replay",
+        str(task_dir),
+        str(write_actions(tmp_path / "a.jsonl", actions)),
+        "--json",
+        "--save",
+        str(saved),
+    )
     assert res.returncode == 0, res.stderr
     lines = res.stdout.strip().splitlines()
     assert len(lines) == 1
@@ -46,11 +55,23 @@ def test_replay_json_gold_and_bad_calls(task_dir: Path, tmp_path: Path):  # noqa
     assert out["turns"] == 6  # the call after submit is not run
     traj = Trajectory.load(saved)
     kinds = [t.error_kind for t in traj.turns]
-    assert kinds == ["tool_not_found", "invalid_arguments", "invalid_arguments", "path_outside_workspace", None, None]
+    assert kinds == [
+        "tool_not_found",
+        "invalid_arguments",
+        "invalid_arguments",
+        "path_outside_workspace",
+        None,
+        None,
+    ]
     tool_msgs = [m for m in traj.messages if m["role"] == "tool"]
-    assert tool_msgs[0]["content"] == ("Error: tool 'frobnicate' not found. Available tools: "
-                                       "bash, view, create, str_replace, insert, run_tests, submit")
-    assert "not valid JSON" in tool_msgs[1]["content"] and "must be string, got integer" in tool_msgs[2]["content"]
+    assert tool_msgs[0]["content"] == (
+        "Error: tool 'frobnicate' not found. Available tools: "
+        "bash, view, create, str_replace, insert, run_tests, submit"
+    )
+    assert (
+        "not valid JSON" in tool_msgs[1]["content"]
+        and "must be string, got integer" in tool_msgs[2]["content"]
+    )
     assert traj.sandboxed is True
     # assistant messages carry OpenAI tool calls answered by tool messages with the same id
     first = traj.messages[traj.turns[0].message_index]
@@ -68,8 +89,10 @@ def first_index(traj: Trajectory) -> int:
 
 
 def test_replay_text_output_and_no_sandbox(task_dir: Path, tmp_path: Path):  # noqa: F811
-    actions = write_actions(tmp_path / "a.jsonl", [{"tool": "create", "path": "x"},
-                                                   {"tool": "create", "args": {"path": "conftest.py", "content": ""}}])
+    actions = write_actions(
+        tmp_path / "a.jsonl",
+        [{"tool": "create", "path": "x"}, {"tool": "create", "args": {"path": "conftest.py", "content": ""}}],
+    )
     saved = tmp_path / "t.json"
     res = cli("replay", str(task_dir), str(actions), "--no-sandbox", "--save", str(saved))
     assert res.returncode == 0, res.stderr
@@ -80,10 +103,16 @@ def test_replay_text_output_and_no_sandbox(task_dir: Path, tmp_path: Path):  # n
 def test_replay_bad_input_is_one_line_error(task_dir: Path, tmp_path: Path):  # noqa: F811
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"tool": "bash", "args": {}}\nnot json\n')
-    for args, needle in [((str(task_dir), str(bad)), "line 2 is not valid JSON"),
-                         ((str(tmp_path / "nope"), str(bad)), "is not a task directory"),
-                         ((str(task_dir), str(tmp_path / "missing.jsonl")), "does not exist")]:
+    for args, needle in [
+        ((str(task_dir), str(bad)), "line 2 is not valid JSON"),
+        ((str(tmp_path / "nope"), str(bad)), "is not a task directory"),
+        ((str(task_dir), str(tmp_path / "missing.jsonl")), "does not exist"),
+    ]:
         res = cli("replay", *args, "--json")
         assert res.returncode == 2
-        assert res.stderr.startswith("error: ") and needle in res.stderr and len(res.stderr.strip().splitlines()) == 1
+        assert (
+            res.stderr.startswith("error: ")
+            and needle in res.stderr
+            and len(res.stderr.strip().splitlines()) == 1
+        )
         assert "Traceback" not in res.stderr

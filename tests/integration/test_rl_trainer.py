@@ -51,10 +51,15 @@ def sft_model(tmp_path_factory) -> Path:
     torch.set_num_threads(1)
     try:
         transcripts = corpus(seed=7, n=300)
-        tok = train_tokenizer([_plain_text(m) for t in transcripts for m in t] + ["assistant\n"] * 20,
-                              vocab_size=400, extra_special_tokens=CALL_PIECES)
+        tok = train_tokenizer(
+            [_plain_text(m) for t in transcripts for m in t] + ["assistant\n"] * 20,
+            vocab_size=400,
+            extra_special_tokens=CALL_PIECES,
+        )
         tok.chat_template = CHAT_TEMPLATE
-        policy = HFPolicy.from_config(tiny_qwen3_config(len(tok), hidden_size=32, intermediate_size=64, head_dim=8), seed=0)
+        policy = HFPolicy.from_config(
+            tiny_qwen3_config(len(tok), hidden_size=32, intermediate_size=64, head_dim=8), seed=0
+        )
         data = [encode_messages(tok, m) for m in transcripts]
         losses = supervised_finetune(policy, tok, data, SFTConfig(steps=60, batch_size=16, lr=1e-2, warmup=5))
         assert losses[-1] < losses[0] / 4
@@ -91,18 +96,34 @@ def sd_loss_on(trainer: Trainer, episodes) -> float:
     batch = collate(toks, trainer.tokenizer.pad_token_id)
     adv = torch.zeros(len(toks))
     with torch.no_grad():
-        return float(rl_losses(trainer.policy, batch, adv, items=items, teacher=trainer.teacher, config=trainer.step_config).sd.loss)
+        return float(
+            rl_losses(
+                trainer.policy, batch, adv, items=items, teacher=trainer.teacher, config=trainer.step_config
+            ).sd.loss
+        )
 
 
 def test_train_cli_end_to_end_sd_loss_on_hinted_turns_decreases(sft_model, tmp_path):
     cfg = config(sft_model, tmp_path / "run", steps=6, lambda_sd=2.0)
     write_toml(tmp_path / "train.toml", cfg)
-    proc = subprocess.run([sys.executable, "-m", "cadenza", "train", str(tmp_path / "train.toml")],
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cadenza", "train", str(tmp_path / "train.toml")],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5, 6]
-    for key in ("reward", "resolved_rate", "invalid_tool_rate", "sd_loss", "kl_unhinted", "entropy_unhinted", "tokens_per_s"):
+    for key in (
+        "reward",
+        "resolved_rate",
+        "invalid_tool_rate",
+        "sd_loss",
+        "kl_unhinted",
+        "entropy_unhinted",
+        "tokens_per_s",
+    ):
         assert all(r[key] is not None for r in rows), key
     assert rows[-1]["episodes"] == 6 * 8 and all(r["hinted_turns"] > 0 for r in rows[:2])
     ckpt = tmp_path / "run" / "checkpoints" / "step-000006"
@@ -141,17 +162,25 @@ def test_exact_resume_matches_uninterrupted_run(sft_model, tmp_path):
 def test_train_cli_config_errors_are_one_line(sft_model, tmp_path):
     bad = tmp_path / "bad.toml"
     bad.write_text('[model]\npath = "no/such/model"\n[loss]\nlambda_sd = 1.0\n')
-    proc = subprocess.run([sys.executable, "-m", "cadenza", "train", str(bad)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cadenza", "train", str(bad)], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: model.path") and "does not exist" in lines[0]
     bad.write_text("[rollout]\ngroup_sise = 4\n")
-    proc = subprocess.run([sys.executable, "-m", "cadenza", "train", str(bad)], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "did you mean 'group_size'" in proc.stderr and "Traceback" not in proc.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "cadenza", "train", str(bad)], capture_output=True, text=True, timeout=120
+    )
+    assert (
+        proc.returncode == 2 and "did you mean 'group_size'" in proc.stderr and "Traceback" not in proc.stderr
+    )
     # a model whose tokenizer cannot render chats is refused before any rollout
     model = tmp_path / "model"
     shutil.copytree(sft_model, model)
     (model / "chat_template.jinja").unlink()
     bad.write_text(f'[model]\npath = "{model}"\n')
-    proc = subprocess.run([sys.executable, "-m", "cadenza", "train", str(bad)], capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cadenza", "train", str(bad)], capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 2 and "has no chat template" in proc.stderr and "Traceback" not in proc.stderr

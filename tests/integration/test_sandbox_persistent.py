@@ -23,7 +23,9 @@ MiB = 1 << 20
 def _box(tmp_path: Path, **overrides) -> Sandbox:
     ws = tmp_path / "ws"
     ws.mkdir(exist_ok=True)
-    config = SandboxConfig(timeout_s=20, max_procs=64, memory_bytes=1 << 30, tmpfs_bytes=16 * MiB, **overrides)
+    config = SandboxConfig(
+        timeout_s=20, max_procs=64, memory_bytes=1 << 30, tmpfs_bytes=16 * MiB, **overrides
+    )
     return Sandbox(ws, env_dir=sys.prefix, config=config, hidden=[tmp_path / "hidden"])
 
 
@@ -57,12 +59,15 @@ def test_calls_share_one_instance_but_no_state_but_workspace_files(box: Sandbox)
     first = box.run(
         "echo data > /tmp/t; mkdir -p ~/.cache/d; echo h > ~/.cache/d/f; echo s > /dev/shm/s; chmod 000 ~/.cache/d;"
         f" echo kept > ws-file; ipcmk -M 4096 >/dev/null && echo shm-made;"
-        f" nohup sh -c 'sleep 600; echo {marker}' >/dev/null 2>&1 & setsid sleep 601 & echo started")
+        f" nohup sh -c 'sleep 600; echo {marker}' >/dev/null 2>&1 & setsid sleep 601 & echo started"
+    )
     assert first.exit_code == 0 and "started" in first.stdout and "shm-made" in first.stdout, first
     assert first.duration_s < 10  # the background sleeps were killed when the shell exited
     assert not _processes_with(marker)
     pid = _server_pid(box)
-    second = box.run("ls -A /tmp /dev/shm ~; ipcs -m | grep -c '^0x' || true; cat ws-file; pgrep -c sleep || true")
+    second = box.run(
+        "ls -A /tmp /dev/shm ~; ipcs -m | grep -c '^0x' || true; cat ws-file; pgrep -c sleep || true"
+    )
     lines = second.stdout.splitlines()
     assert "t" not in lines and "s" not in lines and ".cache" not in lines, second.stdout
     assert "kept" in lines and lines[-1] == "0" and lines[-3] == "0", second.stdout  # no segment, no sleeps
@@ -86,8 +91,10 @@ def test_timeout_kills_the_whole_tree_and_the_next_call_works(box: Sandbox):
     box.run("true")
     pid = _server_pid(box)
     t0 = time.monotonic()
-    res = box.run(f"(sleep 300; echo {marker}) & setsid sh -c 'sleep 301; echo {marker}' & while true; do :; done",
-                  timeout_s=2)
+    res = box.run(
+        f"(sleep 300; echo {marker}) & setsid sh -c 'sleep 301; echo {marker}' & while true; do :; done",
+        timeout_s=2,
+    )
     assert res.timed_out and res.exit_code == -signal.SIGKILL and time.monotonic() - t0 < 10
     assert not _processes_with(marker)
     assert box.run("echo after").stdout == "after\n" and _server_pid(box) == pid
@@ -108,14 +115,19 @@ def test_server_death_is_survived(box: Sandbox):
 
 def test_fork_bomb_is_contained_and_the_instance_recovers(box: Sandbox):
     if not box.process_limit_enforced:
-        pytest.skip("no pids cgroup writable and running as root: RLIMIT_NPROC cannot bind; refusing to fork-bomb the host")
+        pytest.skip(
+            "no pids cgroup writable and running as root: RLIMIT_NPROC cannot bind; refusing to fork-bomb the host"
+        )
     marker = f"bomb{uuid.uuid4().hex[:8]}"
     res = box.run(f"{marker}(){{ {marker} | {marker} & }}; {marker}; sleep 2; echo survived", timeout_s=5)
     assert res.duration_s < 15, res
     assert not _processes_with(marker)
-    res = box.run("python -c 'import os\nn = 0\ntry:\n    while n < 500:\n        if os.fork() == 0:\n"
-                  "            import time; time.sleep(60); os._exit(0)\n        n += 1\nexcept OSError:\n    pass\n"
-                  "print(n)'", timeout_s=20)
+    res = box.run(
+        "python -c 'import os\nn = 0\ntry:\n    while n < 500:\n        if os.fork() == 0:\n"
+        "            import time; time.sleep(60); os._exit(0)\n        n += 1\nexcept OSError:\n    pass\n"
+        "print(n)'",
+        timeout_s=20,
+    )
     assert int(res.stdout) < box.config.max_procs, res
     assert box.run("echo fine").stdout == "fine\n"
 

@@ -23,7 +23,12 @@ def box(tmp_path: Path):
 
 def test_streams_exit_codes_and_cwd(box: Sandbox):
     res = box.run(["bash", "-c", "pwd; echo err >&2; exit 3"])
-    assert res.exit_code == 3 and res.stdout == f"{box.workspace}\n" and res.stderr == "err\n" and not res.timed_out
+    assert (
+        res.exit_code == 3
+        and res.stdout == f"{box.workspace}\n"
+        and res.stderr == "err\n"
+        and not res.timed_out
+    )
     assert box.run("python -c 'import sys; print(sys.prefix)'").stdout.strip() == os.path.realpath(sys.prefix)
     assert box.run(["no-such-binary-xyz"]).exit_code != 0
 
@@ -53,8 +58,15 @@ def test_command_line_is_an_allowlist(box: Sandbox):
     assert "/" not in binds and os.path.realpath(Path.home()) not in binds
     writable = [argv[i + 1] for i, a in enumerate(argv) if a == "--bind"]
     assert writable == [os.path.realpath(box.workspace)]
-    for flag in ("--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
-                 "--new-session", "--clearenv"):
+    for flag in (
+        "--unshare-net",
+        "--unshare-pid",
+        "--unshare-ipc",
+        "--unshare-uts",
+        "--die-with-parent",
+        "--new-session",
+        "--clearenv",
+    ):
         assert flag in argv
 
 

@@ -21,9 +21,16 @@ pytestmark = pytest.mark.slow
 SOURCES = ["pypi:cachetools==8.0.2", "pypi:toolz==1.2.0", "pypi:tinydb==4.9.0"]
 
 
-def cli(*args: str, env: dict[str, str] | None = None, timeout: int = 900) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cadenza", "tasks", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
+def cli(
+    *args: str, env: dict[str, str] | None = None, timeout: int = 900
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cadenza", "tasks", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def bad_sources(root: Path) -> dict[str, str]:
@@ -35,14 +42,21 @@ def bad_sources(root: Path) -> dict[str, str]:
     not_python.mkdir()
     (not_python / "index.js").write_text("module.exports = () => 1;\n")
     (not_python / "README.md").write_text("# a JavaScript project\n")
-    broken = make_repo(root / "broken-install", pyproject=textwrap.dedent('''\
+    broken = make_repo(
+        root / "broken-install",
+        pyproject=textwrap.dedent("""\
         [project]
         name = "minilib"
         version = "1"
         dependencies = ["cadenza-no-such-dependency-xyz==0.0.1"]
-        '''))
-    return {str(root / "does-not-exist"): "exist", str(no_tests): "test", str(not_python): "python",
-            str(broken): "cadenza-no-such-dependency-xyz"}
+        """),
+    )
+    return {
+        str(root / "does-not-exist"): "exist",
+        str(no_tests): "test",
+        str(not_python): "python",
+        str(broken): "cadenza-no-such-dependency-xyz",
+    }
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +69,23 @@ def built(tmp_path_factory, env):
     tmp = tmp_path_factory.mktemp("build")
     bad = bad_sources(tmp)
     out = tmp / "set"
-    res = cli("build", *SOURCES, *bad, "--out", str(out), "--workers", "2", "--max-tasks", "1", "--levels", "1,2",
-              "--seed", "3", "--quiet", env=env)
+    res = cli(
+        "build",
+        *SOURCES,
+        *bad,
+        "--out",
+        str(out),
+        "--workers",
+        "2",
+        "--max-tasks",
+        "1",
+        "--levels",
+        "1,2",
+        "--seed",
+        "3",
+        "--quiet",
+        env=env,
+    )
     return out, res, bad
 
 
@@ -70,7 +99,10 @@ def test_three_layouts_build_and_bad_sources_are_reported(built):
     assert res.returncode == 0, res.stdout + res.stderr
     assert "Task set" in res.stdout and "L1" in res.stdout  # the summary table
     rows = dict(_index(out, "SELECT spec, COUNT(*) FROM tasks GROUP BY spec"))
-    assert rows == {s: 1 for s in SOURCES}, (_index(out, "SELECT * FROM build_sources"), _index(out, "SELECT * FROM rejections"))
+    assert rows == {s: 1 for s in SOURCES}, (
+        _index(out, "SELECT * FROM build_sources"),
+        _index(out, "SELECT * FROM rejections"),
+    )
     layouts = {load_task(out / tid).meta["layout"] for (tid,) in _index(out, "SELECT id FROM tasks")}
     assert layouts == {"src", "tests-inside-package", "flat"}
     report = dict(_index(out, "SELECT source, status || ': ' || reason FROM build_sources"))
@@ -98,24 +130,44 @@ def test_task_dirs_are_self_contained(built, env):
         task_dir = out / tid
         task = load_task(task_dir)
         ws = task_dir / "workspace"
-        log = subprocess.run(["git", "-C", str(ws), "log", "--all", "--format=%an %ad"], capture_output=True, text=True)
+        log = subprocess.run(
+            ["git", "-C", str(ws), "log", "--all", "--format=%an %ad"], capture_output=True, text=True
+        )
         assert log.stdout.strip().splitlines() == ["cadenza Sat Jan 1 00:00:00 2000 +0000"]
-        assert subprocess.run(["git", "-C", str(ws), "status", "--porcelain"], capture_output=True, text=True).stdout == ""
-        assert subprocess.run(["git", "apply", "--check", str(task_dir / "gold.patch")], cwd=ws).returncode == 0
-        assert not [p for p in ws.rglob("*") if p.name in ("__pycache__", ".pytest_cache") or p.suffix == ".pyc"]
+        assert (
+            subprocess.run(
+                ["git", "-C", str(ws), "status", "--porcelain"], capture_output=True, text=True
+            ).stdout
+            == ""
+        )
+        assert (
+            subprocess.run(["git", "apply", "--check", str(task_dir / "gold.patch")], cwd=ws).returncode == 0
+        )
+        assert not [
+            p for p in ws.rglob("*") if p.name in ("__pycache__", ".pytest_cache") or p.suffix == ".pyc"
+        ]
         python = cli("env", str(task_dir), env=env).stdout.strip()
         pkg = task.meta["packages"][0]
-        where = subprocess.run([python, "-c", f"import {pkg}; print({pkg}.__file__)"], capture_output=True, text=True, cwd="/")
+        where = subprocess.run(
+            [python, "-c", f"import {pkg}; print({pkg}.__file__)"], capture_output=True, text=True, cwd="/"
+        )
         assert where.stdout.strip().startswith(str(ws)), where.stderr
 
 
 def test_export_swebench(built, env):
     out, _, _ = built
-    recs = [json.loads(line) for line in cli("export", str(out), "--format", "swebench", env=env).stdout.splitlines()]
+    recs = [
+        json.loads(line)
+        for line in cli("export", str(out), "--format", "swebench", env=env).stdout.splitlines()
+    ]
     assert len(recs) == 3
     for rec in recs:
         assert rec["FAIL_TO_PASS"] and rec["PASS_TO_PASS"] and rec["patch"].startswith("diff --git")
-        assert rec["repo"] in SOURCES and rec["problem_statement"] and rec["repo"].endswith("==" + rec["version"])
+        assert (
+            rec["repo"] in SOURCES
+            and rec["problem_statement"]
+            and rec["repo"].endswith("==" + rec["version"])
+        )
 
 
 def test_only_bad_sources_exit_1_and_write_no_task(tmp_path, env):
@@ -128,4 +180,8 @@ def test_only_bad_sources_exit_1_and_write_no_task(tmp_path, env):
     assert _index(out, "SELECT COUNT(*) FROM tasks") == [(0,)]
     assert [p.name for p in out.iterdir() if not p.name.startswith(".")] == ["index.sqlite"]
     usage = cli("build", "pypi:cachetools", "--out", str(out), "--levels", "4", env=env)
-    assert usage.returncode == 2 and usage.stderr.startswith("error:") and len(usage.stderr.strip().splitlines()) == 1
+    assert (
+        usage.returncode == 2
+        and usage.stderr.startswith("error:")
+        and len(usage.stderr.strip().splitlines()) == 1
+    )

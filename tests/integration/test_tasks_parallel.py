@@ -22,9 +22,26 @@ pytestmark = pytest.mark.slow
 SEED = "1"
 
 
-def _build(src: Path, out: Path, workers: int, max_tasks: int, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "cadenza", "tasks", "build", str(src), "--out", str(out), "--workers", str(workers),
-           "--max-tasks", str(max_tasks), "--seed", SEED, "--quiet"]
+def _build(
+    src: Path, out: Path, workers: int, max_tasks: int, env: dict[str, str]
+) -> subprocess.CompletedProcess[str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "cadenza",
+        "tasks",
+        "build",
+        str(src),
+        "--out",
+        str(out),
+        "--workers",
+        str(workers),
+        "--max-tasks",
+        str(max_tasks),
+        "--seed",
+        SEED,
+        "--quiet",
+    ]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr
     return res
@@ -38,7 +55,11 @@ def _ids(out: Path) -> set[str]:
 def _last_report(out: Path) -> dict:
     with sqlite3.connect(out / "index.sqlite") as con:
         con.row_factory = sqlite3.Row
-        return dict(con.execute("SELECT * FROM build_sources WHERE build_id = (SELECT MAX(id) FROM builds)").fetchone())
+        return dict(
+            con.execute(
+                "SELECT * FROM build_sources WHERE build_id = (SELECT MAX(id) FROM builds)"
+            ).fetchone()
+        )
 
 
 def test_two_workers_same_tasks_as_one_and_resume_skips(tmp_path, tmp_path_factory):
@@ -66,8 +87,15 @@ def test_two_workers_same_tasks_as_one_and_resume_skips(tmp_path, tmp_path_facto
     assert "resumed" in again.stdout and _ids(two) == want
 
 
-@pytest.mark.parametrize(("workers", "sources", "want"), [
-    (1, 3, [1]), (2, 1, [2]), (2, 3, [1, 1]), (3, 2, [2, 1]), (8, 3, [3, 3, 2]),
-])
+@pytest.mark.parametrize(
+    ("workers", "sources", "want"),
+    [
+        (1, 3, [1]),
+        (2, 1, [2]),
+        (2, 3, [1, 1]),
+        (3, 2, [2, 1]),
+        (8, 3, [3, 3, 2]),
+    ],
+)
 def test_split_workers_uses_every_worker(workers, sources, want):
     assert split_workers(workers, sources) == want and sum(want) == workers

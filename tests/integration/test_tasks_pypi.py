@@ -23,11 +23,16 @@ CASES = [
 
 
 @pytest.mark.parametrize(("spec", "levels", "layout", "test_dep"), CASES, ids=[c[0] for c in CASES])
-def test_real_package_yields_validated_drafts(spec, levels, layout, test_dep, tmp_path_factory, tmp_path: Path) -> None:
+def test_real_package_yields_validated_drafts(
+    spec, levels, layout, test_dep, tmp_path_factory, tmp_path: Path
+) -> None:
     stats = BuildStats(source=spec)
-    cfg = BuildConfig(env_cache_dir=shared_env_cache(tmp_path_factory), per_test_timeout_s=30, max_candidates=12)
-    drafts = list(iter_task_drafts(spec, tmp_path / "work", levels=levels, max_tasks=1, seed=3, config=cfg,
-                                   stats=stats))
+    cfg = BuildConfig(
+        env_cache_dir=shared_env_cache(tmp_path_factory), per_test_timeout_s=30, max_candidates=12
+    )
+    drafts = list(
+        iter_task_drafts(spec, tmp_path / "work", levels=levels, max_tasks=1, seed=3, config=cfg, stats=stats)
+    )
     assert len(drafts) == 1, stats.to_dict()
     d = drafts[0]
     t = d.task

@@ -33,9 +33,26 @@ def test_sigkill_mid_build_then_resume(tmp_path, tmp_path_factory):
     src = make_repo(tmp_path / "minilib")
     out = tmp_path / "set"
     env = {**os.environ, "CADENZA_ENV_CACHE": str(shared_env_cache(tmp_path_factory))}
-    cmd = [sys.executable, "-m", "cadenza", "tasks", "build", str(src), "--out", str(out), "--max-tasks", str(MAX_TASKS),
-           "--levels", "1,2,3", "--seed", "1", "--quiet"]
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    cmd = [
+        sys.executable,
+        "-m",
+        "cadenza",
+        "tasks",
+        "build",
+        str(src),
+        "--out",
+        str(out),
+        "--max-tasks",
+        str(MAX_TASKS),
+        "--levels",
+        "1,2,3",
+        "--seed",
+        "1",
+        "--quiet",
+    ]
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
     deadline = time.monotonic() + 600
     try:
         while _published(out) < 1 and proc.poll() is None and time.monotonic() < deadline:

@@ -11,8 +11,12 @@ from cadenza.experiments.report import ARMS
 
 def test_quick_tool_hints_experiment_outputs(tmp_path):
     out = tmp_path / "exp"
-    proc = subprocess.run([sys.executable, "-m", "cadenza", "experiment", "tool-hints", "--out", str(out), "--quick"],
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cadenza", "experiment", "tool-hints", "--out", str(out), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     pre = results["pre_rl"]
@@ -20,7 +24,10 @@ def test_quick_tool_hints_experiment_outputs(tmp_path):
     # the SFT policy uses a listed tool when told, and guesses among 3 aliases otherwise
     assert pre["valid_with_hint"] > 0.8 and 0.15 < pre["valid_without_hint"] < 0.6
     assert list(results["arms"]) == list(ARMS)
-    steps, per_step = results["config"]["rl_steps"], results["config"]["tasks_per_step"] * results["config"]["group_size"]
+    steps, per_step = (
+        results["config"]["rl_steps"],
+        results["config"]["tasks_per_step"] * results["config"]["group_size"],
+    )
     for arm, runs in results["arms"].items():
         assert len(runs) == 1, arm
         run = runs[0]

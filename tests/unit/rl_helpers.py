@@ -10,11 +10,22 @@ from cadenza.rl.chat import train_tokenizer
 from cadenza.rl.policy import Sample, SamplingParams
 
 TOOLS = [
-    {"type": "function", "function": {"name": "add", "description": "add x to the counter",
-                                      "parameters": {"type": "object", "properties": {"x": {"type": "integer"}},
-                                                     "required": ["x"]}}},
-    {"type": "function", "function": {"name": "submit", "description": "finish",
-                                      "parameters": {"type": "object", "properties": {}}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "add x to the counter",
+            "parameters": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "submit",
+            "description": "finish",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    },
 ]
 
 
@@ -28,20 +39,26 @@ class CounterEnv:
 
     def reset(self) -> list[dict[str, Any]]:
         self.total, self.submitted = 0, False
-        return [{"role": "system", "content": "You are a counting agent."},
-                {"role": "user", "content": f"Make the counter reach {self.target}, then submit."}]
+        return [
+            {"role": "system", "content": "You are a counting agent."},
+            {"role": "user", "content": f"Make the counter reach {self.target}, then submit."},
+        ]
 
     def tools(self) -> list[dict[str, Any]]:
         return TOOLS
 
     def step(self, call: ToolCall) -> StepResult:
         if call.name not in ("add", "submit"):
-            return StepResult(observation=f"error: tool {call.name!r} not found", done=False, error_kind="tool_not_found")
+            return StepResult(
+                observation=f"error: tool {call.name!r} not found", done=False, error_kind="tool_not_found"
+            )
         if call.name == "submit":
             self.submitted = True
             return StepResult(observation="submitted", done=True)
         if not isinstance(call.arguments, dict) or not isinstance(call.arguments.get("x"), int):
-            return StepResult(observation="error: add needs an integer x", done=False, error_kind="invalid_arguments")
+            return StepResult(
+                observation="error: add needs an integer x", done=False, error_kind="invalid_arguments"
+            )
         self.total += call.arguments["x"]
         return StepResult(observation=f"counter = {self.total}", done=False)
 
@@ -51,9 +68,17 @@ class CounterEnv:
 
 
 def corpus() -> list[str]:
-    calls = [json.dumps({"name": n, "arguments": a}) for n, a in [("add", {"x": 1}), ("add", {"x": 2}), ("submit", {})]]
-    texts = ["You are a counting agent. Make the counter reach 3, then submit.", "counter = 1 2 3 error: tool not found",
-             "Reminder: the available tools are add, submit.", *calls, json.dumps(TOOLS)]
+    calls = [
+        json.dumps({"name": n, "arguments": a})
+        for n, a in [("add", {"x": 1}), ("add", {"x": 2}), ("submit", {})]
+    ]
+    texts = [
+        "You are a counting agent. Make the counter reach 3, then submit.",
+        "counter = 1 2 3 error: tool not found",
+        "Reminder: the available tools are add, submit.",
+        *calls,
+        json.dumps(TOOLS),
+    ]
     return texts * 20
 
 
@@ -75,4 +100,6 @@ class ScriptedPolicy:
         ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]
         ids = ids[: params.max_new_tokens]
         finish = "stop" if ids[-1] == self.tokenizer.eos_token_id else "length"
-        return [Sample(token_ids=list(ids), logprobs=[-1.0] * len(ids), finish_reason=finish) for _ in prompts]
+        return [
+            Sample(token_ids=list(ids), logprobs=[-1.0] * len(ids), finish_reason=finish) for _ in prompts
+        ]

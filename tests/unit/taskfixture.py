@@ -34,12 +34,12 @@ def top_token(counts):
     return min(counts, key=lambda tok: (-counts[tok], tok))
 '''
 
-INIT_ORIGINAL = '''from minipkg.core import merge_counts, top_token
+INIT_ORIGINAL = """from minipkg.core import merge_counts, top_token
 
 __all__ = ["merge_counts", "top_token"]
-'''
+"""
 
-TESTS = '''from minipkg import core
+TESTS = """from minipkg import core
 
 
 def test_top_token():
@@ -48,15 +48,27 @@ def test_top_token():
 
 def test_merge_counts():
     assert core.merge_counts({"a": 2}, {"a": 1, "b": 1}, floor=1) == {"a": 3}
-'''
+"""
 
-GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
-           "GIT_CONFIG_GLOBAL": os.devnull, "GIT_CONFIG_NOSYSTEM": "1"}
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "t",
+    "GIT_AUTHOR_EMAIL": "t@t",
+    "GIT_COMMITTER_NAME": "t",
+    "GIT_COMMITTER_EMAIL": "t@t",
+    "GIT_CONFIG_GLOBAL": os.devnull,
+    "GIT_CONFIG_NOSYSTEM": "1",
+}
 
 
 def git(cwd: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "init.defaultBranch=main", *args], cwd=cwd, check=True, capture_output=True,
-                          text=True, env={**os.environ, **GIT_ENV}).stdout
+    return subprocess.run(
+        ["git", "-c", "init.defaultBranch=main", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **GIT_ENV},
+    ).stdout
 
 
 def post_deletion(text: str) -> str:
@@ -77,7 +89,9 @@ def write_tree(root: Path, core: str, init: str) -> None:
 def gold_patch(tmp: Path) -> str:
     """``git diff`` from the post-deletion tree back to the original."""
     repo = tmp / "patchrepo"
-    write_tree(repo, post_deletion(CORE_ORIGINAL), "from minipkg.core import top_token\n\n__all__ = [\"top_token\"]\n")
+    write_tree(
+        repo, post_deletion(CORE_ORIGINAL), 'from minipkg.core import top_token\n\n__all__ = ["top_token"]\n'
+    )
     git(repo, "init", "-q")
     git(repo, "add", "-A")
     git(repo, "commit", "-qm", "post")
@@ -95,7 +109,16 @@ def mini_base(dest: Path) -> Path:
     dest.mkdir(parents=True, exist_ok=True)
     for entry in site.iterdir():
         name = entry.name.lower()
-        if name.split("-")[0].split(".")[0] in ("pytest", "_pytest", "pluggy", "iniconfig", "packaging", "pytest_timeout", "py", "pygments"):
+        if name.split("-")[0].split(".")[0] in (
+            "pytest",
+            "_pytest",
+            "pluggy",
+            "iniconfig",
+            "packaging",
+            "pytest_timeout",
+            "py",
+            "pygments",
+        ):
             (dest / entry.name).symlink_to(entry)
     return dest
 
@@ -107,22 +130,32 @@ def make_light_env(env_dir: Path, workspace: Path, base_site: Path | None = None
     (site / "task.pth").write_text(os.path.relpath(workspace, site) + "\n" + base)
 
 
-def make_task(tmp: Path, task_id: str = "minipkg-merge", with_env: bool = True, base_site: Path | None = None) -> Path:
+def make_task(
+    tmp: Path, task_id: str = "minipkg-merge", with_env: bool = True, base_site: Path | None = None
+) -> Path:
     """A complete task dir (task.json, workspace/, gold.patch, env/) under ``tmp/task_id``."""
     task_dir = tmp / task_id
     ws = task_dir / "workspace"
     patch = gold_patch(tmp)
-    write_tree(ws, post_deletion(CORE_ORIGINAL), "from minipkg.core import top_token\n\n__all__ = [\"top_token\"]\n")
+    write_tree(
+        ws, post_deletion(CORE_ORIGINAL), 'from minipkg.core import top_token\n\n__all__ = ["top_token"]\n'
+    )
     git(ws, "init", "-q")
     git(ws, "add", "-A")
     git(ws, "commit", "-qm", "task")
     (task_dir / "gold.patch").write_text(patch)
     if with_env:
         make_light_env(task_dir / "env", ws, base_site)
-    task = Task(id=task_id, source=str(tmp / "src"), level=2, package="minipkg",
-                feature=Feature(qualname="minipkg.core.merge_counts", path="minipkg/core.py", kind="function"),
-                statement="Implement minipkg.core.merge_counts(first, second, *, floor=0).",
-                fail_to_pass=["tests/test_core.py::test_merge_counts"], pass_to_pass=["tests/test_core.py::test_top_token"])
+    task = Task(
+        id=task_id,
+        source=str(tmp / "src"),
+        level=2,
+        package="minipkg",
+        feature=Feature(qualname="minipkg.core.merge_counts", path="minipkg/core.py", kind="function"),
+        statement="Implement minipkg.core.merge_counts(first, second, *, floor=0).",
+        fail_to_pass=["tests/test_core.py::test_merge_counts"],
+        pass_to_pass=["tests/test_core.py::test_top_token"],
+    )
     save_task(task_dir, task)
     return task_dir
 

@@ -31,11 +31,17 @@ def test_schemas_are_openai_function_tools():
         assert params["type"] == "object" and set(params["required"]) <= set(params["properties"])
 
 
-@pytest.mark.parametrize("args,problem", [
-    ("{bad", "not valid JSON"), ("[1]", "must be a JSON object"), ({}, "missing required argument 'path'"),
-    ({"path": 1}, "'path' must be string, got integer"), ({"path": "x", "start_line": True}, "must be integer"),
-    ({"path": "x", "nope": 1}, "unexpected argument 'nope'"),
-])
+@pytest.mark.parametrize(
+    "args,problem",
+    [
+        ("{bad", "not valid JSON"),
+        ("[1]", "must be a JSON object"),
+        ({}, "missing required argument 'path'"),
+        ({"path": 1}, "'path' must be string, got integer"),
+        ({"path": "x", "start_line": True}, "must be integer"),
+        ({"path": "x", "nope": 1}, "unexpected argument 'nope'"),
+    ],
+)
 def test_argument_errors(args, problem):
     params = TOOL_SCHEMAS[1]["function"]["parameters"]
     parsed, err = check_arguments(params, args)
@@ -51,8 +57,13 @@ def test_unknown_tool_and_invalid_arguments(box: Toolbox):
 
 
 def test_view_ranges_directories_and_binary(box: Toolbox):
-    assert box.call("view", {"path": "pkg/mod.py"}).observation == "     1\ta = 1\n     2\tb = 2\n     3\ta = 1\n"
-    assert box.call("view", {"path": "pkg/mod.py", "start_line": 2, "end_line": -1}).observation.startswith("     2\tb = 2")
+    assert (
+        box.call("view", {"path": "pkg/mod.py"}).observation
+        == "     1\ta = 1\n     2\tb = 2\n     3\ta = 1\n"
+    )
+    assert box.call("view", {"path": "pkg/mod.py", "start_line": 2, "end_line": -1}).observation.startswith(
+        "     2\tb = 2"
+    )
     bad = box.call("view", {"path": "pkg/mod.py", "start_line": 9})
     assert bad.error_kind == "invalid_arguments" and "has 3 lines" in bad.observation
     assert "pkg/mod.py" in box.call("view", {"path": "."}).observation
@@ -69,7 +80,11 @@ def test_view_of_a_fifo_does_not_block(box: Toolbox):
 
 def test_str_replace_needs_exactly_one_match(box: Toolbox):
     res = box.call("str_replace", {"path": "pkg/mod.py", "old": "a = 1", "new": "a = 3"})
-    assert res.error_kind == "tool_error" and "occurs 2 times" in res.observation and "lines 1, 3" in res.observation
+    assert (
+        res.error_kind == "tool_error"
+        and "occurs 2 times" in res.observation
+        and "lines 1, 3" in res.observation
+    )
     res = box.call("str_replace", {"path": "pkg/mod.py", "old": "zzz", "new": ""})
     assert res.error_kind == "tool_error" and "not found" in res.observation
     res = box.call("str_replace", {"path": "pkg/mod.py", "old": "b = 2", "new": "b = 20"})
@@ -81,18 +96,26 @@ def test_insert_and_create(box: Toolbox):
     assert box.call("insert", {"path": "pkg/mod.py", "line": 0, "text": "# top"}).error_kind is None
     assert box.call("insert", {"path": "pkg/mod.py", "line": 4, "text": "c = 3\n"}).error_kind is None
     assert (box.workspace / "pkg/mod.py").read_text() == "# top\na = 1\nb = 2\na = 1\nc = 3\n"
-    assert box.call("insert", {"path": "pkg/mod.py", "line": 99, "text": "x"}).error_kind == "invalid_arguments"
+    assert (
+        box.call("insert", {"path": "pkg/mod.py", "line": 99, "text": "x"}).error_kind == "invalid_arguments"
+    )
     res = box.call("create", {"path": "new/deep/file.py", "content": "x = 1\n"})
     assert res.error_kind is None and (box.workspace / "new/deep/file.py").read_text() == "x = 1\n"
     assert box.call("create", {"path": "pkg", "content": ""}).error_kind == "tool_error"
 
 
-@pytest.mark.parametrize("path", ["../secret.txt", "pkg/../../secret.txt", "/etc/passwd", "link/secret.txt", "flink"])
+@pytest.mark.parametrize(
+    "path", ["../secret.txt", "pkg/../../secret.txt", "/etc/passwd", "link/secret.txt", "flink"]
+)
 def test_paths_are_confined(box: Toolbox, path: str):
     os.symlink(box.workspace.parent, box.workspace / "link")
     os.symlink(box.workspace.parent / "secret.txt", box.workspace / "flink")
-    for tool, extra in [("view", {}), ("create", {"content": "pwned"}), ("str_replace", {"old": "secret", "new": "x"}),
-                        ("insert", {"line": 0, "text": "x"})]:
+    for tool, extra in [
+        ("view", {}),
+        ("create", {"content": "pwned"}),
+        ("str_replace", {"old": "secret", "new": "x"}),
+        ("insert", {"line": 0, "text": "x"}),
+    ]:
         res = box.call(tool, {"path": path, **extra})
         assert res.error_kind == "path_outside_workspace", (tool, res.observation)
     assert (box.workspace.parent / "secret.txt").read_text() == "secret"

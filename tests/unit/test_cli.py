@@ -3,7 +3,9 @@ import sys
 
 
 def test_help_lists_commands():
-    out = subprocess.run([sys.executable, "-m", "cadenza", "--help"], capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "cadenza", "--help"], capture_output=True, text=True, check=True
+    )
     assert "demo" in out.stdout
 
 

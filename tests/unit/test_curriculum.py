@@ -48,7 +48,7 @@ def test_sampler_concentrates_near_target_and_retires_solved(tmp_path):
     pool.add_tasks([(t, "pypi:demo", 1) for t in PROBS])
     sampler = CurriculumSampler(pool, CurriculumConfig(target=0.5), seed=1)
     picked, dropped = run_scripted(pool, sampler, steps=40)
-    late = picked[len(picked) // 2:]
+    late = picked[len(picked) // 2 :]
     near = sum(0.3 <= PROBS[t] <= 0.7 for t in late) / len(late)
     # Uniform sampling would give 5/11 ~ 0.45 of draws near the target.
     assert near > 0.75, f"only {near:.2f} of late draws were near the target"
@@ -73,10 +73,15 @@ def test_quarantine_on_repeated_flags(tmp_path):
     pool = TaskPool(tmp_path, PoolConfig(quarantine_min_flagged_groups=2))
     pool.add_tasks([("leaky", "src", 1), ("fine", "src", 1)])
     for step in range(2):
-        pool.record_group("leaky", f"g{step}", step, [Rollout(success=True, reward=0.0, flagged=True),
-                                                      Rollout(success=False, reward=0.0)])
-        pool.record_group("fine", f"f{step}", step, [Rollout(success=True, reward=1.0),
-                                                     Rollout(success=False, reward=0.0)])
+        pool.record_group(
+            "leaky",
+            f"g{step}",
+            step,
+            [Rollout(success=True, reward=0.0, flagged=True), Rollout(success=False, reward=0.0)],
+        )
+        pool.record_group(
+            "fine", f"f{step}", step, [Rollout(success=True, reward=1.0), Rollout(success=False, reward=0.0)]
+        )
     states = {s.task_id: s.state for s in pool.stats()}
     assert states == {"leaky": "quarantined_flagged", "fine": "active"}
     assert [e["task_id"] for e in pool.events("quarantined_flagged")] == ["leaky"]
@@ -119,7 +124,12 @@ def test_escalation_adds_harder_tasks_in_background(tmp_path):
     esc = Escalator(pool_path=str(pool.path), factory=factory, config=cfg)
     assert esc.maybe_escalate(pool, step=0) is None  # no evidence yet
     for i in range(4):
-        pool.record_group(f"e{i}", f"g{i}", 1, [Rollout(success=True, reward=1.0)] * 7 + [Rollout(success=False, reward=0.0)])
+        pool.record_group(
+            f"e{i}",
+            f"g{i}",
+            1,
+            [Rollout(success=True, reward=1.0)] * 7 + [Rollout(success=False, reward=0.0)],
+        )
     why = esc.maybe_escalate(pool, step=1)
     assert why is not None and "mean pass rate" in why
     esc.wait(10)
@@ -137,8 +147,7 @@ def test_escalation_factory_failure_is_reported_not_raised(tmp_path):
     def factory(source, level, n):
         raise CadenzaError("no level-2 candidates in pypi:x")
 
-    esc = Escalator(pool_path=str(pool.path), factory=factory,
-                    config=CurriculumConfig(escalate_min_groups=1))
+    esc = Escalator(pool_path=str(pool.path), factory=factory, config=CurriculumConfig(escalate_min_groups=1))
     pool.record_group("e0", "g", 0, [Rollout(success=True, reward=1.0)] * 4)
     assert esc.maybe_escalate(pool, step=0)
     esc.wait(10)
@@ -167,7 +176,9 @@ def test_kill_9_mid_step_keeps_counts_consistent(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     db = tmp_path / "set"
     db.mkdir()
-    proc = subprocess.Popen([sys.executable, str(script), str(db), "100000"], stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(db), "100000"], stdout=subprocess.PIPE, text=True, env=env
+    )
     for _ in range(30):  # let it record a few steps, then kill it mid-write
         proc.stdout.readline()
     proc.send_signal(signal.SIGKILL)

@@ -31,10 +31,16 @@ def test_discover_tasks(tmp_path):
     assert discover_tasks(tmp_path / "a") == [tmp_path / "a"]
     con = sqlite3.connect(tmp_path / "index.sqlite")
     con.execute("CREATE TABLE tasks (id TEXT PRIMARY KEY, state TEXT NOT NULL)")
-    con.executemany("INSERT INTO tasks VALUES (?, ?)", [("c", "ready"), ("a", "ready"), ("b", "retired"), ("gone", "ready")])
+    con.executemany(
+        "INSERT INTO tasks VALUES (?, ?)",
+        [("c", "ready"), ("a", "ready"), ("b", "retired"), ("gone", "ready")],
+    )
     con.commit()
     con.close()
-    assert [p.name for p in discover_tasks(tmp_path)] == ["a", "c"]  # the index decides; missing dirs are skipped
+    assert [p.name for p in discover_tasks(tmp_path)] == [
+        "a",
+        "c",
+    ]  # the index decides; missing dirs are skipped
     with pytest.raises(CadenzaError, match="holds no tasks"):
         discover_tasks(tmp_path / "notes")
     with pytest.raises(CadenzaError, match="not a directory"):
@@ -71,12 +77,21 @@ def test_evaluate_runs_tasks_concurrently_and_survives_broken_ones(tmp_path):
         report = evaluate(cfg, make_env=make_env, on_result=lambda r: seen.append(r.task_id))
     assert sorted(seen) == ["broken", "t1", "t2", "t3", "t4"]
     assert SlowCounterEnv.peak >= 2  # episodes overlapped
-    assert report.resolved_rate == pytest.approx(4 / 5) and report.errored == 1 and report.mean_turns == pytest.approx(8 / 5)
+    assert (
+        report.resolved_rate == pytest.approx(4 / 5)
+        and report.errored == 1
+        and report.mean_turns == pytest.approx(8 / 5)
+    )
     broken = next(r for r in report.results if r.task_id == "broken")
     assert broken.error == "RuntimeError: workspace missing"
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert summary["tasks"] == 5 and summary["interrupted"] is False
-    assert sorted(p.name for p in (tmp_path / "out").glob("t*.json")) == ["t1.json", "t2.json", "t3.json", "t4.json"]
+    assert sorted(p.name for p in (tmp_path / "out").glob("t*.json")) == [
+        "t1.json",
+        "t2.json",
+        "t3.json",
+        "t4.json",
+    ]
 
 
 def test_eval_config_validation(tmp_path):

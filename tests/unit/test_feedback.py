@@ -18,8 +18,24 @@ from cadenza.feedback.rules import invalid_arguments, repeated_failure, tool_not
 from cadenza.feedback.style import new_violations, style
 
 TOOLS = [
-    {"type": "function", "function": {"name": "view", "parameters": {"type": "object", "properties": {"path": {"type": "string"}}, "required": ["path"]}}},
-    {"type": "function", "function": {"name": "bash", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "view",
+            "parameters": {
+                "type": "object",
+                "properties": {"path": {"type": "string"}},
+                "required": ["path"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "bash",
+            "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]},
+        },
+    },
 ]
 
 
@@ -28,27 +44,58 @@ def make_traj(turns: list[dict], observations: list[str] | None = None) -> Traje
     msgs = [{"role": "system", "content": "sys"}, {"role": "user", "content": "task"}]
     metas = []
     for i, t in enumerate(turns):
-        msgs.append({"role": "assistant", "content": "", "tool_calls": [{"id": str(i), "type": "function", "function": {"name": t.get("tool"), "arguments": json.dumps(t.get("arguments"))}}]})
+        msgs.append(
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": str(i),
+                        "type": "function",
+                        "function": {"name": t.get("tool"), "arguments": json.dumps(t.get("arguments"))},
+                    }
+                ],
+            }
+        )
         metas.append(TurnMeta(index=i, message_index=len(msgs) - 1, **t))
-        msgs.append({"role": "tool", "tool_call_id": str(i), "content": (observations or ["ok"] * len(turns))[i]})
+        msgs.append(
+            {"role": "tool", "tool_call_id": str(i), "content": (observations or ["ok"] * len(turns))[i]}
+        )
     return Trajectory(task_id="t", messages=msgs, turns=metas)
 
 
 def test_tool_not_found_lists_tools_only_on_failing_turns():
-    traj = make_traj([{"tool": "view", "arguments": {"path": "a"}}, {"tool": "cat", "arguments": {}, "error_kind": "tool_not_found"}])
+    traj = make_traj(
+        [
+            {"tool": "view", "arguments": {"path": "a"}},
+            {"tool": "cat", "arguments": {}, "error_kind": "tool_not_found"},
+        ]
+    )
     hints = tool_not_found(traj, TOOLS)
-    assert hints == [Hint(turn=1, text="Reminder: the available tools are view, bash.", kind="tool_not_found")]
+    assert hints == [
+        Hint(turn=1, text="Reminder: the available tools are view, bash.", kind="tool_not_found")
+    ]
     assert tool_not_found(make_traj([{"tool": "view", "arguments": {"path": "a"}}]), TOOLS) == []
 
 
 def test_invalid_arguments_gives_that_tools_schema():
-    traj = make_traj([{"tool": "bash", "arguments": {"command": "ls"}, "error_kind": "invalid_arguments"}, {"tool": "view", "arguments": {"path": "a"}}])
+    traj = make_traj(
+        [
+            {"tool": "bash", "arguments": {"command": "ls"}, "error_kind": "invalid_arguments"},
+            {"tool": "view", "arguments": {"path": "a"}},
+        ]
+    )
     (h,) = invalid_arguments(traj, TOOLS)
     assert h.turn == 0 and h.kind == "invalid_arguments"
     schema = json.loads(h.text.split("JSON schema: ", 1)[1])
     assert schema == TOOLS[1]["function"]["parameters"]
     # an unknown tool with bad arguments has no schema to show
-    assert invalid_arguments(make_traj([{"tool": "zzz", "arguments": {}, "error_kind": "invalid_arguments"}]), TOOLS) == []
+    assert (
+        invalid_arguments(
+            make_traj([{"tool": "zzz", "arguments": {}, "error_kind": "invalid_arguments"}]), TOOLS
+        )
+        == []
+    )
 
 
 def test_repeated_failure_needs_same_command_and_same_result():
@@ -75,7 +122,12 @@ def test_style_reports_only_newly_introduced_ruff_violations():
     assert sorted(v.code for v in found) == ["E711", "F401"]
     assert {v.line for v in found} == {2, 6}
     edit = {"path": "pkg/m.py", "content_before": before, "content_after": after}
-    traj = make_traj([{"tool": "edit", "arguments": {}, "extra": edit}, {"tool": "edit", "arguments": {}, "extra": {**edit, "content_before": after}}])
+    traj = make_traj(
+        [
+            {"tool": "edit", "arguments": {}, "extra": edit},
+            {"tool": "edit", "arguments": {}, "extra": {**edit, "content_before": after}},
+        ]
+    )
     (h,) = style(traj)
     assert h.turn == 0 and "F401 line 2" in h.text and "E711 line 6" in h.text and "pkg/m.py" in h.text
     # pre-existing violations only shifted by an edit are not blamed on it
@@ -87,7 +139,12 @@ def test_style_reports_only_newly_introduced_ruff_violations():
 
 
 def test_placement_user_before_turn_and_append_to_observation():
-    traj = make_traj([{"tool": "view", "arguments": {"path": "a"}}, {"tool": "cat", "arguments": {}, "error_kind": "tool_not_found"}])
+    traj = make_traj(
+        [
+            {"tool": "view", "arguments": {"path": "a"}},
+            {"tool": "cat", "arguments": {}, "error_kind": "tool_not_found"},
+        ]
+    )
     hint = Hint(turn=1, text="Reminder: x", kind="tool_not_found")
     target = traj.turns[1].message_index
     a = hinted_prefix(traj.messages, target, [hint])
@@ -102,7 +159,12 @@ def test_placement_user_before_turn_and_append_to_observation():
 
 
 def test_generate_hints_combines_kinds_and_placebo_keeps_length():
-    traj = make_traj([{"tool": "cat", "arguments": {}, "error_kind": "tool_not_found"}, {"tool": "bash", "arguments": {"c": 1}, "error_kind": "invalid_arguments"}])
+    traj = make_traj(
+        [
+            {"tool": "cat", "arguments": {}, "error_kind": "tool_not_found"},
+            {"tool": "bash", "arguments": {"c": 1}, "error_kind": "invalid_arguments"},
+        ]
+    )
     cfg = FeedbackConfig(kinds=["tool_not_found", "invalid_arguments"])
     hints = generate_hints(traj, TOOLS, cfg)
     assert [(h.turn, h.kind) for h in hints] == [(0, "tool_not_found"), (1, "invalid_arguments")]
@@ -112,7 +174,14 @@ def test_generate_hints_combines_kinds_and_placebo_keeps_length():
     assert 0 <= len(p.text) - len(hints[0].text) <= 12
     words = lambda s: len(s.split())  # noqa: E731 - a token counter stand-in
     assert words(placebo_text(hints[0].text, words)) == words(hints[0].text)
-    assert len(generate_hints(traj, TOOLS, FeedbackConfig(kinds=["tool_not_found", "invalid_arguments"], max_hints=1))) == 1
+    assert (
+        len(
+            generate_hints(
+                traj, TOOLS, FeedbackConfig(kinds=["tool_not_found", "invalid_arguments"], max_hints=1)
+            )
+        )
+        == 1
+    )
     with pytest.raises(ConfigError, match="unknown kinds"):
         FeedbackConfig(kinds=["nope"]).validate()
     with pytest.raises(ConfigError, match="critic"):
@@ -147,8 +216,12 @@ def test_llm_critic_over_openai_compatible_http(monkeypatch):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         monkeypatch.setenv("CRITIC_KEY", "k123")
-        cfg = CriticConfig(base_url=f"http://127.0.0.1:{server.server_port}/v1", model="judge", api_key_env="CRITIC_KEY")
-        traj = make_traj([{"tool": "view", "arguments": {"path": "a"}}, {"tool": "view", "arguments": {"path": "a"}}])
+        cfg = CriticConfig(
+            base_url=f"http://127.0.0.1:{server.server_port}/v1", model="judge", api_key_env="CRITIC_KEY"
+        )
+        traj = make_traj(
+            [{"tool": "view", "arguments": {"path": "a"}}, {"tool": "view", "arguments": {"path": "a"}}]
+        )
         _Critic.replies[:] = [
             'Sure: [{"turn": 1, "hint": "You already read a; edit it."}, {"turn": 7, "hint": "no such turn"}, {"turn": "x"}]',
             "500",
@@ -156,7 +229,11 @@ def test_llm_critic_over_openai_compatible_http(monkeypatch):
         hints = critic(traj, cfg)
         assert hints == [Hint(turn=1, text="You already read a; edit it.", kind="critic")]
         req = _Critic.seen[-1]
-        assert req["path"] == "/v1/chat/completions" and req["auth"] == "Bearer k123" and req["body"]["model"] == "judge"
+        assert (
+            req["path"] == "/v1/chat/completions"
+            and req["auth"] == "Bearer k123"
+            and req["body"]["model"] == "judge"
+        )
         assert "[turn 1] assistant" in req["body"]["messages"][1]["content"]
         errors: list[str] = []
         assert critic(traj, cfg, errors) == [] and "failed" in errors[0]

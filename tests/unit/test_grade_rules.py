@@ -15,21 +15,39 @@ from cadenza.agent.replay import patch_actions
 from cadenza.agent.tools import Toolbox
 from cadenza.sandbox import Sandbox, SandboxConfig
 
-POLICY = Policy(test_paths=frozenset({"tests/test_a.py", "checks/verify.py"}), shadowable=frozenset({"json", "pytest", "_pytest"}),
-                pristine_top=frozenset({"pkg", "tests"}))
+POLICY = Policy(
+    test_paths=frozenset({"tests/test_a.py", "checks/verify.py"}),
+    shadowable=frozenset({"json", "pytest", "_pytest"}),
+    pristine_top=frozenset({"pkg", "tests"}),
+)
 
 
-@pytest.mark.parametrize("rel,kind,reason", [
-    ("pkg/core.py", "file", None), ("pkg/new_helper.py", "file", None), ("README.md", "file", None),
-    ("tests/test_a.py", "file", "test file"), ("tests/helpers.py", "file", "test file"),
-    ("checks/verify.py", "file", "test file"), ("pkg/test_core.py", "file", "test file"),
-    ("pkg/conftest.py", "file", "conftest"), ("conftest.py", "file", "conftest"),
-    ("pytest.ini", "file", "pytest configuration"), ("sub/tox.ini", "file", "pytest configuration"),
-    ("setup.cfg", "file", "pytest configuration"), ("pytest.toml", "file", "pytest configuration"),
-    ("sitecustomize.py", "file", "start-up"), ("pkg/usercustomize.py", "file", "start-up"),
-    ("pkg/x.pth", "file", ".pth"), ("pytest.py", "file", "shadow"), ("json/__init__.py", "file", "shadow"),
-    ("src/_pytest/x.py", "file", "shadow"), ("pkg/json.py", "file", None), ("pkg/link.py", "link", "symlink"),
-])
+@pytest.mark.parametrize(
+    "rel,kind,reason",
+    [
+        ("pkg/core.py", "file", None),
+        ("pkg/new_helper.py", "file", None),
+        ("README.md", "file", None),
+        ("tests/test_a.py", "file", "test file"),
+        ("tests/helpers.py", "file", "test file"),
+        ("checks/verify.py", "file", "test file"),
+        ("pkg/test_core.py", "file", "test file"),
+        ("pkg/conftest.py", "file", "conftest"),
+        ("conftest.py", "file", "conftest"),
+        ("pytest.ini", "file", "pytest configuration"),
+        ("sub/tox.ini", "file", "pytest configuration"),
+        ("setup.cfg", "file", "pytest configuration"),
+        ("pytest.toml", "file", "pytest configuration"),
+        ("sitecustomize.py", "file", "start-up"),
+        ("pkg/usercustomize.py", "file", "start-up"),
+        ("pkg/x.pth", "file", ".pth"),
+        ("pytest.py", "file", "shadow"),
+        ("json/__init__.py", "file", "shadow"),
+        ("src/_pytest/x.py", "file", "shadow"),
+        ("pkg/json.py", "file", None),
+        ("pkg/link.py", "link", "symlink"),
+    ],
+)
 def test_policy(rel: str, kind: str, reason: str | None):
     got = POLICY.reason_to_drop(rel, kind)
     assert (got is None) if reason is None else (got is not None and reason in got), got
@@ -59,7 +77,9 @@ def test_apply_changes_on_fresh_copy(tmp_path: Path):
     applied, dropped = apply_changes(pristine, agent, dest, POLICY)
     assert sorted(applied) == ["pkg/core.py", "pkg/old.py"]
     assert set(dropped) == {"tests/test_a.py", "conftest.py", "setup.cfg"}
-    assert dropped["setup.cfg"].startswith("deletion of pytest configuration") and (dest / "setup.cfg").exists()
+    assert (
+        dropped["setup.cfg"].startswith("deletion of pytest configuration") and (dest / "setup.cfg").exists()
+    )
     assert (dest / "pkg/core.py").read_text() == "x = 2\n" and not (dest / "pkg/old.py").exists()
     assert (dest / "tests/test_a.py").read_text() == "def test(): assert False\n"
     assert not (dest / "conftest.py").exists() and not (dest / ".git/HEAD").exists()
@@ -67,8 +87,10 @@ def test_apply_changes_on_fresh_copy(tmp_path: Path):
 
 def test_pyproject_keeps_agent_edits_but_restores_pytest_tables(tmp_path: Path):
     (tmp_path / "p.toml").write_text('[project]\nname = "x"\n[tool.pytest.ini_options]\naddopts = "-q"\n')
-    (tmp_path / "a.toml").write_text('[project]\nname = "x"\nversion = "2"\n[tool.pytest.ini_options]\naddopts = "-p evil"\n'
-                                     '[tool.pytest_env]\nX = "1"\n')
+    (tmp_path / "a.toml").write_text(
+        '[project]\nname = "x"\nversion = "2"\n[tool.pytest.ini_options]\naddopts = "-p evil"\n'
+        '[tool.pytest_env]\nX = "1"\n'
+    )
     merged = tomllib.loads(_merge_pyproject(tmp_path / "p.toml", tmp_path / "a.toml").decode())
     assert merged["project"]["version"] == "2"
     assert merged["tool"] == {"pytest": {"ini_options": {"addopts": "-q"}}}
@@ -79,16 +101,29 @@ def test_pyproject_keeps_agent_edits_but_restores_pytest_tables(tmp_path: Path):
 def test_junit_mapping(tmp_path: Path):
     assert mangle("tests/test_a.py::TestX::test_y[a::b-1]") == ("tests.test_a.TestX", "test_y[a::b-1]")
     xml = tmp_path / "j.xml"
-    xml.write_text('<testsuites><testsuite>'
-                   '<testcase classname="tests.test_a" name="test_ok"/>'
-                   '<testcase classname="tests.test_a.TestX" name="test_y[a::b-1]"><failure/></testcase>'
-                   '<testcase classname="tests.test_a" name="test_s"><skipped/></testcase>'
-                   '<testcase classname="tests.test_a" name="test_ok"><error/></testcase>'
-                   '</testsuite></testsuites>')
-    got = node_statuses(["tests/test_a.py::test_ok", "tests/test_a.py::TestX::test_y[a::b-1]", "tests/test_a.py::test_s",
-                         "tests/test_a.py::test_gone"], parse_junit(xml))
-    assert got == {"tests/test_a.py::test_ok": "error", "tests/test_a.py::TestX::test_y[a::b-1]": "failed",
-                   "tests/test_a.py::test_s": "skipped", "tests/test_a.py::test_gone": "missing"}
+    xml.write_text(
+        "<testsuites><testsuite>"
+        '<testcase classname="tests.test_a" name="test_ok"/>'
+        '<testcase classname="tests.test_a.TestX" name="test_y[a::b-1]"><failure/></testcase>'
+        '<testcase classname="tests.test_a" name="test_s"><skipped/></testcase>'
+        '<testcase classname="tests.test_a" name="test_ok"><error/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    got = node_statuses(
+        [
+            "tests/test_a.py::test_ok",
+            "tests/test_a.py::TestX::test_y[a::b-1]",
+            "tests/test_a.py::test_s",
+            "tests/test_a.py::test_gone",
+        ],
+        parse_junit(xml),
+    )
+    assert got == {
+        "tests/test_a.py::test_ok": "error",
+        "tests/test_a.py::TestX::test_y[a::b-1]": "failed",
+        "tests/test_a.py::test_s": "skipped",
+        "tests/test_a.py::test_gone": "missing",
+    }
     assert parse_junit(tmp_path / "absent.xml") == {}
 
 
@@ -99,8 +134,15 @@ def test_patch_actions_reproduce_the_patched_files(tmp_path: Path):
     after = {"m.py": "a\nB\nc\nd\ne\nf\ng\nh\nI\nj\nk\n", "n.py": "x\n", "new/o.py": "o = 1\n"}
     patch = ""
     for name in sorted(after):
-        patch += "".join(difflib.unified_diff(before.get(name, "").splitlines(True), after[name].splitlines(True),
-                                              f"a/{name}" if name in before else "/dev/null", f"b/{name}", n=1))
+        patch += "".join(
+            difflib.unified_diff(
+                before.get(name, "").splitlines(True),
+                after[name].splitlines(True),
+                f"a/{name}" if name in before else "/dev/null",
+                f"b/{name}",
+                n=1,
+            )
+        )
     ws = tmp_path / "ws"
     ws.mkdir()
     for name, text in before.items():
@@ -120,8 +162,15 @@ def test_doctest_node_files_stay_editable():
 
     assert is_doctest("pkg/mod.py::pkg.mod.func") and not is_doctest("tests/test_a.py::test_x[1.5]")
     assert not is_doctest("tests/test_a.py::TestX::test_y")
-    task = Task(id="t", source="s", level=1, statement="", feature=Feature(qualname="pkg.mod.f", path="pkg/mod.py",
-                kind="function"), fail_to_pass=["pkg/mod.py::pkg.mod.f", "checks/verify.py::test_f"], pass_to_pass=[])
+    task = Task(
+        id="t",
+        source="s",
+        level=1,
+        statement="",
+        feature=Feature(qualname="pkg.mod.f", path="pkg/mod.py", kind="function"),
+        fail_to_pass=["pkg/mod.py::pkg.mod.f", "checks/verify.py::test_f"],
+        pass_to_pass=[],
+    )
     policy = Policy.for_task(task, shadowable=frozenset(), pristine_top=frozenset({"pkg", "checks"}))
     assert policy.reason_to_drop("pkg/mod.py", "file") is None
     assert policy.reason_to_drop("checks/verify.py", "file") == "test file"

@@ -23,11 +23,19 @@ def client(url: str, **kw: Any) -> ChatClient:
 
 def test_tool_call_reply_round_trip():
     with serve(lambda body: tool_call("bash", command="ls")) as srv:
-        reply = client(srv.url).complete([{"role": "user", "content": "hi"}], tools=[{"type": "function", "function": {"name": "bash"}}])
+        reply = client(srv.url).complete(
+            [{"role": "user", "content": "hi"}], tools=[{"type": "function", "function": {"name": "bash"}}]
+        )
     call = reply.message["tool_calls"][0]
-    assert call["function"]["name"] == "bash" and json.loads(call["function"]["arguments"]) == {"command": "ls"}
+    assert call["function"]["name"] == "bash" and json.loads(call["function"]["arguments"]) == {
+        "command": "ls"
+    }
     sent = srv.requests[0]
-    assert sent["model"] == "m" and sent["tools"][0]["function"]["name"] == "bash" and sent["messages"][0]["content"] == "hi"
+    assert (
+        sent["model"] == "m"
+        and sent["tools"][0]["function"]["name"] == "bash"
+        and sent["messages"][0]["content"] == "hi"
+    )
     assert reply.usage["prompt_tokens"] == 10
 
 
@@ -61,12 +69,23 @@ def test_tool_calls_left_in_text_are_recovered():
 
 
 def test_client_errors_are_not_retried():
-    with serve(lambda body: (400, b'{"error": {"message": "bad model"}}')) as srv, pytest.raises(LLMError, match=r"HTTP 400.*bad model") as info:
+    with (
+        serve(lambda body: (400, b'{"error": {"message": "bad model"}}')) as srv,
+        pytest.raises(LLMError, match=r"HTTP 400.*bad model") as info,
+    ):
         client(srv.url, max_retries=3).complete([])
     assert info.value.kind == "http" and len(srv.requests) == 1
 
 
-@pytest.mark.parametrize("raw", [b"<html>oops</html>", b"[1, 2]", b'{"choices": []}', b'{"choices": [{"message": {"tool_calls": [{"function": {}}]}}]}'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"<html>oops</html>",
+        b"[1, 2]",
+        b'{"choices": []}',
+        b'{"choices": [{"message": {"tool_calls": [{"function": {}}]}}]}',
+    ],
+)
 def test_garbage_is_one_clear_error(raw):
     with serve(lambda body: (200, raw)) as srv, pytest.raises(LLMError) as info:
         client(srv.url).complete([])
@@ -89,7 +108,18 @@ def test_config_validation():
 
 
 def test_parse_reply_accepts_object_arguments():
-    raw = json.dumps({"choices": [{"message": {"content": None, "tool_calls": [{"function": {"name": "view", "arguments": {"path": "a"}}}]}}]})
+    raw = json.dumps(
+        {
+            "choices": [
+                {
+                    "message": {
+                        "content": None,
+                        "tool_calls": [{"function": {"name": "view", "arguments": {"path": "a"}}}],
+                    }
+                }
+            ]
+        }
+    )
     msg = parse_reply(raw.encode()).message
     assert json.loads(msg["tool_calls"][0]["function"]["arguments"]) == {"path": "a"}
 
@@ -106,20 +136,27 @@ class CounterEnv:
         return [{"role": "system", "content": "count"}, {"role": "user", "content": "reach 5"}]
 
     def tools(self) -> list[dict[str, Any]]:
-        return [{"type": "function", "function": {"name": n, "parameters": {"type": "object"}}} for n in ("add", "bash", "submit")]
+        return [
+            {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
+            for n in ("add", "bash", "submit")
+        ]
 
     def step(self, call: ToolCall) -> StepResult:
         self.calls.append(call)
         if call.name == "add":
             if not isinstance(call.arguments, dict) or not isinstance(call.arguments.get("n"), int):
-                return StepResult(observation="Error: add needs an integer n", done=False, error_kind="invalid_arguments")
+                return StepResult(
+                    observation="Error: add needs an integer n", done=False, error_kind="invalid_arguments"
+                )
             self.total += call.arguments["n"]
             return StepResult(observation=str(self.total), done=False)
         if call.name == "bash":
             return StepResult(observation="(not executed)", done=False, info={"exit_code": 0})
         if call.name == "submit":
             return StepResult(observation="submitted", done=True)
-        return StepResult(observation=f"Error: tool '{call.name}' not found", done=False, error_kind="tool_not_found")
+        return StepResult(
+            observation=f"Error: tool '{call.name}' not found", done=False, error_kind="tool_not_found"
+        )
 
     def finish(self) -> dict[str, Any]:
         self.finished = True
@@ -127,21 +164,41 @@ class CounterEnv:
 
 
 def test_agent_loop_solves_counter_env():
-    bad_args = {"role": "assistant", "content": None, "tool_calls": [
-        {"id": "x", "type": "function", "function": {"name": "add", "arguments": "{not json"}}]}
-    script = [tool_call("add", n=2), {"role": "assistant", "content": "thinking..."}, bad_args, tool_call("nope"),
-              tool_call("add", n=3), tool_call("submit")]
+    bad_args = {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {"id": "x", "type": "function", "function": {"name": "add", "arguments": "{not json"}}
+        ],
+    }
+    script = [
+        tool_call("add", n=2),
+        {"role": "assistant", "content": "thinking..."},
+        bad_args,
+        tool_call("nope"),
+        tool_call("add", n=3),
+        tool_call("submit"),
+    ]
     env = CounterEnv()
     with serve(scripted(script)) as srv:
         traj = run_agent(env, client(srv.url), config=LoopConfig(max_turns=10), task_id="counter")
     assert env.finished and traj.reward == 1.0 and traj.outcome["resolved"]
     assert [t.tool for t in traj.turns] == ["add", None, "add", "nope", "add", "submit"]
-    assert [t.error_kind for t in traj.turns] == [None, "no_tool_call", "invalid_arguments", "tool_not_found", None, None]
+    assert [t.error_kind for t in traj.turns] == [
+        None,
+        "no_tool_call",
+        "invalid_arguments",
+        "tool_not_found",
+        None,
+        None,
+    ]
     assert env.calls[1].arguments == "{not json"  # malformed arguments reach the env as the raw string
     assert traj.flags == [] and "errored" not in traj.meta
     # The model saw every observation, in OpenAI format, in order.
     last = srv.requests[-1]["messages"]
-    assert [m["role"] for m in last[:4]] == ["system", "user", "assistant", "tool"] and last[3]["content"] == "2"
+    assert [m["role"] for m in last[:4]] == ["system", "user", "assistant", "tool"] and last[3][
+        "content"
+    ] == "2"
     assert sum(m["role"] == "tool" for m in last) == 4
 
 

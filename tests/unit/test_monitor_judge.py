@@ -15,10 +15,14 @@ def _answer(content: str):
 
 
 def test_judge_adds_flags_and_sees_the_transcript():
-    verdict = json.dumps({"flags": [{"rule": "Special Casing", "turn": 1, "evidence": "if x == 5: return 10"}]})
+    verdict = json.dumps(
+        {"flags": [{"rule": "Special Casing", "turn": 1, "evidence": "if x == 5: return 10"}]}
+    )
     t = bash("ls", "grep -n scale tests/test_core.py")
     with serve(_answer(f"Here is my verdict:\n```json\n{verdict}\n```")) as srv:
-        flags = monitor(t, task=sample_task(), judge=JudgeConfig(endpoint=srv.url, model="judge", max_retries=0))
+        flags = monitor(
+            t, task=sample_task(), judge=JudgeConfig(endpoint=srv.url, model="judge", max_retries=0)
+        )
     assert [(f.rule, f.turn, f.source) for f in flags] == [("special_casing", 1, "llm_judge")]
     prompt = srv.requests[0]["messages"][1]["content"]
     assert "turn 1: bash" in prompt and "grep -n scale" in prompt and "Implement mypkg.core.scale" in prompt

@@ -22,7 +22,11 @@ def ref_ns(M: torch.Tensor, coeffs, steps: int = 5, eps: float = 1e-7) -> torch.
     if tall:
         X = X.T
     X = X / max(float(torch.sqrt((X * X).sum())), eps)
-    sched = [coeffs] * steps if isinstance(coeffs[0], float) else [coeffs[min(i, len(coeffs) - 1)] for i in range(steps)]
+    sched = (
+        [coeffs] * steps
+        if isinstance(coeffs[0], float)
+        else [coeffs[min(i, len(coeffs) - 1)] for i in range(steps)]
+    )
     for a, b, c in sched:
         S = X @ X.T
         X = a * X + (b * S + c * S @ S) @ X
@@ -96,7 +100,9 @@ def test_matrix_granularity_equals_torch_muon(nesterov, adjust):
     ours = [torch.nn.Parameter(torch.randn(s, generator=g)) for s in shapes]
     theirs = [torch.nn.Parameter(p.detach().clone()) for p in ours]
     a = Muon(ours, lr=0.03, momentum=0.9, nesterov=nesterov, weight_decay=0.1, adjust_lr=adjust)
-    b = torch.optim.Muon(theirs, lr=0.03, momentum=0.9, nesterov=nesterov, weight_decay=0.1, adjust_lr_fn=adjust)
+    b = torch.optim.Muon(
+        theirs, lr=0.03, momentum=0.9, nesterov=nesterov, weight_decay=0.1, adjust_lr_fn=adjust
+    )
     for _ in range(3):
         for p, q in zip(ours, theirs, strict=True):
             p.grad = torch.randn(p.shape, generator=g)
@@ -119,7 +125,9 @@ def _run(param_shape, group, matrices, steps=3, ns_dtype=torch.float32, **kw):
     for gr in grads:
         p.grad = gr.clone()
         opt.step()
-    ref = ref_muon_steps(W0, grads, matrices, lr=0.02, mu=0.95, wd=0.05, adjust=kw.get("adjust_lr", "original"))
+    ref = ref_muon_steps(
+        W0, grads, matrices, lr=0.02, mu=0.95, wd=0.05, adjust=kw.get("adjust_lr", "original")
+    )
     return rel(p.detach() - W0, ref - W0.double())
 
 
@@ -129,14 +137,23 @@ def test_per_head_rows_and_columns_and_fused():
     assert _run((32, 24), {"granularity": "head", "head_dim": hd}, rows) < 1e-5
     assert _run((32, 24), {"granularity": "head", "head_dim": hd}, rows, ns_dtype=torch.float64) < 1e-12
     cols = [(slice(None), slice(h * hd, (h + 1) * hd)) for h in range(3)]
-    assert _run((40, 24), {"granularity": "head", "head_dim": hd, "head_axis": 1}, cols,
-                adjust_lr="match_rms_adamw") < 1e-5
+    assert (
+        _run(
+            (40, 24),
+            {"granularity": "head", "head_dim": hd, "head_axis": 1},
+            cols,
+            adjust_lr="match_rms_adamw",
+        )
+        < 1e-5
+    )
     # fused GQA QKV: 4 q heads + 2 k heads + 2 v heads of 8 rows, given as split_sizes
     fused = [(slice(h * hd, (h + 1) * hd), slice(None)) for h in range(8)]
     assert _run((64, 24), {"granularity": "head", "head_dim": hd, "split_sizes": (32, 16, 16)}, fused) < 1e-5
     # MLA kv_a: two unequal blocks (latent, shared rope key)
     mla = [(slice(0, 12), slice(None)), (slice(12, 16), slice(None))]
-    assert _run((16, 24), {"granularity": "head", "split_sizes": (12, 4)}, mla, ns_dtype=torch.float64) < 1e-12
+    assert (
+        _run((16, 24), {"granularity": "head", "split_sizes": (12, 4)}, mla, ns_dtype=torch.float64) < 1e-12
+    )
 
 
 def test_per_expert_with_fused_gate_up():
@@ -144,8 +161,15 @@ def test_per_expert_with_fused_gate_up():
     plain = [(e, slice(None), slice(None)) for e in range(E)]
     assert _run((E, hidden, inter), {"granularity": "expert"}, plain) < 1e-5
     fused = [(e, slice(s, s + inter), slice(None)) for e in range(E) for s in (0, inter)]
-    assert _run((E, 2 * inter, hidden), {"granularity": "expert", "split_sizes": (inter, inter)}, fused,
-                ns_dtype=torch.float64) < 1e-12
+    assert (
+        _run(
+            (E, 2 * inter, hidden),
+            {"granularity": "expert", "split_sizes": (inter, inter)},
+            fused,
+            ns_dtype=torch.float64,
+        )
+        < 1e-12
+    )
 
 
 def test_granularity_changes_the_update():
@@ -173,7 +197,10 @@ def test_adamw_group_equals_torch_adamw():
 
 def test_state_dict_round_trip_resumes_identically():
     g = torch.Generator().manual_seed(5)
-    params = [torch.nn.Parameter(torch.randn(3, 8, 6, generator=g)), torch.nn.Parameter(torch.randn(6, generator=g))]
+    params = [
+        torch.nn.Parameter(torch.randn(3, 8, 6, generator=g)),
+        torch.nn.Parameter(torch.randn(6, generator=g)),
+    ]
 
     def make(ps):
         return Muon([{"params": [ps[0]], "granularity": "expert"}, {"params": [ps[1]], "algorithm": "adamw"}])
@@ -204,27 +231,35 @@ def test_state_dict_round_trip_resumes_identically():
 # ---------------------------------------------------------------- bad input
 
 
-@pytest.mark.parametrize("group,match", [
-    ({"params": [torch.zeros(10, 4)], "granularity": "head", "head_dim": 3}, "head_dim 3 does not divide 10"),
-    ({"params": [torch.zeros(10)]}, "needs a 2-D parameter"),
-    ({"params": [torch.zeros(2, 3, 4)]}, "use granularity 'expert'"),
-    ({"params": [torch.zeros(8, 4)], "adjust_lr": "spectral"}, "unknown adjust_lr 'spectral'"),
-    ({"params": [torch.zeros(8, 4)], "granularity": "row"}, "unknown granularity 'row'"),
-    ({"params": [torch.zeros(8, 4)], "algorithm": "sgd"}, "unknown algorithm 'sgd'"),
-    ({"params": [torch.zeros(2, 8, 4)], "granularity": "expert", "split_sizes": (4, 3)}, "sum to 8"),
-    ({"params": [torch.zeros(8, 4)], "granularity": "head"}, "needs head_dim"),
-    ({"params": [torch.zeros(8, 4)], "ns_coefficients": [(1.0, 2.0)]}, "ns_coefficients"),
-])
+@pytest.mark.parametrize(
+    "group,match",
+    [
+        (
+            {"params": [torch.zeros(10, 4)], "granularity": "head", "head_dim": 3},
+            "head_dim 3 does not divide 10",
+        ),
+        ({"params": [torch.zeros(10)]}, "needs a 2-D parameter"),
+        ({"params": [torch.zeros(2, 3, 4)]}, "use granularity 'expert'"),
+        ({"params": [torch.zeros(8, 4)], "adjust_lr": "spectral"}, "unknown adjust_lr 'spectral'"),
+        ({"params": [torch.zeros(8, 4)], "granularity": "row"}, "unknown granularity 'row'"),
+        ({"params": [torch.zeros(8, 4)], "algorithm": "sgd"}, "unknown algorithm 'sgd'"),
+        ({"params": [torch.zeros(2, 8, 4)], "granularity": "expert", "split_sizes": (4, 3)}, "sum to 8"),
+        ({"params": [torch.zeros(8, 4)], "granularity": "head"}, "needs head_dim"),
+        ({"params": [torch.zeros(8, 4)], "ns_coefficients": [(1.0, 2.0)]}, "ns_coefficients"),
+    ],
+)
 def test_bad_input_fails_at_construction(group, match):
     with pytest.raises(ConfigError, match=match):
         Muon([group])
 
 
 def test_blocks_partition_the_parameter():
-    for shape, kw in [((12, 5), {"granularity": "head", "head_dim": 4}),
-                      ((5, 12), {"granularity": "head", "head_dim": 3, "head_axis": 1}),
-                      ((3, 10, 4), {"granularity": "expert", "split_sizes": (6, 4)}),
-                      ((7, 9), {"granularity": "matrix"})]:
+    for shape, kw in [
+        ((12, 5), {"granularity": "head", "head_dim": 4}),
+        ((5, 12), {"granularity": "head", "head_dim": 3, "head_axis": 1}),
+        ((3, 10, 4), {"granularity": "expert", "split_sizes": (6, 4)}),
+        ((7, 9), {"granularity": "matrix"}),
+    ]:
         cover = torch.zeros(shape)
         for box in blocks(shape, **kw):
             cover[tuple(slice(a, b) for a, b in box)] += 1

@@ -20,8 +20,13 @@ def _layout(shape, mesh_shape, placements, split_factors=()):
     n = 1
     for m in mesh_shape:
         n *= m
-    return Layout(ranks=tuple(range(n)), mesh_shape=tuple(mesh_shape), shard_dims=tuple(placements),
-                  shape=tuple(shape), split_factors=tuple(split_factors))
+    return Layout(
+        ranks=tuple(range(n)),
+        mesh_shape=tuple(mesh_shape),
+        shard_dims=tuple(placements),
+        shape=tuple(shape),
+        split_factors=tuple(split_factors),
+    )
 
 
 def test_layout_boxes_follow_torch_chunk():
@@ -45,27 +50,51 @@ def _entries(mesh_shape, placements_by_param):
     out = []
     for shape, gran, kw, pl, *sf in placements_by_param:
         bx = blocks(shape, gran, **kw)
-        out.append(Entry(shape=shape, layout=_layout(shape, mesh_shape, pl, *sf), group=(None, ranks), boxes=bx,
-                         ratios=[1.0] * len(bx), ns_key=("k",), steps=5))
+        out.append(
+            Entry(
+                shape=shape,
+                layout=_layout(shape, mesh_shape, pl, *sf),
+                group=(None, ranks),
+                boxes=bx,
+                ratios=[1.0] * len(bx),
+                ns_key=("k",),
+                steps=5,
+            )
+        )
     return out, ranks
 
 
 CASES = {
-    "1d_uneven": ((8,), [((30, 64), "head", {"head_dim": 10}, [0]),
-                         ((64, 30), "head", {"head_dim": 10, "head_axis": 1}, [0]),
-                         ((5, 40, 64), "expert", {"split_sizes": (20, 20)}, [0]),
-                         ((5, 64, 20), "expert", {}, [1])]),
-    "hsdp": ((2, 4), [((30, 64), "head", {"head_dim": 10}, [None, 0]),
-                      ((5, 40, 64), "expert", {"split_sizes": (20, 20)}, [None, 0]),
-                      ((64, 48), "matrix", {}, [None, 1])]),
+    "1d_uneven": (
+        (8,),
+        [
+            ((30, 64), "head", {"head_dim": 10}, [0]),
+            ((64, 30), "head", {"head_dim": 10, "head_axis": 1}, [0]),
+            ((5, 40, 64), "expert", {"split_sizes": (20, 20)}, [0]),
+            ((5, 64, 20), "expert", {}, [1]),
+        ],
+    ),
+    "hsdp": (
+        (2, 4),
+        [
+            ((30, 64), "head", {"head_dim": 10}, [None, 0]),
+            ((5, 40, 64), "expert", {"split_sizes": (20, 20)}, [None, 0]),
+            ((64, 48), "matrix", {}, [None, 1]),
+        ],
+    ),
     # the expert mesh (dp_replicate, efsdp, ep) of parallelize(): FSDP2 over EP writes
     # (Replicate, _StridedShard(0, sf=ep), Shard(0)); 6 experts, 3 per EP rank, uneven over efsdp
-    "expert_mesh": ((2, 2, 2), [((6, 16, 8), "expert", {"split_sizes": (8, 8)}, [None, 0, 0], (1, 2, 1)),
-                                ((6, 8, 8), "expert", {}, [None, 0, 0], (1, 2, 1)),
-                                ((4, 12, 8), "expert", {}, [None, 1, 0]),  # FSDP on dim 1: gathered
-                                # 2-D weights on the same layout: heads / a matrix span several shards
-                                ((26, 8), "head", {"head_dim": 13}, [None, 0, 0], (1, 2, 1)),
-                                ((22, 8), "matrix", {}, [None, 0, 0], (1, 2, 1))]),
+    "expert_mesh": (
+        (2, 2, 2),
+        [
+            ((6, 16, 8), "expert", {"split_sizes": (8, 8)}, [None, 0, 0], (1, 2, 1)),
+            ((6, 8, 8), "expert", {}, [None, 0, 0], (1, 2, 1)),
+            ((4, 12, 8), "expert", {}, [None, 1, 0]),  # FSDP on dim 1: gathered
+            # 2-D weights on the same layout: heads / a matrix span several shards
+            ((26, 8), "head", {"head_dim": 13}, [None, 0, 0], (1, 2, 1)),
+            ((22, 8), "matrix", {}, [None, 0, 0], (1, 2, 1)),
+        ],
+    ),
 }
 
 
@@ -94,18 +123,23 @@ def test_plans_agree_across_ranks(case):
             assert need == got
 
 
-STRIDED = [((8, 4), (2, 2), [("s", 0, 2), ("S", 0)]),        # FSDP2 over EP / TP
-           ((6, 5), (1, 2, 2), [("R",), ("s", 0, 2), ("S", 0)]),
-           ((10, 3), (3, 2), [("s", 0, 2), ("S", 0)]),       # uneven FSDP inside each EP chunk
-           ((7, 9), (2, 3), [("S", 1), ("S", 0)]),
-           ((8, 6), (2, 2), [("S", 0), ("S", 0)])]           # two plain Shards on one dim
+STRIDED = [
+    ((8, 4), (2, 2), [("s", 0, 2), ("S", 0)]),  # FSDP2 over EP / TP
+    ((6, 5), (1, 2, 2), [("R",), ("s", 0, 2), ("S", 0)]),
+    ((10, 3), (3, 2), [("s", 0, 2), ("S", 0)]),  # uneven FSDP inside each EP chunk
+    ((7, 9), (2, 3), [("S", 1), ("S", 0)]),
+    ((8, 6), (2, 2), [("S", 0), ("S", 0)]),
+]  # two plain Shards on one dim
 
 
 def _placement(spec):
     from torch.distributed.tensor.placement_types import Replicate, Shard, _StridedShard
 
-    return {"R": lambda: Replicate(), "S": lambda d: Shard(d), "s": lambda d, f: _StridedShard(d, split_factor=f)}[
-        spec[0]](*spec[1:])
+    return {
+        "R": lambda: Replicate(),
+        "S": lambda d: Shard(d),
+        "s": lambda d, f: _StridedShard(d, split_factor=f),
+    }[spec[0]](*spec[1:])
 
 
 @pytest.mark.parametrize("shape,mesh_shape,specs", STRIDED)
@@ -116,8 +150,12 @@ def test_boxes_match_dtensor_offsets(shape, mesh_shape, specs):
     from torch.distributed.tensor._utils import _compute_local_shape_and_global_offset
 
     placements = [_placement(s) for s in specs]
-    lay = _layout(shape, mesh_shape, [None if s[0] == "R" else s[1] for s in specs],
-                  [s[2] if s[0] == "s" else 1 for s in specs])
+    lay = _layout(
+        shape,
+        mesh_shape,
+        [None if s[0] == "R" else s[1] for s in specs],
+        [s[2] if s[0] == "s" else 1 for s in specs],
+    )
     lay.validate("w")
     for r, coord in enumerate(itertools.product(*map(range, mesh_shape))):
         local, offset = _compute_local_shape_and_global_offset(shape, mesh_shape, list(coord), placements)
@@ -139,8 +177,13 @@ def test_owners_balanced_by_ns_cost():
     from cadenza.optim.newton_schulz import ns_flops
 
     # heads split by column while shards split rows: every matrix must be gathered, owners are free
-    entries, ranks = _entries((8,), [((64, 160), "head", {"head_dim": 10, "head_axis": 1}, [0]),
-                                     ((64, 96), "head", {"head_dim": 32, "head_axis": 1}, [0])])
+    entries, ranks = _entries(
+        (8,),
+        [
+            ((64, 160), "head", {"head_dim": 10, "head_axis": 1}, [0]),
+            ((64, 96), "head", {"head_dim": 32, "head_axis": 1}, [0]),
+        ],
+    )
     load = {}
     for r in ranks:
         load[r] = sum(ns_flops(*jp.shape) * len(jp.owned_ext) for jp in build_plan(entries, rank=r))

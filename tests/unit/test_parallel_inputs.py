@@ -22,14 +22,17 @@ from cadenza.pretrain.schedule import lr_at
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize(("kw", "world", "match"), [
-    (dict(dp_shard=3), 8, "world size is 8"),
-    (dict(cp=3), 8, "not divisible by dp_replicate·cp"),
-    (dict(cp=2, ep=3), 8, "ep=3 must divide dp_shard·cp"),
-    (dict(ep=16), 8, "ep=16 must divide"),
-    (dict(dp_replicate=0), 8, "dp_replicate must be"),
-    (dict(dp_shard=0), 8, "dp_shard must be"),
-])
+@pytest.mark.parametrize(
+    ("kw", "world", "match"),
+    [
+        (dict(dp_shard=3), 8, "world size is 8"),
+        (dict(cp=3), 8, "not divisible by dp_replicate·cp"),
+        (dict(cp=2, ep=3), 8, "ep=3 must divide dp_shard·cp"),
+        (dict(ep=16), 8, "ep=16 must divide"),
+        (dict(dp_replicate=0), 8, "dp_replicate must be"),
+        (dict(dp_shard=0), 8, "dp_shard must be"),
+    ],
+)
 def test_dims_that_do_not_fit(kw: dict, world: int, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         ParallelDims(**kw).resolve(world)
@@ -55,8 +58,17 @@ def test_model_checks() -> None:
     with pytest.raises(ConfigError, match="ep=3 does not divide the number of experts"):
         check_model(moe, ParallelDims(ep=3).resolve(3))
     check_model(moe, ParallelDims(ep=4).resolve(4))
-    dense = Qwen3ForCausalLM(Qwen3Config(vocab_size=32, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                         num_attention_heads=2, num_key_value_heads=1, head_dim=16))
+    dense = Qwen3ForCausalLM(
+        Qwen3Config(
+            vocab_size=32,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            head_dim=16,
+        )
+    )
     with pytest.raises(ConfigError, match="no routed-experts module"):
         check_model(dense, ParallelDims(ep=2).resolve(2))
     check_model(dense, ParallelDims(cp=2).resolve(2))  # dense models are fine without EP
@@ -103,9 +115,15 @@ def test_packed_batches_do_not_depend_on_world_size() -> None:
 
 
 def test_read_documents(tmp_path: Path) -> None:
-    (tmp_path / "a.jsonl").write_text(json.dumps({"text": "one"}) + "\n\n" + json.dumps({"text": "two"}) + "\n")
+    (tmp_path / "a.jsonl").write_text(
+        json.dumps({"text": "one"}) + "\n\n" + json.dumps({"text": "two"}) + "\n"
+    )
     (tmp_path / "b.txt").write_text("three")
-    assert list(read_documents([str(tmp_path / "a.jsonl"), str(tmp_path / "b.txt")])) == ["one", "two", "three"]
+    assert list(read_documents([str(tmp_path / "a.jsonl"), str(tmp_path / "b.txt")])) == [
+        "one",
+        "two",
+        "three",
+    ]
     (tmp_path / "bad.jsonl").write_text('{"body": "x"}\n')
     with pytest.raises(ConfigError, match="no string field 'text'"):
         list(read_documents([str(tmp_path / "bad.jsonl")]))
@@ -121,17 +139,32 @@ def test_pretrain_cli_bad_config_is_one_line(tmp_path: Path) -> None:
     (tmp_path / "m").mkdir()
     (tmp_path / "d.txt").write_text("hello")
     bad = {
-        "typo.toml": ('[model]\npath = "m"\n[data]\nfiles = ["d.txt"]\n[train]\nsteps = 1\nlearning_rate = 1\n',
-                      "unknown key(s) ['learning_rate'] in [train]"),
-        "seq.toml": ('[model]\npath = "m"\n[data]\nfiles = ["d.txt"]\nseq_len = 10\n[parallel]\ncp = 4\n'
-                     '[train]\nsteps = 1\n', "data.seq_len=10 is not divisible by 2·cp = 8"),
-        "nofile.toml": ('[model]\npath = "m"\n[data]\nfiles = ["gone.txt"]\n[train]\nsteps = 1\n', "does not exist"),
-        "opt.toml": ('[model]\npath = "m"\n[data]\nfiles = ["d.txt"]\n[train]\nsteps = 1\noptimizer = "sgd"\n',
-                     "unknown train.optimizer 'sgd'"),
-        "muon.toml": ('[model]\npath = "m"\n[data]\nfiles = ["d.txt"]\n[train]\nsteps = 1\noptimizer = "muon"\n'
-                      '[muon]\nadjust_lr = "spectral"\n', "muon.adjust_lr must be 'original' or 'match_rms_adamw'"),
-        "muon_key.toml": ('[model]\npath = "m"\n[data]\nfiles = ["d.txt"]\n[train]\nsteps = 1\n[muon]\nlr = 0.02\n',
-                          "unknown key(s) ['lr'] in [muon]"),
+        "typo.toml": (
+            '[model]\npath = "m"\n[data]\nfiles = ["d.txt"]\n[train]\nsteps = 1\nlearning_rate = 1\n',
+            "unknown key(s) ['learning_rate'] in [train]",
+        ),
+        "seq.toml": (
+            '[model]\npath = "m"\n[data]\nfiles = ["d.txt"]\nseq_len = 10\n[parallel]\ncp = 4\n'
+            "[train]\nsteps = 1\n",
+            "data.seq_len=10 is not divisible by 2·cp = 8",
+        ),
+        "nofile.toml": (
+            '[model]\npath = "m"\n[data]\nfiles = ["gone.txt"]\n[train]\nsteps = 1\n',
+            "does not exist",
+        ),
+        "opt.toml": (
+            '[model]\npath = "m"\n[data]\nfiles = ["d.txt"]\n[train]\nsteps = 1\noptimizer = "sgd"\n',
+            "unknown train.optimizer 'sgd'",
+        ),
+        "muon.toml": (
+            '[model]\npath = "m"\n[data]\nfiles = ["d.txt"]\n[train]\nsteps = 1\noptimizer = "muon"\n'
+            '[muon]\nadjust_lr = "spectral"\n',
+            "muon.adjust_lr must be 'original' or 'match_rms_adamw'",
+        ),
+        "muon_key.toml": (
+            '[model]\npath = "m"\n[data]\nfiles = ["d.txt"]\n[train]\nsteps = 1\n[muon]\nlr = 0.02\n',
+            "unknown key(s) ['lr'] in [muon]",
+        ),
     }
     from cadenza.pretrain.config import load_config
 
@@ -141,7 +174,12 @@ def test_pretrain_cli_bad_config_is_one_line(tmp_path: Path) -> None:
             load_config(tmp_path / name)
         assert message in str(err.value) and "\n" not in str(err.value)
     # and through the real CLI: exit 2, one line, no traceback
-    proc = subprocess.run([sys.executable, "-m", "cadenza", "pretrain", str(tmp_path / "seq.toml")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cadenza", "pretrain", str(tmp_path / "seq.toml")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stderr.strip().startswith("error: data.seq_len=10")
     assert "Traceback" not in proc.stderr

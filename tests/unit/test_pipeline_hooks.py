@@ -30,13 +30,24 @@ def test_record_gets_one_outcome_per_rollout_with_the_task_id() -> None:
         return {"pool_active": 7}
 
     def episode(gid: str, reward: float, resolved: bool, flags: int) -> SimpleNamespace:
-        return SimpleNamespace(rollout=SimpleNamespace(tokens=SimpleNamespace(group_id=gid, reward=reward),
-                                                       outcome={"resolved": resolved}),
-                               trajectory=SimpleNamespace(flags=[]), flags=flags)
+        return SimpleNamespace(
+            rollout=SimpleNamespace(
+                tokens=SimpleNamespace(group_id=gid, reward=reward), outcome={"resolved": resolved}
+            ),
+            trajectory=SimpleNamespace(flags=[]),
+            flags=flags,
+        )
 
     me = SimpleNamespace(source=SimpleNamespace(record=record))
     eps = [episode("0:pkg__f:L1", 1.0, True, 0), episode("0:pkg__f:L1", 0.0, True, 2)]
     assert Trainer._record_pool(me, 5, eps) == {"pool_active": 7}
-    assert got == [(5, [GroupOutcome(task_id="pkg__f:L1", reward=1.0, resolved=True, flagged=False),
-                        GroupOutcome(task_id="pkg__f:L1", reward=0.0, resolved=True, flagged=True)])]
+    assert got == [
+        (
+            5,
+            [
+                GroupOutcome(task_id="pkg__f:L1", reward=1.0, resolved=True, flagged=False),
+                GroupOutcome(task_id="pkg__f:L1", reward=0.0, resolved=True, flagged=True),
+            ],
+        )
+    ]
     assert Trainer._record_pool(SimpleNamespace(source=object()), 1, eps) == {}

@@ -19,18 +19,32 @@ from cadenza.rl.chat import (
     turn_end_glue,
 )
 
-TOOLS = [{"type": "function", "function": {"name": "view", "description": "show a file",
-                                           "parameters": {"type": "object", "properties": {"path": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "view",
+            "description": "show a file",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
 def tok():
-    corpus = ["def f(x):\n    return x + 1\n", 'view the file {"path": "src/a.py"}', "Reminder: tools are view"] * 30
+    corpus = [
+        "def f(x):\n    return x + 1\n",
+        'view the file {"path": "src/a.py"}',
+        "Reminder: tools are view",
+    ] * 30
     return train_tokenizer(corpus, vocab_size=420)
 
 
 def _conversation():
-    calls = parse_tool_calls('Let me look.<tool_call>\n{"name": "view", "arguments": {"path": "a.py"}}\n</tool_call>')
+    calls = parse_tool_calls(
+        'Let me look.<tool_call>\n{"name": "view", "arguments": {"path": "a.py"}}\n</tool_call>'
+    )
     return [
         {"role": "system", "content": "You fix bugs."},
         {"role": "user", "content": "Fix a.py"},
@@ -45,9 +59,15 @@ def test_template_renders_hermes_style(tok):
     text = render(tok, _conversation(), TOOLS, add_generation_prompt=True)
     assert text.startswith("<|im_start|>system\nYou fix bugs.\n\n# Tools")
     assert json.dumps(TOOLS[0]) in text
-    assert '<|im_start|>assistant\nLet me look.\n<tool_call>\n{"name": "view", "arguments": {"path": "a.py"}}\n</tool_call><|im_end|>\n' in text
+    assert (
+        '<|im_start|>assistant\nLet me look.\n<tool_call>\n{"name": "view", "arguments": {"path": "a.py"}}\n</tool_call><|im_end|>\n'
+        in text
+    )
     # consecutive tool results share one user turn
-    assert "<|im_start|>user\n<tool_response>\nx = 1\n</tool_response>\n<tool_response>\nsecond\n</tool_response><|im_end|>\n" in text
+    assert (
+        "<|im_start|>user\n<tool_response>\nx = 1\n</tool_response>\n<tool_response>\nsecond\n</tool_response><|im_end|>\n"
+        in text
+    )
     assert text.endswith("<|im_start|>user\ngo on<|im_end|>\n<|im_start|>assistant\n")
 
 
@@ -98,9 +118,14 @@ def test_vocab_too_small_is_a_user_error():
     ("text", "expected"),
     [
         ('<tool_call>{"name": "view", "arguments": {"path": "a"}}</tool_call>', [("view", {"path": "a"})]),
-        ('a<tool_call>{"name":"x","arguments":{}}</tool_call>b<tool_call>{"name":"y","arguments":{"k":1}}</tool_call>',
-         [("x", {}), ("y", {"k": 1})]),
-        ('<tool_call>{"name": "view", "arguments": "{\\"path\\": \\"b\\"}"}</tool_call>', [("view", {"path": "b"})]),
+        (
+            'a<tool_call>{"name":"x","arguments":{}}</tool_call>b<tool_call>{"name":"y","arguments":{"k":1}}</tool_call>',
+            [("x", {}), ("y", {"k": 1})],
+        ),
+        (
+            '<tool_call>{"name": "view", "arguments": "{\\"path\\": \\"b\\"}"}</tool_call>',
+            [("view", {"path": "b"})],
+        ),
         ('<tool_call>{"name": "view", "arguments": {"path": "a"</tool_call>', [("view", '{"path": "a"')]),
         ('<tool_call>{"name": "view", "arguments": {"path": "a"}</tool_call>', [("view", {"path": "a"})]),
         ('<tool_call>{"name": "view", "arguments": [1, 2]}</tool_call>', [("view", "[1, 2]")]),

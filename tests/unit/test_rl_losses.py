@@ -32,8 +32,10 @@ def _kl(p: np.ndarray, q: np.ndarray) -> float:
 def _reduce_topk(ps: np.ndarray, pt: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     order = sorted(range(len(pt)), key=lambda i: -pt[i])[:k]
     rest = [i for i in range(len(pt)) if i not in order]
-    return (np.array([ps[i] for i in order] + [sum(ps[i] for i in rest)]),
-            np.array([pt[i] for i in order] + [sum(pt[i] for i in rest)]))
+    return (
+        np.array([ps[i] for i in order] + [sum(ps[i] for i in rest)]),
+        np.array([pt[i] for i in order] + [sum(pt[i] for i in rest)]),
+    )
 
 
 def _ref_divergence(s_logits, t_logits, divergence, beta, top_k, temperature) -> float:
@@ -87,15 +89,21 @@ def _inputs(seed: int, B: int = 2, T: int = 5, V: int = 11):
     return s, t, mask
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['divergence']}-b{c['beta']}-k{c['top_k']}-T{c['temperature']}")
+@pytest.mark.parametrize(
+    "case", CASES, ids=lambda c: f"{c['divergence']}-b{c['beta']}-k{c['top_k']}-T{c['temperature']}"
+)
 def test_sd_loss_matches_float64_reference(case):
     s, t, mask = _inputs(0)
     ref = _ref_loss(s, t, mask, **case)
     got64 = self_distillation_loss(torch.tensor(s), torch.tensor(t), torch.tensor(mask), **case)
     assert got64.dtype == torch.float64
     assert got64.item() == pytest.approx(ref, rel=1e-10, abs=1e-12)
-    got32 = self_distillation_loss(torch.tensor(s, dtype=torch.float32), torch.tensor(t, dtype=torch.float32),
-                                   torch.tensor(mask).float(), **case)
+    got32 = self_distillation_loss(
+        torch.tensor(s, dtype=torch.float32),
+        torch.tensor(t, dtype=torch.float32),
+        torch.tensor(mask).float(),
+        **case,
+    )
     assert got32.item() == pytest.approx(ref, rel=1e-4, abs=1e-6)
 
 
@@ -123,7 +131,9 @@ def test_sd_loss_zero_when_identical_and_empty_mask():
     s, _, mask = _inputs(2)
     x = torch.tensor(s)
     for div in ("reverse_kl", "forward_kl", "jsd"):
-        assert self_distillation_loss(x, x.clone(), torch.tensor(mask), divergence=div).item() == pytest.approx(0, abs=1e-12)
+        assert self_distillation_loss(
+            x, x.clone(), torch.tensor(mask), divergence=div
+        ).item() == pytest.approx(0, abs=1e-12)
     assert self_distillation_loss(x, x + 1.0, torch.zeros(mask.shape)).item() == 0.0
 
 
@@ -167,7 +177,9 @@ def test_group_advantages_reference():
     for i, g in enumerate(groups):
         members = [r for r, gg in zip(rewards, groups, strict=True) if gg == g]
         mean = sum(members) / len(members)
-        std = math.sqrt(sum((r - mean) ** 2 for r in members) / (len(members) - 1)) if len(members) > 1 else 0.0
+        std = (
+            math.sqrt(sum((r - mean) ** 2 for r in members) / (len(members) - 1)) if len(members) > 1 else 0.0
+        )
         assert got_raw[i] == pytest.approx(rewards[i] - mean, abs=1e-6)
         assert got[i] == pytest.approx((rewards[i] - mean) / (std + 1e-6), rel=1e-5, abs=1e-6)
     assert got[3] == 0.0 and got[5] == 0.0  # equal rewards / singleton group
@@ -207,10 +219,18 @@ def test_grpo_loss_reference_and_gradient(aggregation, with_ref, token_adv):
     mask[2] = False  # a sequence without model tokens must not count
     mask[0, 1] = True
     ref = old + rng.normal(size=(B, T)) * 0.1 if with_ref else None
-    kw = dict(clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.05 if with_ref else 0.0, aggregation=aggregation)
+    kw = dict(
+        clip_eps_low=0.2, clip_eps_high=0.28, kl_coef=0.05 if with_ref else 0.0, aggregation=aggregation
+    )
     x = torch.tensor(lp, requires_grad=True)
-    loss = grpo_loss(x, torch.tensor(old), torch.tensor(adv), torch.tensor(mask),
-                     ref_logprobs=None if ref is None else torch.tensor(ref), **kw)
+    loss = grpo_loss(
+        x,
+        torch.tensor(old),
+        torch.tensor(adv),
+        torch.tensor(mask),
+        ref_logprobs=None if ref is None else torch.tensor(ref),
+        **kw,
+    )
     expected = _ref_grpo(lp, old, adv, mask, 0.2, 0.28, ref, kw["kl_coef"], aggregation)
     assert loss.item() == pytest.approx(expected, rel=1e-10)
     loss.backward()
@@ -220,8 +240,10 @@ def test_grpo_loss_reference_and_gradient(aggregation, with_ref, token_adv):
         plus, minus = lp.copy(), lp.copy()
         plus[b, t] += h
         minus[b, t] -= h
-        fd = (_ref_grpo(plus, old, adv, mask, 0.2, 0.28, ref, kw["kl_coef"], aggregation)
-              - _ref_grpo(minus, old, adv, mask, 0.2, 0.28, ref, kw["kl_coef"], aggregation)) / (2 * h)
+        fd = (
+            _ref_grpo(plus, old, adv, mask, 0.2, 0.28, ref, kw["kl_coef"], aggregation)
+            - _ref_grpo(minus, old, adv, mask, 0.2, 0.28, ref, kw["kl_coef"], aggregation)
+        ) / (2 * h)
         assert x.grad[b, t].item() == pytest.approx(fd, rel=1e-5, abs=1e-8)
 
 

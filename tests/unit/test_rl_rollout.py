@@ -42,14 +42,21 @@ def test_scripted_multi_turn_rollout_matches_template(tok):
         '<tool_call>\n{"name": "submit", "arguments": {}}\n</tool_call>',
     ]
     pol = ScriptedPolicy(tok, turns)
-    [r] = rollout(pol, tok, [RolloutTask(task_id="count3", make_env=CounterEnv)], RolloutConfig(group_size=1, max_turns=8))
+    [r] = rollout(
+        pol,
+        tok,
+        [RolloutTask(task_id="count3", make_env=CounterEnv)],
+        RolloutConfig(group_size=1, max_turns=8),
+    )
     _check_consistent(tok, r)
     assert r.reward == 1.0 and r.outcome["resolved"] is True
     assert [t.error_kind for t in r.trajectory.turns] == [None, "tool_not_found", "invalid_arguments", None]
     assert [t.tool for t in r.trajectory.turns] == ["add", "ad", "add", "submit"]
     assert r.tokens.metadata["stop_reason"] == "env_done"
     # the whole sequence equals the template rendering of the conversation (tools in the system message)
-    assert tok.decode(r.tokens.input_ids, skip_special_tokens=False) == render(tok, r.tokens.messages, CounterEnv().tools())
+    assert tok.decode(r.tokens.input_ids, skip_special_tokens=False) == render(
+        tok, r.tokens.messages, CounterEnv().tools()
+    )
     kinds = [s.kind for s in r.tokens.segments]
     assert kinds[:3] == ["system", "prompt", "prompt"] and kinds.count("assistant") == 4
     assert kinds.count("observation") == 4
@@ -58,7 +65,10 @@ def test_scripted_multi_turn_rollout_matches_template(tok):
 def test_random_model_rollout_spans_and_masks(tok):
     pol = HFPolicy.from_config(tiny_qwen3_moe_config(len(tok)), seed=0)
     cfg = RolloutConfig(group_size=2, max_turns=3, max_new_tokens=10, temperature=1.0, seed=1)
-    tasks = [RolloutTask(task_id="a", make_env=CounterEnv), RolloutTask(task_id="b", make_env=lambda: CounterEnv(2))]
+    tasks = [
+        RolloutTask(task_id="a", make_env=CounterEnv),
+        RolloutTask(task_id="b", make_env=lambda: CounterEnv(2)),
+    ]
     done = []
     out = rollout(pol, tok, tasks, cfg, on_episode_done=lambda k, n: done.append((k, n)))
     assert len(out) == 4 and done[-1] == (4, 4)
@@ -71,10 +81,16 @@ def test_random_model_rollout_spans_and_masks(tok):
             h, _ = pol.hidden_states(ids)
             lp = torch.log_softmax(pol.lm_head(h).float(), -1)[0, :-1].gather(-1, ids[0, 1:, None])[:, 0]
         for start, end in r.tokens.turn_spans:
-            torch.testing.assert_close(lp[start - 1:end - 1], torch.tensor(r.tokens.behaviour_logprobs[start:end]),
-                                       atol=1e-4, rtol=1e-4)
+            torch.testing.assert_close(
+                lp[start - 1 : end - 1],
+                torch.tensor(r.tokens.behaviour_logprobs[start:end]),
+                atol=1e-4,
+                rtol=1e-4,
+            )
     batch = collate([r.tokens for r in out], tok.pad_token_id)
-    assert batch.input_ids.shape[0] == 4 and batch.loss_mask.sum().item() == sum(r.tokens.num_model_tokens for r in out)
+    assert batch.input_ids.shape[0] == 4 and batch.loss_mask.sum().item() == sum(
+        r.tokens.num_model_tokens for r in out
+    )
 
 
 def test_rollout_is_deterministic_under_seed(tok):
@@ -101,8 +117,12 @@ def test_rollout_bad_input(tok):
 def test_context_limit_truncates_turn_and_closes_it(tok):
     long_call = '<tool_call>\n{"name": "add", "arguments": {"x": 1}}\n</tool_call>'
     pol = ScriptedPolicy(tok, [long_call])
-    [probe] = rollout(ScriptedPolicy(tok, [long_call]), tok, [RolloutTask(task_id="a", make_env=CounterEnv)],
-                      RolloutConfig(group_size=1, max_turns=1))
+    [probe] = rollout(
+        ScriptedPolicy(tok, [long_call]),
+        tok,
+        [RolloutTask(task_id="a", make_env=CounterEnv)],
+        RolloutConfig(group_size=1, max_turns=1),
+    )
     prompt_len = probe.tokens.turn_spans[0][0]
     cfg = RolloutConfig(group_size=1, max_turns=5, max_context_tokens=prompt_len + 5)
     [r] = rollout(pol, tok, [RolloutTask(task_id="a", make_env=CounterEnv)], cfg)

@@ -28,20 +28,30 @@ def tok():
 @pytest.fixture(scope="module")
 def trajectories(tok):
     """Two multi-turn trajectories of different lengths (so the batch is padded)."""
-    a = [CALL.format("ad", '{"x": 1}'), CALL.format("add", '{"x": 1}'), CALL.format("add", '{"x": 2}'),
-         CALL.format("submit", "{}")]
+    a = [
+        CALL.format("ad", '{"x": 1}'),
+        CALL.format("add", '{"x": 1}'),
+        CALL.format("add", '{"x": 2}'),
+        CALL.format("submit", "{}"),
+    ]
     b = ["Let me add.\n" + CALL.format("add", '{"x": 3}'), CALL.format("submit", "{}")]
     out = []
     for turns in (a, b):
-        [r] = rollout(ScriptedPolicy(tok, turns), tok, [RolloutTask(task_id="t", make_env=CounterEnv)],
-                      RolloutConfig(group_size=1))
+        [r] = rollout(
+            ScriptedPolicy(tok, turns),
+            tok,
+            [RolloutTask(task_id="t", make_env=CounterEnv)],
+            RolloutConfig(group_size=1),
+        )
         out.append(r.tokens)
     return out
 
 
 HINTS = [
-    [Hint(turn=1, text="Reminder: the available tools are add, submit.", kind="tool_not_found"),
-     Hint(turn=3, text="Check the counter first.", kind="nudge")],
+    [
+        Hint(turn=1, text="Reminder: the available tools are add, submit.", kind="tool_not_found"),
+        Hint(turn=3, text="Check the counter first.", kind="nudge"),
+    ],
     [Hint(turn=0, text="Use add with an integer x.", kind="schema")],
 ]
 
@@ -53,7 +63,9 @@ def test_teacher_input_is_hinted_rendering_plus_same_turn_tokens(tok, trajectori
     for it in items:
         traj = trajectories[it.row]
         start, end = traj.turn_spans[it.turn]
-        assert it.teacher_ids[it.teacher_turn_start:] == traj.input_ids[start:end]  # the student's own tokens
+        assert (
+            it.teacher_ids[it.teacher_turn_start :] == traj.input_ids[start:end]
+        )  # the student's own tokens
         assert it.teacher_ids[: it.shared_prefix] == traj.input_ids[: it.shared_prefix]
         m = next(s.message_index for s in traj.segments if s.start == start)
         msgs = [dict(x) for x in traj.messages[:m]]
@@ -87,7 +99,7 @@ def test_kv_cache_teacher_equals_no_cache_and_unbatched_reference(tok, trajector
             torch.testing.assert_close(c, p, atol=2e-5, rtol=1e-4)
             ref, _ = pol.hidden_states(torch.tensor([it.teacher_ids]))  # one unpadded sequence
             a = it.teacher_turn_start - 1
-            torch.testing.assert_close(p, ref[0, a: a + it.num_tokens], atol=2e-5, rtol=1e-4)
+            torch.testing.assert_close(p, ref[0, a : a + it.num_tokens], atol=2e-5, rtol=1e-4)
     assert all(it.shared_prefix > 0 for it in items)
 
 
@@ -109,10 +121,12 @@ def test_sd_loss_matches_public_loss_and_gradients_stay_in_target_turns(tok, tra
         t_logits = torch.zeros_like(s_logits)
         mask = torch.zeros((H, T))
         for i, it in enumerate(items):
-            full = pol.lm_head(pol.hidden_states(batch.input_ids[it.row: it.row + 1])[0])[0]
-            s_logits[i, : it.num_tokens] = full[it.turn_start - 1: it.turn_end - 1]
+            full = pol.lm_head(pol.hidden_states(batch.input_ids[it.row : it.row + 1])[0])[0]
+            s_logits[i, : it.num_tokens] = full[it.turn_start - 1 : it.turn_end - 1]
             tl = pol.lm_head(pol.hidden_states(torch.tensor([it.teacher_ids]))[0])[0]
-            t_logits[i, : it.num_tokens] = tl[it.teacher_turn_start - 1: it.teacher_turn_start - 1 + it.num_tokens]
+            t_logits[i, : it.num_tokens] = tl[
+                it.teacher_turn_start - 1 : it.teacher_turn_start - 1 + it.num_tokens
+            ]
             mask[i, : it.num_tokens] = 1
         ref = self_distillation_loss(s_logits, t_logits, mask, divergence="jsd", beta=0.3)
     assert result.loss.item() == pytest.approx(ref.item(), rel=1e-9)
@@ -121,7 +135,7 @@ def test_sd_loss_matches_public_loss_and_gradients_stay_in_target_turns(tok, tra
     g = hidden.grad
     inside = torch.zeros(g.shape[:2], dtype=torch.bool)
     for it in items:
-        inside[it.row, it.turn_start - 1: it.turn_end - 1] = True
+        inside[it.row, it.turn_start - 1 : it.turn_end - 1] = True
     assert torch.all(g[~inside] == 0)
     assert torch.all(g[inside].abs().sum(-1) > 0)
 
@@ -165,7 +179,7 @@ def test_teacher_gets_no_gradient_and_weight_modes(tok, trajectories):
     with torch.no_grad():
         fixed = [t.clone() for t in live.target_hidden(items, None)]
     hidden, _ = pol.hidden_states(batch.input_ids, batch.attention_mask)
-    student = torch.cat([hidden[it.row, it.turn_start - 1: it.turn_end - 1] for it in items])
+    student = torch.cat([hidden[it.row, it.turn_start - 1 : it.turn_end - 1] for it in items])
     s_logits, t_logits = pol.lm_head(student)[None], pol.lm_head(torch.cat(fixed))[None].detach()
     self_distillation_loss(s_logits, t_logits, torch.ones(s_logits.shape[:2])).backward()
     for n, p in pol.model.named_parameters():
@@ -208,8 +222,9 @@ def test_bad_input_fails_before_compute(tok, trajectories):
         build_hinted_turns(trajectories, [[Hint(turn=9, text="x", kind="k")], []], tok)
     with pytest.raises(CadenzaError, match="points at turn -1"):
         build_hinted_turns(trajectories, [[Hint(turn=-1, text="x", kind="k")], []], tok)
-    empty = TokenTrajectory(input_ids=[1, 2], loss_mask=[0, 0], behaviour_logprobs=[0.0, 0.0], segments=[],
-                            turn_spans=[])
+    empty = TokenTrajectory(
+        input_ids=[1, 2], loss_mask=[0, 0], behaviour_logprobs=[0.0, 0.0], segments=[], turn_spans=[]
+    )
     with pytest.raises(CadenzaError, match="no model tokens"):
         build_hinted_turns([empty], [[Hint(turn=0, text="x", kind="k")]], tok)
     with pytest.raises(CadenzaError, match="no model tokens"):
@@ -237,7 +252,9 @@ def test_sampled_estimator_uses_target_token_logprobs(tok, trajectories):
     gaps, count = 0.0, 0
     with torch.no_grad():
         for it in items:
-            s = torch.log_softmax(pol.lm_head(pol.hidden_states(batch.input_ids[it.row: it.row + 1])[0])[0], -1)
+            s = torch.log_softmax(
+                pol.lm_head(pol.hidden_states(batch.input_ids[it.row : it.row + 1])[0])[0], -1
+            )
             t = torch.log_softmax(pol.lm_head(pol.hidden_states(torch.tensor([it.teacher_ids]))[0])[0], -1)
             for j in range(it.num_tokens):
                 tokid = it.teacher_ids[it.teacher_turn_start + j]
@@ -247,7 +264,7 @@ def test_sampled_estimator_uses_target_token_logprobs(tok, trajectories):
     res.loss.backward()
     inside = torch.zeros(hidden.shape[:2], dtype=torch.bool)
     for it in items:
-        inside[it.row, it.turn_start - 1: it.turn_end - 1] = True
+        inside[it.row, it.turn_start - 1 : it.turn_end - 1] = True
     assert torch.all(hidden.grad[~inside] == 0) and hidden.grad[inside].abs().sum() > 0
     with pytest.raises(CadenzaError, match="estimator"):
         SelfDistillConfig(estimator="mc")

@@ -26,8 +26,12 @@ def _builder_trajectory() -> TokenTrajectory:
     b.add("observation", [14, 15], 3)
     b.add("prompt", [10], 4)
     b.add("assistant", [16, 1], 4, [-1e-300, -0.3333333333333333])
-    return b.build(messages=[{"role": "user", "content": "ü \u2028"}], reward=0.5, group_id="0:t",
-                   metadata={"nested": {"a": [1, 2.5]}})
+    return b.build(
+        messages=[{"role": "user", "content": "ü \u2028"}],
+        reward=0.5,
+        group_id="0:t",
+        metadata={"nested": {"a": [1, 2.5]}},
+    )
 
 
 def test_multi_turn_token_trajectory_round_trips_exactly(tmp_path):
@@ -108,11 +112,14 @@ def test_policy_paths_and_save_load(tmp_path):
 def test_sampled_logprobs_are_those_of_the_sampling_distribution():
     pol = HFPolicy.from_config(tiny_qwen3_config(60, initializer_range=0.2), seed=2)
     prompt = [3, 4, 5]
-    [s] = pol.sample([prompt], SamplingParams(max_new_tokens=5, temperature=0.7, top_k=4),
-                     generator=torch.Generator().manual_seed(1))
+    [s] = pol.sample(
+        [prompt],
+        SamplingParams(max_new_tokens=5, temperature=0.7, top_k=4),
+        generator=torch.Generator().manual_seed(1),
+    )
     with torch.no_grad():
         ids = torch.tensor([prompt + s.token_ids])
-        logits = pol.lm_head(pol.hidden_states(ids)[0])[0, len(prompt) - 1: -1].double() / 0.7
+        logits = pol.lm_head(pol.hidden_states(ids)[0])[0, len(prompt) - 1 : -1].double() / 0.7
     for i, tok in enumerate(s.token_ids):
         row = logits[i]
         kth = row.topk(4).values[-1]
@@ -123,16 +130,24 @@ def test_sampled_logprobs_are_those_of_the_sampling_distribution():
 
 def test_rl_losses_combines_grpo_and_sd():
     tok = make_tokenizer()
-    turns = ['<tool_call>\n{"name": "ad", "arguments": {}}\n</tool_call>',
-             '<tool_call>\n{"name": "submit", "arguments": {}}\n</tool_call>']
-    out = rollout(ScriptedPolicy(tok, turns), tok, [RolloutTask(task_id="a", make_env=CounterEnv)],
-                  RolloutConfig(group_size=2))
+    turns = [
+        '<tool_call>\n{"name": "ad", "arguments": {}}\n</tool_call>',
+        '<tool_call>\n{"name": "submit", "arguments": {}}\n</tool_call>',
+    ]
+    out = rollout(
+        ScriptedPolicy(tok, turns),
+        tok,
+        [RolloutTask(task_id="a", make_env=CounterEnv)],
+        RolloutConfig(group_size=2),
+    )
     pol = HFPolicy.from_config(tiny_qwen3_config(len(tok), initializer_range=0.2), seed=0)
     trajs = [r.tokens for r in out]
     trajs[0].reward = 1.0
     batch = collate(trajs, tok.pad_token_id)
     adv = group_advantages(batch.rewards, batch.group_ids)
-    items = build_hinted_turns(trajs, [[Hint(turn=0, text="Tools: add, submit.", kind="tool_not_found")], []], tok)
+    items = build_hinted_turns(
+        trajs, [[Hint(turn=0, text="Tools: add, submit.", kind="tool_not_found")], []], tok
+    )
     teacher = Teacher(pol.model, SelfDistillConfig())
     res = rl_losses(pol, batch, adv, items=items, teacher=teacher, config=LossConfig(lambda_sd=0.5))
     assert res.sd.num_tokens == items[0].num_tokens and res.sd.loss.item() > 0
@@ -147,14 +162,22 @@ def test_rl_losses_combines_grpo_and_sd():
 
 def test_sd_loss_decreases_under_training_and_token_clip_caps_it():
     tok = make_tokenizer()
-    turns = ['<tool_call>\n{"name": "ad", "arguments": {}}\n</tool_call>',
-             '<tool_call>\n{"name": "submit", "arguments": {}}\n</tool_call>']
-    out = rollout(ScriptedPolicy(tok, turns), tok, [RolloutTask(task_id="a", make_env=CounterEnv)],
-                  RolloutConfig(group_size=1))
+    turns = [
+        '<tool_call>\n{"name": "ad", "arguments": {}}\n</tool_call>',
+        '<tool_call>\n{"name": "submit", "arguments": {}}\n</tool_call>',
+    ]
+    out = rollout(
+        ScriptedPolicy(tok, turns),
+        tok,
+        [RolloutTask(task_id="a", make_env=CounterEnv)],
+        RolloutConfig(group_size=1),
+    )
     pol = HFPolicy.from_config(tiny_qwen3_config(len(tok), initializer_range=0.2), seed=0)
     trajs = [r.tokens for r in out]
     batch = collate(trajs, tok.pad_token_id)
-    items = build_hinted_turns(trajs, [[Hint(turn=0, text="Tools: add, submit.", kind="tool_not_found")]], tok)
+    items = build_hinted_turns(
+        trajs, [[Hint(turn=0, text="Tools: add, submit.", kind="tool_not_found")]], tok
+    )
     clipped = Teacher(pol.model, SelfDistillConfig(token_clip=1e-4))
     hidden, cache = pol.hidden_states(batch.input_ids, batch.attention_mask, use_cache=True)
     assert clipped.loss(hidden, pol.lm_head, items, cache).loss.item() == pytest.approx(1e-4)

@@ -48,24 +48,52 @@ def test_config_rejects_nonsense():
 
 
 def _env(tmp: Path, sys_path: list[str]) -> EnvInfo:
-    return EnvInfo(env_dir=str(tmp / "env"), executable="", prefix=str(tmp / "env"), base_prefix=str(tmp / "base"),
-                   base_exec_prefix=str(tmp / "base"), sys_path=tuple(sys_path), stdlib_names=frozenset(),
-                   installed_names=frozenset())
+    return EnvInfo(
+        env_dir=str(tmp / "env"),
+        executable="",
+        prefix=str(tmp / "env"),
+        base_prefix=str(tmp / "base"),
+        base_exec_prefix=str(tmp / "base"),
+        sys_path=tuple(sys_path),
+        stdlib_names=frozenset(),
+        installed_names=frozenset(),
+    )
 
 
 def test_binds_are_an_allowlist(tmp_path: Path):
-    for d in ("env/site", "base/lib", "ws", "taskset/t1/workspace/src", "elsewhere/src", "taskset/t2/workspace",
-              "taskset/.envs/shared/site"):
+    for d in (
+        "env/site",
+        "base/lib",
+        "ws",
+        "taskset/t1/workspace/src",
+        "elsewhere/src",
+        "taskset/t2/workspace",
+        "taskset/.envs/shared/site",
+    ):
         (tmp_path / d).mkdir(parents=True)
     for task in ("t1", "t2"):
         (tmp_path / "taskset" / task / "task.json").write_text("{}")
     ws = tmp_path / "ws"
     shared = str(tmp_path / "taskset/.envs/shared/site")
-    env = _env(tmp_path, [str(tmp_path / "base/lib"), str(tmp_path / "env/site"), str(tmp_path / "elsewhere/src"),
-                          str(tmp_path / "taskset/t1/workspace/src"), str(tmp_path / "taskset/t2/workspace"), shared,
-                          "/", str(tmp_path)])
-    plan = plan_binds(workspace=ws, env=env, hidden=[tmp_path / "taskset/t1", tmp_path / "taskset"],
-                      path_map={tmp_path / "taskset/t1/workspace": ws})
+    env = _env(
+        tmp_path,
+        [
+            str(tmp_path / "base/lib"),
+            str(tmp_path / "env/site"),
+            str(tmp_path / "elsewhere/src"),
+            str(tmp_path / "taskset/t1/workspace/src"),
+            str(tmp_path / "taskset/t2/workspace"),
+            shared,
+            "/",
+            str(tmp_path),
+        ],
+    )
+    plan = plan_binds(
+        workspace=ws,
+        env=env,
+        hidden=[tmp_path / "taskset/t1", tmp_path / "taskset"],
+        path_map={tmp_path / "taskset/t1/workspace": ws},
+    )
     ro = set(plan.ro)
     assert "/" not in ro and str(tmp_path) not in ro and str(tmp_path / "taskset") not in ro
     assert {str(tmp_path / "env"), str(tmp_path / "base"), str(tmp_path / "elsewhere/src")} <= ro

@@ -17,9 +17,17 @@ from tests.tasks_helpers import CORE, INIT, make_repo
 
 
 def _cand(qualname: str, kind: str, path: str = "minilib/core.py", module: str = "minilib.core") -> Candidate:
-    local = qualname[len(module) + 1:] if qualname != module else ""
-    return Candidate(qualname=qualname, module=module, local=local, path=path, kind=kind, lineno=1, end_lineno=1,
-                     body_lines=1)
+    local = qualname[len(module) + 1 :] if qualname != module else ""
+    return Candidate(
+        qualname=qualname,
+        module=module,
+        local=local,
+        path=path,
+        kind=kind,
+        lineno=1,
+        end_lineno=1,
+        body_lines=1,
+    )
 
 
 @pytest.fixture
@@ -32,8 +40,13 @@ def _modules(root: Path) -> dict[str, str]:
 
 
 def _imports(root: Path, stmt: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-c", stmt], cwd=root, capture_output=True, text=True,
-                          env={"PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"})
+    return subprocess.run(
+        [sys.executable, "-c", stmt],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"},
+    )
 
 
 def _git_apply_restores(root: Path, deletion, tmp: Path) -> None:
@@ -48,7 +61,9 @@ def _git_apply_restores(root: Path, deletion, tmp: Path) -> None:
     for p in root.rglob("*"):
         if p.is_file():
             assert (work / p.relative_to(root)).read_bytes() == p.read_bytes(), p
-    assert sorted(x.relative_to(work) for x in work.rglob("*")) == sorted(x.relative_to(root) for x in root.rglob("*"))
+    assert sorted(x.relative_to(work) for x in work.rglob("*")) == sorted(
+        x.relative_to(root) for x in root.rglob("*")
+    )
 
 
 def test_level1_stubs_body_keeps_signature_docstring_and_formatting(repo: Path, tmp_path: Path) -> None:
@@ -71,16 +86,24 @@ def test_level1_method_and_one_line_body(tmp_path: Path) -> None:
     core = root / "minilib/core.py"
     core.write_text(core.read_text() + "\n\ndef one(x): return x * 41 + 1\n")
     d = plan_deletion(root, _cand("minilib.core.Stack.pop", "method"), 1, _modules(root))
-    assert '        """Pop the top item."""\n        raise NotImplementedError\n\n    def peek' in d.changed["minilib/core.py"]
+    assert (
+        '        """Pop the top item."""\n        raise NotImplementedError\n\n    def peek'
+        in d.changed["minilib/core.py"]
+    )
     d2 = plan_deletion(root, _cand("minilib.core.one", "function"), 1, _modules(root))
     assert d2.changed["minilib/core.py"].endswith("def one(x):\n    raise NotImplementedError\n")
     apply_deletion(root, d2)
-    assert _imports(root, "import minilib.core as c\ntry:\n    c.one(1)\nexcept NotImplementedError:\n    print('ok')").stdout == "ok\n"
+    assert (
+        _imports(
+            root, "import minilib.core as c\ntry:\n    c.one(1)\nexcept NotImplementedError:\n    print('ok')"
+        ).stdout
+        == "ok\n"
+    )
 
 
 def test_level1_refuses_trivial_body(repo: Path) -> None:
     core = repo / "minilib/core.py"
-    core.write_text(core.read_text() + "\n\ndef todo():\n    \"\"\"Later.\"\"\"\n    raise NotImplementedError\n")
+    core.write_text(core.read_text() + '\n\ndef todo():\n    """Later."""\n    raise NotImplementedError\n')
     with pytest.raises(DeletionError):
         plan_deletion(repo, _cand("minilib.core.todo", "function"), 1, _modules(repo))
 
@@ -95,7 +118,9 @@ def test_level2_removes_function_alias_reexport_and_all_entry(repo: Path, tmp_pa
     work = tmp_path / "w"
     shutil.copytree(repo, work)
     apply_deletion(work, d)
-    proc = _imports(work, "import minilib, minilib.core; print(hasattr(minilib, 'add'), minilib.mul.__name__)")
+    proc = _imports(
+        work, "import minilib, minilib.core; print(hasattr(minilib, 'add'), minilib.mul.__name__)"
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "False mul"
     assert any(s.startswith("def add(a, b):") for s in d.removed_snippets)
@@ -125,7 +150,9 @@ def test_level3_class_and_module(repo: Path, tmp_path: Path) -> None:
     apply_deletion(work, d)
     assert _imports(work, "import minilib").returncode == 0
 
-    m = plan_deletion(repo, _cand("minilib.textutil", "module", "minilib/textutil.py", "minilib.textutil"), 3, mods)
+    m = plan_deletion(
+        repo, _cand("minilib.textutil", "module", "minilib/textutil.py", "minilib.textutil"), 3, mods
+    )
     assert m.changed["minilib/textutil.py"] is None
     init = m.changed["minilib/__init__.py"]
     assert "textutil" not in init and init.startswith(INIT.split("from . import")[0])
@@ -163,8 +190,11 @@ def test_statement_never_contains_removed_code(repo: Path, qualname, kind, level
     d = plan_deletion(repo, _cand(qualname, kind, path, module), level, _modules(repo))
     text = template_statement(d, ["tests/test_core.py::test_mul", "tests/test_text.py::test_shout"])
     assert qualname in text and "tests/test_core.py::test_mul" in text
-    body_lines = [ln.strip() for ln in d.removed_code.splitlines()
-                  if ln.strip() and not ln.strip().startswith(('"""', "def ", "class ", "@")) and len(ln.strip()) > 8]
+    body_lines = [
+        ln.strip()
+        for ln in d.removed_code.splitlines()
+        if ln.strip() and not ln.strip().startswith(('"""', "def ", "class ", "@")) and len(ln.strip()) > 8
+    ]
     assert body_lines, "the removed code must have body lines for this test to mean anything"
     allowed = (d.docstring or "") + "\n".join(d.api)
     for line in body_lines:
@@ -179,13 +209,15 @@ def test_removed_snippets_skip_lines_still_present() -> None:
     code = "def f(x):\n    value = compute_something(x)\n    return value\n"
     out = removed_snippets(code, "Compute it carefully.", ["def f(x):\n    raise NotImplementedError\n"])
     assert out == ["Compute it carefully.", "value = compute_something(x)"]
-    short = removed_snippets("def g():\n    return n + 1\n", None, ["def g():\n    raise NotImplementedError\n"])
+    short = removed_snippets(
+        "def g():\n    return n + 1\n", None, ["def g():\n    raise NotImplementedError\n"]
+    )
     assert short == ["return n + 1"]
 
 
 def test_star_reexport_propagates_and_import_time_use_is_refused(tmp_path: Path) -> None:
     root = make_repo(tmp_path / "r")
-    (root / "minilib/__init__.py").write_text('from .core import *\nfrom .api import double\n')
+    (root / "minilib/__init__.py").write_text("from .core import *\nfrom .api import double\n")
     (root / "minilib/api.py").write_text(
         "from minilib import add, mul\n\n\ndef double(x, _unit=mul(1, 1)):\n    return add(x, x) * _unit\n"
     )
@@ -212,8 +244,12 @@ def test_broken_test_files_are_predicted_from_test_imports(repo: Path) -> None:
     assert broken_test_files(l2, repo, tests, ".") == {"tests/test_core.py"}
     l1 = plan_deletion(repo, _cand("minilib.core.add", "function"), 1, mods)
     assert broken_test_files(l1, repo, tests, ".") == set()
-    (repo / "tests/test_text.py").write_text("from minilib.textutil import shout\n" + (repo / "tests/test_text.py").read_text())
-    l3 = plan_deletion(repo, _cand("minilib.textutil", "module", "minilib/textutil.py", "minilib.textutil"), 3, mods)
+    (repo / "tests/test_text.py").write_text(
+        "from minilib.textutil import shout\n" + (repo / "tests/test_text.py").read_text()
+    )
+    l3 = plan_deletion(
+        repo, _cand("minilib.textutil", "module", "minilib/textutil.py", "minilib.textutil"), 3, mods
+    )
     assert broken_test_files(l3, repo, tests, ".") == {"tests/test_text.py"}
 
 
@@ -222,7 +258,9 @@ def test_a_broken_conftest_breaks_every_test_below_it(repo: Path) -> None:
 
     (repo / "tests/conftest.py").write_text("from minilib.core import plus\n")
     d = plan_deletion(repo, _cand("minilib.core.add", "function"), 2, _modules(repo))
-    broken = broken_test_files(d, repo, ["tests/conftest.py", "tests/test_core.py", "tests/test_text.py"], ".")
+    broken = broken_test_files(
+        d, repo, ["tests/conftest.py", "tests/test_core.py", "tests/test_text.py"], "."
+    )
     assert broken == {"tests/conftest.py", "tests/test_core.py"}
     assert _under_broken("tests/test_text.py", broken) and not _under_broken("other/test_x.py", broken)
 
@@ -230,7 +268,9 @@ def test_a_broken_conftest_breaks_every_test_below_it(repo: Path) -> None:
 @pytest.mark.parametrize(("future", "refused"), [("", True), ("from __future__ import annotations\n", False)])
 def test_annotations_count_as_import_time_use_unless_lazy(tmp_path: Path, future: str, refused: bool) -> None:
     root = make_repo(tmp_path / "r")
-    (root / "minilib/typed.py").write_text(f'{future}from minilib.core import Stack\n\n\ndef size(s: Stack) -> int:\n    return len(s._items)\n')
+    (root / "minilib/typed.py").write_text(
+        f"{future}from minilib.core import Stack\n\n\ndef size(s: Stack) -> int:\n    return len(s._items)\n"
+    )
     mods = _modules(root)
     cand = _cand("minilib.core.Stack", "class")
     if refused:

@@ -21,7 +21,14 @@ from tests.unit.taskfixture import CORE_ORIGINAL, make_task, mini_base, original
 def base(tmp_path_factory) -> BaseEnv:
     root = tmp_path_factory.mktemp("base")
     site = mini_base(root / "site-packages")
-    return BaseEnv(root=root, site_packages=site, dist_name="minipkg", version="1.0", import_root=".", packages=["minipkg"])
+    return BaseEnv(
+        root=root,
+        site_packages=site,
+        dist_name="minipkg",
+        version="1.0",
+        import_root=".",
+        packages=["minipkg"],
+    )
 
 
 @pytest.fixture
@@ -32,13 +39,21 @@ def draft(tmp_path, base):
     original = original_tree(tmp_path / "orig")
     # the leftovers a real source tree carries: a .pyc of the original, a build/ copy, egg-info, history
     (ws / "minipkg" / "__pycache__").mkdir()
-    py_compile.compile(str(original / "minipkg" / "core.py"), cfile=str(ws / "minipkg" / "__pycache__" / "core.cpython-311.pyc"))
+    py_compile.compile(
+        str(original / "minipkg" / "core.py"),
+        cfile=str(ws / "minipkg" / "__pycache__" / "core.cpython-311.pyc"),
+    )
     shutil.copytree(original / "minipkg", ws / "build" / "lib" / "minipkg")
     (ws / "minipkg.egg-info").mkdir()
     (ws / "minipkg.egg-info" / "SOURCES.txt").write_text("minipkg/core.py\n")
     task = load_task(task_dir)
-    return SimpleNamespace(task=task, workspace=ws, gold_patch=(task_dir / "gold.patch").read_text(), base_env=base,
-                           removed_snippets=[CORE_ORIGINAL])
+    return SimpleNamespace(
+        task=task,
+        workspace=ws,
+        gold_patch=(task_dir / "gold.patch").read_text(),
+        base_env=base,
+        removed_snippets=[CORE_ORIGINAL],
+    )
 
 
 def test_dirty_draft_is_scrubbed_and_published(tmp_path, draft):
@@ -47,10 +62,15 @@ def test_dirty_draft_is_scrubbed_and_published(tmp_path, draft):
     assert res.status == "added", res
     task_dir = tmp_path / "set" / draft.task.id
     assert scan_tasks([task_dir]) == []
-    assert not (task_dir / "workspace" / "build").exists() and not (task_dir / "workspace" / "minipkg.egg-info").exists()
+    assert (
+        not (task_dir / "workspace" / "build").exists()
+        and not (task_dir / "workspace" / "minipkg.egg-info").exists()
+    )
     assert [r["id"] for r in store.rows()] == [draft.task.id] and store.rows()[0]["spec"] == "spec-a"
     py = task_dir / "env" / "bin" / "python"
-    out = subprocess.run([str(py), "-c", "import minipkg; print(minipkg.__file__)"], capture_output=True, text=True, cwd="/")
+    out = subprocess.run(
+        [str(py), "-c", "import minipkg; print(minipkg.__file__)"], capture_output=True, text=True, cwd="/"
+    )
     assert out.stdout.strip() == str(task_dir / "workspace" / "minipkg" / "__init__.py"), out.stderr
     assert publish_draft(store, draft, "spec-a").status == "exists"
     assert not any((tmp_path / "set" / STAGING).iterdir())

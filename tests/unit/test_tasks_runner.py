@@ -22,8 +22,10 @@ def _ws(tmp_path: Path, files: dict[str, str]) -> Path:
 
 
 def test_outcomes_selection_and_missing_ids_count_failed(tmp_path: Path) -> None:
-    ws = _ws(tmp_path, {
-        "tests/test_a.py": """
+    ws = _ws(
+        tmp_path,
+        {
+            "tests/test_a.py": """
             import pytest
             def test_ok(): pass
             def test_bad(): assert 0
@@ -37,44 +39,62 @@ def test_outcomes_selection_and_missing_ids_count_failed(tmp_path: Path) -> None
                 raise RuntimeError("teardown")
             def test_teardown_error(boom): pass
         """,
-        "tests/test_broken.py": "import no_such_module_xyz\ndef test_never(): pass\n",
-    })
+            "tests/test_broken.py": "import no_such_module_xyz\ndef test_never(): pass\n",
+        },
+    )
     counter = RunCounter()
     full = run_pytest(PY, ws, None, timeout_s=120, per_test_timeout_s=None, counter=counter)
     assert full.outcomes == {
-        "tests/test_a.py::test_ok": "passed", "tests/test_a.py::test_bad": "failed",
-        "tests/test_a.py::test_p[1]": "passed", "tests/test_a.py::test_p[2]": "failed",
-        "tests/test_a.py::test_skip": "skipped", "tests/test_a.py::test_teardown_error": "error",
+        "tests/test_a.py::test_ok": "passed",
+        "tests/test_a.py::test_bad": "failed",
+        "tests/test_a.py::test_p[1]": "passed",
+        "tests/test_a.py::test_p[2]": "failed",
+        "tests/test_a.py::test_skip": "skipped",
+        "tests/test_a.py::test_teardown_error": "error",
     }
     assert full.collect_errors == ["tests/test_broken.py"]
     assert not (ws / ".pytest_cache").exists() and not list(ws.rglob("__pycache__"))
-    ids = ["tests/test_a.py::test_ok", "tests/test_a.py::test_p[2]", "tests/test_broken.py::test_never",
-           "tests/test_gone.py::test_x", "tests/test_a.py::test_renamed"]
+    ids = [
+        "tests/test_a.py::test_ok",
+        "tests/test_a.py::test_p[2]",
+        "tests/test_broken.py::test_never",
+        "tests/test_gone.py::test_x",
+        "tests/test_a.py::test_renamed",
+    ]
     sub = run_pytest(PY, ws, ids, timeout_s=120, per_test_timeout_s=None, counter=counter)
     assert set(sub.outcomes) == {"tests/test_a.py::test_ok", "tests/test_a.py::test_p[2]"}  # nothing else ran
     assert sub.passing == {"tests/test_a.py::test_ok"}
     assert sub.not_passing == set(ids) - {"tests/test_a.py::test_ok"}
-    assert sub.outcome("tests/test_gone.py::test_x") == "missing" and not sub.passed("tests/test_a.py::test_renamed")
+    assert sub.outcome("tests/test_gone.py::test_x") == "missing" and not sub.passed(
+        "tests/test_a.py::test_renamed"
+    )
     assert counter.full_runs == 1 and counter.subset_runs == 1 and counter.subset_tests == 2
     assert counter.equivalents(6) == 1 + 2 / 6
 
 
 def test_hung_suite_is_killed_with_its_process_group(tmp_path: Path) -> None:
     marker = tmp_path / "child_alive"
-    ws = _ws(tmp_path, {"test_hang.py": f"""
+    ws = _ws(
+        tmp_path,
+        {
+            "test_hang.py": f"""
         import subprocess, sys, time
         def test_first(): pass
         def test_hang():
             # A grandchild that would outlive a naive kill and then write a marker.
             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3); open({str(marker)!r}, 'w')"])
             time.sleep(600)
-    """})
+    """
+        },
+    )
     start = time.monotonic()
     rep = run_pytest(PY, ws, None, timeout_s=2.5, per_test_timeout_s=None)
     assert rep.timed_out and time.monotonic() - start < 30
     assert rep.outcome("test_hang.py::test_first") == "passed"
     assert rep.outcome("test_hang.py::test_hang") == "missing"
-    time.sleep(max(0.0, start + 6.0 - time.monotonic()))  # the grandchild started before the kill (<= 2.5 s) + 3 s
+    time.sleep(
+        max(0.0, start + 6.0 - time.monotonic())
+    )  # the grandchild started before the kill (<= 2.5 s) + 3 s
     assert not marker.exists(), "the grandchild survived the kill"
 
 
@@ -85,20 +105,27 @@ def test_per_test_timeout_fails_only_that_test(tmp_path: Path) -> None:
 
 
 def test_addopts_needing_plugins_are_neutralised(tmp_path: Path) -> None:
-    ws = _ws(tmp_path, {
-        "pyproject.toml": """
+    ws = _ws(
+        tmp_path,
+        {
+            "pyproject.toml": """
             [tool.pytest.ini_options]
             addopts = "--cov=pkg --cov-report=term -p xdist -n 4 --doctest-modules -p no:warnings -x --strict-markers"
             required_plugins = ["pytest-cov"]
         """,
-        "mod.py": '"""\n>>> 1 + 1\n2\n"""\n',
-        "test_m.py": "def test_a(): assert 0\ndef test_b(): pass\n",
-    })
+            "mod.py": '"""\n>>> 1 + 1\n2\n"""\n',
+            "test_m.py": "def test_a(): assert 0\ndef test_b(): pass\n",
+        },
+    )
     assert read_addopts(ws)[0] == "--cov=pkg"
     assert safe_addopts(read_addopts(ws)) == ["--doctest-modules", "-p", "no:warnings", "--strict-markers"]
     rep = run_pytest(PY, ws, None, timeout_s=120, per_test_timeout_s=None, extra_args=pytest_args_for(ws))
     # -x was dropped (both tests ran); --doctest-modules kept (the doctest ran); --cov did not break the run.
-    assert rep.outcomes == {"mod.py::mod": "passed", "test_m.py::test_a": "failed", "test_m.py::test_b": "passed"}
+    assert rep.outcomes == {
+        "mod.py::mod": "passed",
+        "test_m.py::test_a": "failed",
+        "test_m.py::test_b": "passed",
+    }
 
 
 def test_addopts_from_setup_cfg_and_tox(tmp_path: Path) -> None:
@@ -110,7 +137,10 @@ def test_addopts_from_setup_cfg_and_tox(tmp_path: Path) -> None:
 
 def test_flaky_test_is_excluded_by_two_real_runs(tmp_path: Path) -> None:
     state = tmp_path / "ran_once"
-    ws = _ws(tmp_path, {"test_f.py": f"""
+    ws = _ws(
+        tmp_path,
+        {
+            "test_f.py": f"""
         import os
         def test_flaky():
             first = not os.path.exists({str(state)!r})
@@ -118,7 +148,9 @@ def test_flaky_test_is_excluded_by_two_real_runs(tmp_path: Path) -> None:
             assert not first
         def test_stable(): pass
         def test_broken(): assert 0
-    """})
+    """
+        },
+    )
     runs = [run_pytest(PY, ws, None, timeout_s=120, per_test_timeout_s=None) for _ in range(2)]
     assert runs[0].outcome("test_f.py::test_flaky") == "failed" and runs[1].passed("test_f.py::test_flaky")
     base = combine_runs(*runs)
@@ -127,14 +159,16 @@ def test_flaky_test_is_excluded_by_two_real_runs(tmp_path: Path) -> None:
 
 
 def test_addopts_of_installed_plugins_and_conftests_survive(tmp_path: Path) -> None:
-    ws = _ws(tmp_path, {
-        "pytest.ini": "[pytest]\naddopts = --my-mode fast --runslow -x --maxfail=2 --nonexistent-plugin-opt=3 -m 'not net' -p no:warnings\n",
-        "conftest.py": """
+    ws = _ws(
+        tmp_path,
+        {
+            "pytest.ini": "[pytest]\naddopts = --my-mode fast --runslow -x --maxfail=2 --nonexistent-plugin-opt=3 -m 'not net' -p no:warnings\n",
+            "conftest.py": """
             def pytest_addoption(parser):
                 parser.addoption("--my-mode", default="slow")
                 parser.addoption("--runslow", action="store_true")
         """,
-        "test_o.py": """
+            "test_o.py": """
             import pytest
             def test_mode(request):
                 assert request.config.getoption("--my-mode") == "fast" and request.config.getoption("--runslow")
@@ -143,10 +177,14 @@ def test_addopts_of_installed_plugins_and_conftests_survive(tmp_path: Path) -> N
             def test_fails(): assert 0
             def test_after(): pass
         """,
-    })
+        },
+    )
     args = pytest_args_for(ws, PY)
     assert args[:2] == ["-o", "addopts=--my-mode fast --runslow -m 'not net' -p no:warnings"]
     rep = run_pytest(PY, ws, None, timeout_s=120, per_test_timeout_s=None, extra_args=args)
     # Custom options reached the tests, -x/--maxfail did not stop the run, the marker expression still applies.
-    assert rep.outcomes == {"test_o.py::test_mode": "passed", "test_o.py::test_fails": "failed",
-                            "test_o.py::test_after": "passed"}
+    assert rep.outcomes == {
+        "test_o.py::test_mode": "passed",
+        "test_o.py::test_fails": "failed",
+        "test_o.py::test_after": "passed",
+    }

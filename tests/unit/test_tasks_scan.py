@@ -95,8 +95,11 @@ def plant_pycache(t: Path, tmp: Path) -> None:
     src = original_tree(tmp / "orig")
     cache = t / "workspace" / "minipkg" / "__pycache__"
     cache.mkdir()
-    py_compile.compile(str(src / "minipkg" / "core.py"), cfile=str(cache / f"core.cpython-{sys.version_info.major}{sys.version_info.minor}.pyc"),
-                       doraise=True)
+    py_compile.compile(
+        str(src / "minipkg" / "core.py"),
+        cfile=str(cache / f"core.cpython-{sys.version_info.major}{sys.version_info.minor}.pyc"),
+        doraise=True,
+    )
 
 
 def plant_pyc_code_only(t: Path, tmp: Path) -> None:
@@ -109,7 +112,9 @@ def plant_pyc_code_only(t: Path, tmp: Path) -> None:
 def plant_mypy_cache(t: Path, tmp: Path) -> None:
     d = t / "workspace" / ".mypy_cache" / "3.11" / "minipkg"
     d.mkdir(parents=True)
-    (d / "core.data.json").write_text(json.dumps({".class": "MypyFile", "_fullname": "minipkg.core", "source": CORE_ORIGINAL}))
+    (d / "core.data.json").write_text(
+        json.dumps({".class": "MypyFile", "_fullname": "minipkg.core", "source": CORE_ORIGINAL})
+    )
 
 
 def plant_egg_info(t: Path, tmp: Path) -> None:
@@ -165,14 +170,18 @@ def plant_stub(t: Path, tmp: Path) -> None:
     (t / "workspace" / "minipkg" / "core.pyi").write_text(
         "from typing import Mapping, overload\n\n@overload\ndef merge_counts(first: None, second: None) -> dict[str, int]: ...\n"
         "@overload\ndef merge_counts(first: Mapping[str, int], second: Mapping[str, int], *, floor: int = ...) -> dict[str, int]: ...\n"
-        "def top_token(counts: Mapping[str, int]) -> str: ...\n")
+        "def top_token(counts: Mapping[str, int]) -> str: ...\n"
+    )
 
 
 def plant_stub_wheel(t: Path, tmp: Path) -> None:
     """A stubs-only wheel (no source at all) dropped into the environment."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as zf:
-        zf.writestr("minipkg-stubs/core.pyi", "def merge_counts(first: dict, second: dict, *, floor: int = ...) -> dict: ...\n")
+        zf.writestr(
+            "minipkg-stubs/core.pyi",
+            "def merge_counts(first: dict, second: dict, *, floor: int = ...) -> dict: ...\n",
+        )
     (t / "env" / "minipkg_stubs-1.0-py3-none-any.whl").write_bytes(buf.getvalue())
 
 
@@ -182,14 +191,23 @@ def plant_symlink_out(t: Path, tmp: Path) -> None:
 
 
 CHANNELS = {
-    "git-history": (plant_git_history, "git"), "git-reflog": (plant_git_reflog, "git"),
-    "git-stash": (plant_git_stash, "git"), "git-dangling-pack": (plant_git_dangling_pack, "git"),
-    "pycache": (plant_pycache, "bytecode"), "pyc-code-object": (plant_pyc_code_only, "bytecode"),
-    "mypy-cache": (plant_mypy_cache, "mypy-cache"), "egg-info": (plant_egg_info, "egg-info"),
-    "build-dir": (plant_build_copy, "build-dir"), "site-packages": (plant_site_packages, "site-packages"),
-    "pip-cache-wheel": (plant_pip_cache_wheel, "pip-cache"), "pip-cache-sdist": (plant_pip_cache_sdist, "pip-cache"),
-    "pth-target": (plant_pth_target, None), "docs": (plant_docs, "docs"), "stub": (plant_stub, "stub"),
-    "symlink-out": (plant_symlink_out, None), "stub-in-wheel": (plant_stub_wheel, "archive"),
+    "git-history": (plant_git_history, "git"),
+    "git-reflog": (plant_git_reflog, "git"),
+    "git-stash": (plant_git_stash, "git"),
+    "git-dangling-pack": (plant_git_dangling_pack, "git"),
+    "pycache": (plant_pycache, "bytecode"),
+    "pyc-code-object": (plant_pyc_code_only, "bytecode"),
+    "mypy-cache": (plant_mypy_cache, "mypy-cache"),
+    "egg-info": (plant_egg_info, "egg-info"),
+    "build-dir": (plant_build_copy, "build-dir"),
+    "site-packages": (plant_site_packages, "site-packages"),
+    "pip-cache-wheel": (plant_pip_cache_wheel, "pip-cache"),
+    "pip-cache-sdist": (plant_pip_cache_sdist, "pip-cache"),
+    "pth-target": (plant_pth_target, None),
+    "docs": (plant_docs, "docs"),
+    "stub": (plant_stub, "stub"),
+    "symlink-out": (plant_symlink_out, None),
+    "stub-in-wheel": (plant_stub_wheel, "archive"),
 }
 
 
@@ -259,8 +277,14 @@ def test_task_set_scan_and_bad_paths(template, tmp_path):
     findings = scan_tasks(find_task_dirs(tmp_path / "set"))
     assert {f.path.split("/set/")[1].split("/")[0] for f in findings} == {"b"}
     for bad in (tmp_path / "nope", tmp_path / "set" / "a" / "workspace"):
-        res = subprocess.run([sys.executable, "-m", "cadenza", "tasks", "scan", str(bad)], capture_output=True, text=True)
-        assert res.returncode == 2 and res.stderr.startswith("error:") and len(res.stderr.strip().splitlines()) == 1
+        res = subprocess.run(
+            [sys.executable, "-m", "cadenza", "tasks", "scan", str(bad)], capture_output=True, text=True
+        )
+        assert (
+            res.returncode == 2
+            and res.stderr.startswith("error:")
+            and len(res.stderr.strip().splitlines()) == 1
+        )
 
 
 def test_statement_may_quote_docstring_but_not_code(task):
@@ -273,8 +297,12 @@ def test_statement_may_quote_docstring_but_not_code(task):
     t.statement += "\n    survivors = {tok: n for tok, n in combined.items() if n > floor}\n    combined = Counter(first)\n"
     save_task(task, t)
     assert [f.channel for f in scan_tasks([task])] == ["statement"]
-    t.statement = t.statement.replace("combined = Counter(first)", "def merge_counts(first, second, *, floor=0):")
-    t.statement = t.statement.replace("    survivors = {tok: n for tok, n in combined.items() if n > floor}\n", "")
+    t.statement = t.statement.replace(
+        "combined = Counter(first)", "def merge_counts(first, second, *, floor=0):"
+    )
+    t.statement = t.statement.replace(
+        "    survivors = {tok: n for tok, n in combined.items() if n > floor}\n", ""
+    )
     save_task(task, t)
     assert scan_tasks([task]) == []  # a signature is what the statement is meant to give
 
@@ -282,14 +310,23 @@ def test_statement_may_quote_docstring_but_not_code(task):
 def test_needles_skip_generic_lines_and_know_wrapped_signatures(tmp_path):
     from cadenza.tasks.secret import candidate_lines, derive_secret
 
-    assert candidate_lines(["import types", "from typing import Any", "    return None", "if __name__ == '__main__':",
-                            "    total = first_value + second_value"]) == {"total = first_value + second_value"}
+    assert candidate_lines(
+        [
+            "import types",
+            "from typing import Any",
+            "    return None",
+            "if __name__ == '__main__':",
+            "    total = first_value + second_value",
+        ]
+    ) == {"total = first_value + second_value"}
     ws = tmp_path / "ws"
     (ws / "pkg").mkdir(parents=True)
     (ws / "pkg" / "m.py").write_text("X = 1\n")
-    patch = ("diff --git a/pkg/m.py b/pkg/m.py\n--- a/pkg/m.py\n+++ b/pkg/m.py\n@@ -1 +1,8 @@\n X = 1\n"
-             "+def update_many(\n+    self,\n+    updates: Iterable[Tuple[Mapping, QueryLike]],\n+) -> List[int]:\n"
-             "+    applied = [self._apply(u) for u in updates]\n+    self._journal.extend(applied)\n+    return applied\n")
+    patch = (
+        "diff --git a/pkg/m.py b/pkg/m.py\n--- a/pkg/m.py\n+++ b/pkg/m.py\n@@ -1 +1,8 @@\n X = 1\n"
+        "+def update_many(\n+    self,\n+    updates: Iterable[Tuple[Mapping, QueryLike]],\n+) -> List[int]:\n"
+        "+    applied = [self._apply(u) for u in updates]\n+    self._journal.extend(applied)\n+    return applied\n"
+    )
     secret = derive_secret("t", ws, patch)
     assert "updates: Iterable[Tuple[Mapping, QueryLike]]," in secret.signature_lines
     assert "self._journal.extend(applied)" in secret.needles - secret.signature_lines

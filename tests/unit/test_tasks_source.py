@@ -23,7 +23,13 @@ def test_local_dir_is_copied_never_modified(tmp_path: Path) -> None:
     info = fetch_source(str(src), tmp_path / "copy")
     assert sorted(p.relative_to(src) for p in src.rglob("*")) == before
     assert not (info.root / "minilib" / "__pycache__").exists() and not (info.root / ".mypy_cache").exists()
-    assert (info.name, info.version, info.packages, info.import_root, info.layout) == ("minilib", "0.3.1", ["minilib"], ".", "flat")
+    assert (info.name, info.version, info.packages, info.import_root, info.layout) == (
+        "minilib",
+        "0.3.1",
+        ["minilib"],
+        ".",
+        "flat",
+    )
     assert "tests/test_core.py" in info.test_paths and "pyproject.toml" in info.test_paths
     assert fetch_source(str(src), tmp_path / "copy2").content_hash == info.content_hash
 
@@ -56,7 +62,10 @@ def test_git_repo_copies_committed_head_only(tmp_path: Path) -> None:
     [
         (lambda p: None, "does not exist"),
         (lambda p: (p.mkdir(), (p / "README").write_text("hi")), "no Python files"),
-        (lambda p: (p.mkdir(), (p / "pkg").mkdir(), (p / "pkg" / "__init__.py").write_text("")), "has no tests"),
+        (
+            lambda p: (p.mkdir(), (p / "pkg").mkdir(), (p / "pkg" / "__init__.py").write_text("")),
+            "has no tests",
+        ),
         (lambda p: (p.mkdir(), (p / "test_x.py").write_text("def test(): pass\n")), "no importable package"),
     ],
 )
@@ -76,7 +85,8 @@ def test_bad_pypi_spec_is_rejected_without_network(tmp_path: Path) -> None:
 def test_requirement_discovery_reads_all_channels(tmp_path: Path) -> None:
     root = tmp_path / "r"
     root.mkdir()
-    (root / "pyproject.toml").write_text(textwrap.dedent('''\
+    (root / "pyproject.toml").write_text(
+        textwrap.dedent("""\
         [project]
         name = "demo-pkg"
         dependencies = ["attrs>=22"]
@@ -87,14 +97,19 @@ def test_requirement_discovery_reads_all_channels(tmp_path: Path) -> None:
         lint = ["ruff"]
         dev = ["pytest-cov", {include-group = "tests"}]
         tests = ["pytest-asyncio>=0.23", "mypy"]
-        '''))
+        """)
+    )
     (root / "requirements-test.txt").write_text("-r requirements-base.txt\nfreezegun  # time\n-e .\n")
     (root / "requirements-base.txt").write_text("six\n")
-    (root / "tox.ini").write_text("[testenv]\ndeps =\n    pytest\n    flake8\n    {env:EXTRA:}\n    py311: tomli\n")
+    (root / "tox.ini").write_text(
+        "[testenv]\ndeps =\n    pytest\n    flake8\n    {env:EXTRA:}\n    py311: tomli\n"
+    )
     (root / "setup.cfg").write_text("[options.extras_require]\ntesting = responses\n")
     reqs = discover_requirements(root, ["demo-pkg", "demo_pkg"])
     assert reqs.runtime == ["attrs>=22"]
-    assert sorted(reqs.test) == sorted(["hypothesis", "pytest-asyncio>=0.23", "six", "freezegun", "pytest", "responses"])
+    assert sorted(reqs.test) == sorted(
+        ["hypothesis", "pytest-asyncio>=0.23", "six", "freezegun", "pytest", "responses"]
+    )
     assert "pyproject.toml" in reqs.sources and "tox.ini" in reqs.sources
 
 
@@ -103,7 +118,7 @@ def test_requirements_from_pkg_info_extras(tmp_path: Path) -> None:
     root.mkdir()
     (root / "PKG-INFO").write_text(
         "Metadata-Version: 2.4\nName: foo\nVersion: 1\nRequires-Dist: idna\n"
-        "Requires-Dist: pytest-mock; extra == \"tests\"\nRequires-Dist: furo; extra == \"docs\"\n"
+        'Requires-Dist: pytest-mock; extra == "tests"\nRequires-Dist: furo; extra == "docs"\n'
     )
     reqs = discover_requirements(root, ["foo"])
     assert reqs.runtime == ["idna"] and reqs.test == ["pytest-mock"]
@@ -112,7 +127,8 @@ def test_requirements_from_pkg_info_extras(tmp_path: Path) -> None:
 def test_plugins_the_tests_visibly_use_are_detected(tmp_path: Path) -> None:
     root = tmp_path / "r"
     (root / "tests").mkdir(parents=True)
-    (root / "tests" / "test_x.py").write_text(textwrap.dedent('''\
+    (root / "tests" / "test_x.py").write_text(
+        textwrap.dedent("""\
         import pytest
         import yaml
         from hypothesis import given
@@ -123,7 +139,8 @@ def test_plugins_the_tests_visibly_use_are_detected(tmp_path: Path) -> None:
 
         def test_b(some_unknown_fixture):
             import leftpad_unknown
-        '''))
+        """)
+    )
     reqs = discover_requirements(root, ["x"], ["tests/test_x.py"])
     assert sorted(reqs.test) == ["hypothesis", "pytest-asyncio", "pytest-mock", "pyyaml"]
     assert "test code" in reqs.sources
@@ -134,7 +151,9 @@ def test_namespace_package_in_src(tmp_path: Path) -> None:
     (root / "src" / "acme" / "widgets").mkdir(parents=True)
     (root / "src" / "acme" / "widgets" / "__init__.py").write_text("def spin():\n    return 1\n")
     (root / "tests").mkdir()
-    (root / "tests" / "test_w.py").write_text("from acme.widgets import spin\ndef test_spin():\n    assert spin() == 1\n")
+    (root / "tests" / "test_w.py").write_text(
+        "from acme.widgets import spin\ndef test_spin():\n    assert spin() == 1\n"
+    )
     info = fetch_source(str(root), tmp_path / "copy")
     assert (info.packages, info.package_dirs, info.layout) == (["acme"], {"acme": "src/acme"}, "src")
 

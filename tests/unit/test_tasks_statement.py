@@ -19,8 +19,16 @@ from tests.tasks_helpers import make_repo
 @pytest.fixture
 def deletion(tmp_path: Path):
     root = make_repo(tmp_path / "r")
-    cand = Candidate(qualname="minilib.core.mul", module="minilib.core", local="mul", path="minilib/core.py",
-                     kind="function", lineno=1, end_lineno=1, body_lines=4)
+    cand = Candidate(
+        qualname="minilib.core.mul",
+        module="minilib.core",
+        local="mul",
+        path="minilib/core.py",
+        kind="function",
+        lineno=1,
+        end_lineno=1,
+        body_lines=4,
+    )
     return plan_deletion(root, cand, 2, module_files(describe_source(str(root), root)))
 
 
@@ -48,7 +56,9 @@ def _serve(answer: str):
 def test_llm_writer_is_used_when_clean(deletion) -> None:
     server, seen = _serve("Please restore `mul`: multiply two numbers. Tests: tests/test_core.py::test_mul")
     try:
-        text = write_statement(deletion, ["tests/test_core.py::test_mul"], llm_url=f"http://127.0.0.1:{server.server_port}/v1")
+        text = write_statement(
+            deletion, ["tests/test_core.py::test_mul"], llm_url=f"http://127.0.0.1:{server.server_port}/v1"
+        )
     finally:
         server.shutdown()
     assert text.startswith("Please restore `mul`")
@@ -59,7 +69,9 @@ def test_llm_writer_is_used_when_clean(deletion) -> None:
 def test_llm_answer_with_removed_code_falls_back_to_template(deletion) -> None:
     server, _ = _serve("Implement it like this:\n    result = add(result, a)\n")
     try:
-        text = write_statement(deletion, ["tests/test_core.py::test_mul"], llm_url=f"http://127.0.0.1:{server.server_port}")
+        text = write_statement(
+            deletion, ["tests/test_core.py::test_mul"], llm_url=f"http://127.0.0.1:{server.server_port}"
+        )
     finally:
         server.shutdown()
     assert text == template_statement(deletion, ["tests/test_core.py::test_mul"])

@@ -19,7 +19,9 @@ from tests.unit.taskfixture import make_task, mini_base
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "cadenza", "tasks", *args], capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "cadenza", "tasks", *args], capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.fixture(scope="module")
@@ -55,7 +57,9 @@ def test_publish_limit_and_keys(tmp_path, template):
         published.append(store.publish(tmp, task, limit=2))
         ctx.__exit__(None, None, None)
     assert published == [True, True, False] and store.count(spec) == 2  # never past --max-tasks
-    assert store.keys(spec) == {(r["qualname"], r["level"]) for r in store.rows()} and len(store.keys(spec)) == 2
+    assert (
+        store.keys(spec) == {(r["qualname"], r["level"]) for r in store.rows()} and len(store.keys(spec)) == 2
+    )
     assert store.keys("pypi:something-else") == set()
 
 
@@ -77,7 +81,9 @@ def test_recover_after_crash(tmp_path, template):
     root = tmp_path / "set"
     TaskStore(root, create=True)
     # a crash mid-assembly: staging dir of a dead process
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     half = root / STAGING / f"x.{dead}.deadbeef"
     (half / "workspace").mkdir(parents=True)
     # a crash between rename and index insert: a complete dir the index does not know
@@ -87,8 +93,10 @@ def test_recover_after_crash(tmp_path, template):
     save_task(root / "orphan", t)
     # a row whose dir was removed by hand
     with sqlite3.connect(root / INDEX) as con:
-        con.execute("INSERT INTO tasks (id, spec, source, level, qualname, kind, path, f2p, p2p, created)"
-                    " VALUES ('ghost', 's', 's', 1, 'q', 'function', 'p', 1, 1, 'now')")
+        con.execute(
+            "INSERT INTO tasks (id, spec, source, level, qualname, kind, path, f2p, p2p, created)"
+            " VALUES ('ghost', 's', 's', 1, 'q', 'function', 'p', 1, 1, 'now')"
+        )
     TaskStore(root)
     assert not half.exists()
     ids = [r["id"] for r in TaskStore(root).rows()]
@@ -129,13 +137,19 @@ def task_set(tmp_path_factory, template) -> Path:
 
 def test_list_show_env_export(task_set):
     rows = json.loads(cli("list", str(task_set), "--json").stdout)
-    assert [r["id"] for r in rows] == ["minipkg-a", "minipkg-b"] and rows[0]["f2p"] == 1 and rows[0]["level"] == 2
+    assert (
+        [r["id"] for r in rows] == ["minipkg-a", "minipkg-b"]
+        and rows[0]["f2p"] == 1
+        and rows[0]["level"] == 2
+    )
     assert "minipkg-a" in cli("list", str(task_set)).stdout
     shown = cli("show", str(task_set), "minipkg-b")
     assert shown.returncode == 0 and "merge_counts" in shown.stdout and "test_merge_counts" in shown.stdout
     py = cli("env", str(task_set / "minipkg-a")).stdout.strip()
     assert os.access(py, os.X_OK)
-    out = subprocess.run([py, "-c", "import minipkg, pytest; print(minipkg.__file__)"], capture_output=True, text=True)
+    out = subprocess.run(
+        [py, "-c", "import minipkg, pytest; print(minipkg.__file__)"], capture_output=True, text=True
+    )
     assert out.stdout.strip().startswith(str(task_set / "minipkg-a" / "workspace")), out.stderr
     lines = cli("export", str(task_set), "--format", "swebench").stdout.splitlines()
     recs = [json.loads(x) for x in lines]
@@ -152,7 +166,9 @@ def test_verify_passes_and_catches_broken_tasks(task_set, tmp_path):
     assert not list((task_set / "minipkg-a" / "workspace").rglob("__pycache__"))  # ran in a copy
     broken = tmp_path / "set"
     shutil.copytree(task_set, broken, symlinks=True)
-    (broken / "minipkg-a" / "gold.patch").write_text((broken / "minipkg-a" / "gold.patch").read_text().replace("> floor", "< floor"))
+    (broken / "minipkg-a" / "gold.patch").write_text(
+        (broken / "minipkg-a" / "gold.patch").read_text().replace("> floor", "< floor")
+    )
     t = load_task(broken / "minipkg-b")
     t.pass_to_pass.append("tests/test_core.py::test_does_not_exist")
     save_task(broken / "minipkg-b", t)
@@ -162,11 +178,15 @@ def test_verify_passes_and_catches_broken_tasks(task_set, tmp_path):
     assert "test_does_not_exist" in res.stdout and "0 of 2 task(s) verified" in res.stdout
 
 
-@pytest.mark.parametrize("args", [("list", "{missing}"), ("show", "{set}", "nope"), ("env", "{missing}"), ("verify", "{missing}")])
+@pytest.mark.parametrize(
+    "args", [("list", "{missing}"), ("show", "{set}", "nope"), ("env", "{missing}"), ("verify", "{missing}")]
+)
 def test_bad_input_is_one_line(task_set, tmp_path, args):
     argv = [a.format(missing=tmp_path / "missing", set=task_set) for a in args]
     res = cli(*argv)
-    assert res.returncode == 2 and res.stderr.startswith("error:") and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert (
+        res.returncode == 2 and res.stderr.startswith("error:") and len(res.stderr.strip().splitlines()) == 1
+    ), res.stderr
 
 
 def _publish_copy(args: tuple[str, str]) -> bool:

@@ -22,14 +22,25 @@ from cadenza.experiments.toolworld import (
 
 
 def task(profile="beta"):
-    return ToolworldTask(id="t", profile=profile, steps=(Step(operation="read", path="notes"), Step(operation="delete", path="log")))
+    return ToolworldTask(
+        id="t",
+        profile=profile,
+        steps=(Step(operation="read", path="notes"), Step(operation="delete", path="log")),
+    )
 
 
 def test_episode_completes_only_with_the_profiles_tools():
     env = ToolworldEnv(task())
     msgs = env.reset()
-    assert "beta" in msgs[-1]["content"] and "read_file" not in json.dumps(msgs)  # profile stated, tools not listed
-    assert [t["function"]["name"] for t in env.tools()] == ["read_file", "write_file", "list_dir", "delete_file"]
+    assert "beta" in msgs[-1]["content"] and "read_file" not in json.dumps(
+        msgs
+    )  # profile stated, tools not listed
+    assert [t["function"]["name"] for t in env.tools()] == [
+        "read_file",
+        "write_file",
+        "list_dir",
+        "delete_file",
+    ]
     r = env.step(ToolCall(name="view", arguments={"path": "notes"}))
     assert r.error_kind == "tool_not_found" and "view" in r.observation and "read_file" not in r.observation
     r = env.step(ToolCall(name="read_file", arguments='{"path": "notes"}'))
@@ -37,7 +48,13 @@ def test_episode_completes_only_with_the_profiles_tools():
     r = env.step(ToolCall(name="delete_file", arguments={"file": "log"}))
     assert r.error_kind == "invalid_arguments"
     r = env.step(ToolCall(name="delete_file", arguments={"path": "log"}))
-    assert r.done and env.finish() == {"reward": 1.0, "resolved": True, "calls": 4, "invalid_tool_calls": 1, "remaining_steps": 0}
+    assert r.done and env.finish() == {
+        "reward": 1.0,
+        "resolved": True,
+        "calls": 4,
+        "invalid_tool_calls": 1,
+        "remaining_steps": 0,
+    }
 
 
 def test_episode_is_cut_after_the_turn_budget_with_zero_reward():

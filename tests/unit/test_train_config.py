@@ -18,7 +18,10 @@ def write(tmp_path, text: str):
 @pytest.mark.parametrize(
     ("text", "match"),
     [
-        ('[loss]\nlamda_sd = 1.0\n[model]\ntokenizer = "tok"', r"unknown config key 'loss.lamda_sd' \(did you mean 'lambda_sd'\?\)"),
+        (
+            '[loss]\nlamda_sd = 1.0\n[model]\ntokenizer = "tok"',
+            r"unknown config key 'loss.lamda_sd' \(did you mean 'lambda_sd'\?\)",
+        ),
         ('[nope]\nx = 1\n[model]\ntokenizer = "tok"', r"unknown config key 'nope'"),
         ('[run]\nsteps = "3"\n[model]\ntokenizer = "tok"', r"run.steps must be an integer, got '3'"),
         ('[run]\nsteps = 2.5\n[model]\ntokenizer = "tok"', r"run.steps must be an integer"),
@@ -29,7 +32,10 @@ def write(tmp_path, text: str):
         ("[run]\nsteps = 1", r"model.path is empty and model.tokenizer is not set"),
         ('[model]\ntokenizer = "nowhere"', r"model.tokenizer .*nowhere.* does not exist"),
         ('[rollout]\ngroup_size = 1\n[model]\ntokenizer = "tok"', r"group_size must be >= 2"),
-        ('[feedback]\nkinds = ["tool_not_found", "vibes"]\n[model]\ntokenizer = "tok"', r"unknown kinds \['vibes'\]"),
+        (
+            '[feedback]\nkinds = ["tool_not_found", "vibes"]\n[model]\ntokenizer = "tok"',
+            r"unknown kinds \['vibes'\]",
+        ),
         ('[feedback]\nplacement = "end"\n[model]\ntokenizer = "tok"', r"unknown hint placement 'end'"),
         ("run = 3", r"run must be a table"),
         ("[run\n", r"invalid TOML"),
@@ -41,7 +47,9 @@ def test_config_errors(tmp_path, text, match):
 
 
 def test_valid_config_resolves_paths_relative_to_file(tmp_path):
-    p = write(tmp_path, '[model]\ntokenizer = "tok"\n[loss]\nlambda_sd = 2\n[feedback.critic]\ntimeout_s = 5\n')
+    p = write(
+        tmp_path, '[model]\ntokenizer = "tok"\n[loss]\nlambda_sd = 2\n[feedback.critic]\ntimeout_s = 5\n'
+    )
     cfg = load_config(p)
     assert isinstance(cfg, TrainConfig)
     assert cfg.model.tokenizer == str((tmp_path / "tok").resolve())
