@@ -34,13 +34,7 @@ _COMMAND_MODULES = ("demo", "tasks", "replay", "eval", "train", "pretrain", "exp
 
 def _register_all() -> None:
     for name in _COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"cadenza.commands.{name}")
-        except ModuleNotFoundError as exc:  # a command group not built yet
-            if exc.name != f"cadenza.commands.{name}":
-                raise
-            continue
-        module.register(app)
+        importlib.import_module(f"cadenza.commands.{name}").register(app)
 
 
 _register_all()

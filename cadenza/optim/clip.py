@@ -15,16 +15,12 @@ from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
-
-try:
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.placement_types import Replicate
-except ImportError:  # pragma: no cover - torch without DTensor
-    DTensor = None  # type: ignore[assignment,misc]
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import Replicate
 
 
 def _group_key(grad: torch.Tensor) -> tuple:
-    if DTensor is not None and isinstance(grad, DTensor):
+    if isinstance(grad, DTensor):
         # After _without_partial, anything not replicated is split across that mesh dim: Shard and
         # also _StridedShard (FSDP2 over an EP/TP DTensor), which is not a Shard subclass.
         dims = tuple(i for i, p in enumerate(grad.placements) if not p.is_replicate())
@@ -33,7 +29,7 @@ def _group_key(grad: torch.Tensor) -> tuple:
 
 
 def _without_partial(grad: torch.Tensor) -> torch.Tensor:
-    if DTensor is None or not isinstance(grad, DTensor) or not any(p.is_partial() for p in grad.placements):
+    if not isinstance(grad, DTensor) or not any(p.is_partial() for p in grad.placements):
         return grad
     return grad.redistribute(
         grad.device_mesh, [Replicate() if p.is_partial() else p for p in grad.placements]

@@ -16,23 +16,15 @@ from functools import cached_property
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor.placement_types import Replicate, Shard, _StridedShard  # FSDP2 over EP/TP
 
 from cadenza.errors import ConfigError
 from cadenza.optim.granularity import Box
 
-try:
-    from torch.distributed.tensor import DTensor
-    from torch.distributed.tensor.placement_types import Replicate, Shard
-except ImportError:  # pragma: no cover - torch without DTensor
-    DTensor = None  # type: ignore[assignment,misc]
-try:  # FSDP2 over an EP/TP-sharded DTensor writes this (torch >= 2.4)
-    from torch.distributed.tensor.placement_types import _StridedShard
-except ImportError:  # pragma: no cover
-    _StridedShard = None  # type: ignore[assignment,misc]
-
 
 def is_dtensor(t: torch.Tensor) -> bool:
-    return DTensor is not None and isinstance(t, DTensor)
+    return isinstance(t, DTensor)
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
@@ -45,7 +37,7 @@ def _placements(p: torch.Tensor, name: str) -> tuple[tuple[int | None, ...], tup
     dims: list[int | None] = []
     factors: list[int] = []
     for pl in p.placements:
-        if type(pl) is Shard or (_StridedShard is not None and type(pl) is _StridedShard):
+        if type(pl) in (Shard, _StridedShard):
             dims.append(pl.dim % p.ndim)
             factors.append(int(getattr(pl, "split_factor", 1)))
         elif type(pl) is Replicate:

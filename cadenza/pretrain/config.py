@@ -14,18 +14,17 @@ Relative paths are resolved against the config file's directory.
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
+from cadenza.config_io import from_dict, read_toml
 from cadenza.errors import ConfigError
+from cadenza.optim.build import OPTIMIZERS, MuonConfig
 from cadenza.parallel.dims import ParallelDims
-from cadenza.tomlio import read_toml
 
 
 @dataclass(kw_only=True)
-class ModelConfig:
+class PretrainModelConfig:
     path: str
     tokenizer: str = ""  # defaults to the model path
     param_dtype: str = "float32"
@@ -42,7 +41,7 @@ class DataConfig:
 
 
 @dataclass(kw_only=True)
-class TrainConfig:
+class PretrainLoopConfig:
     steps: int
     global_batch: int = 8  # sequences per optimizer step, split over the data-parallel ranks
     micro_batch: int = 0  # sequences per forward on one rank (gradient accumulation); 0 = all at once
@@ -56,21 +55,6 @@ class TrainConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     max_grad_norm: float = 1.0
     seed: int = 0
-
-
-@dataclass(kw_only=True)
-class MuonConfig:
-    """Used when ``train.optimizer = "muon"``: Muon per head / per expert, AdamW for the rest.
-
-    With ``adjust_lr = "match_rms_adamw"`` Muon's updates have AdamW's RMS, so ``train.lr`` suits both.
-    """
-
-    granular: bool = True  # per head / per expert from the HF config; false: whole matrices
-    adjust_lr: str = "match_rms_adamw"  # or "original" (then train.lr is Muon's lr, ~0.02)
-    momentum: float = 0.95
-    ns_steps: int = 5
-    ns_dtype: str = "bfloat16"  # Newton–Schulz precision: bfloat16 | float32 | float16
-    adamw_lr: float = 0.0  # lr of the AdamW groups (embeddings, lm_head, norms); 0 = train.lr
 
 
 @dataclass(kw_only=True)
@@ -88,9 +72,9 @@ class OutputConfig:
 
 @dataclass(kw_only=True)
 class PretrainConfig:
-    model: ModelConfig
+    model: PretrainModelConfig
     data: DataConfig
-    train: TrainConfig
+    train: PretrainLoopConfig
     parallel: ParallelDims = field(default_factory=ParallelDims)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     output: OutputConfig = field(default_factory=OutputConfig)
@@ -101,55 +85,10 @@ class PretrainConfig:
         return Path(self.checkpoint.dir) if self.checkpoint.dir else Path(self.output.dir) / "checkpoints"
 
 
-_SECTION_CLASSES = {
-    "model": ModelConfig,
-    "data": DataConfig,
-    "train": TrainConfig,
-    "parallel": ParallelDims,
-    "checkpoint": CheckpointConfig,
-    "output": OutputConfig,
-    "muon": MuonConfig,
-}
-_SECTIONS = _SECTION_CLASSES
-_TYPES = {"str": str, "int": int, "float": (int, float), "bool": bool, "list[str]": list, "list[float]": list}
-
-
-def _section(cls: type, name: str, data: Any) -> Any:
-    if not isinstance(data, dict):
-        raise ConfigError(f"[{name}] must be a table")
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
-    if unknown:
-        raise ConfigError(f"unknown key(s) {unknown} in [{name}]; known: {sorted(fields)}")
-    for key, value in data.items():
-        want = _TYPES.get(str(fields[key].type))
-        ok = want is None or (isinstance(value, want) and not (want is not bool and isinstance(value, bool)))
-        if not ok:
-            raise ConfigError(f"{name}.{key} must be {fields[key].type}, got {value!r}")
-    missing = [
-        f.name
-        for f in fields.values()
-        if f.default is dataclasses.MISSING
-        and f.default_factory is dataclasses.MISSING
-        and f.name not in data
-    ]
-    if missing:
-        raise ConfigError(f"[{name}] is missing {missing}")
-    return cls(**data)
-
-
 def load_config(path: str | Path) -> PretrainConfig:
-    """Parse and validate ``path``; every problem is a one-line ConfigError."""
+    """Parse and validate ``path`` with the shared strict loader; every problem is a one-line ConfigError."""
     path = Path(path)
-    raw = read_toml(path)
-    unknown = sorted(set(raw) - set(_SECTIONS))
-    if unknown:
-        raise ConfigError(f"unknown section(s) {unknown} in {path}; known: {sorted(_SECTIONS)}")
-    for required in ("model", "data", "train"):
-        if required not in raw:
-            raise ConfigError(f"{path} needs a [{required}] section")
-    parts = {name: _section(cls, name, raw[name]) for name, cls in _SECTION_CLASSES.items() if name in raw}
-    cfg = PretrainConfig(**parts)
+    cfg = from_dict(PretrainConfig, read_toml(path))
     base = path.parent
     cfg.model.path = str(_resolve(base, cfg.model.path))
     if cfg.model.tokenizer:
@@ -184,19 +123,9 @@ def validate(cfg: PretrainConfig) -> None:
         raise ConfigError("train.min_lr_ratio must be in [0, 1] and train.decay_fraction in (0, 1]")
     if t.warmup_steps < 0 or t.warmup_steps >= t.steps:
         raise ConfigError(f"train.warmup_steps must be in [0, steps), got {t.warmup_steps}")
-    from cadenza.pretrain.optimizers import OPTIMIZERS
-
     if t.optimizer not in OPTIMIZERS:
-        raise ConfigError(f"unknown train.optimizer {t.optimizer!r}; choose one of {sorted(OPTIMIZERS)}")
-    m = cfg.muon
-    if m.adjust_lr not in ("original", "match_rms_adamw"):
-        raise ConfigError(f"muon.adjust_lr must be 'original' or 'match_rms_adamw', got {m.adjust_lr!r}")
-    if m.ns_dtype not in ("float32", "bfloat16", "float16"):
-        raise ConfigError(f"muon.ns_dtype must be float32, bfloat16 or float16, got {m.ns_dtype!r}")
-    if not 0 <= m.momentum < 1 or m.ns_steps < 1 or m.adamw_lr < 0:
-        raise ConfigError(
-            "muon.momentum must be in [0, 1), muon.ns_steps >= 1 and muon.adamw_lr >= 0 (0 = train.lr)"
-        )
+        raise ConfigError(f"unknown train.optimizer {t.optimizer!r}; choose one of {list(OPTIMIZERS)}")
+    cfg.muon.check()
     if len(t.betas) != 2:
         raise ConfigError(f"train.betas must be two numbers, got {t.betas}")
     if d.seq_len < 2:

@@ -21,13 +21,13 @@ import torch.distributed as dist
 
 from cadenza.errors import CadenzaError, ConfigError
 from cadenza.jsonio import atomic_write_text
+from cadenza.optim.build import build_optimizer
 from cadenza.optim.clip import clip_grad_norm_
 from cadenza.parallel import ParallelOptions, parallelize
 from cadenza.parallel.parallelize import check_model
 from cadenza.pretrain import checkpoint
 from cadenza.pretrain.config import PretrainConfig
 from cadenza.pretrain.data import PackedDataset, load_tokens
-from cadenza.pretrain.optimizers import build_optimizer
 from cadenza.pretrain.schedule import lr_at
 
 
@@ -198,7 +198,7 @@ def _run(cfg: PretrainConfig, device: str) -> dict:
     model.to(device)
     pm = parallelize(model, dims, options, device_type=device.split(":")[0])
     optimizer = build_optimizer(
-        t.optimizer, pm, lr=t.lr, weight_decay=t.weight_decay, betas=tuple(t.betas), muon=cfg.muon
+        t.optimizer, pm.model, lr=t.lr, weight_decay=t.weight_decay, betas=tuple(t.betas), muon=cfg.muon
     )
     start = 0
     if found:

@@ -7,16 +7,13 @@ Every mistake (unknown key, wrong type, impossible value, missing model path) is
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from cadenza.config_io import apply_overrides, from_dict, read_toml
 from cadenza.errors import ConfigError
 from cadenza.feedback.generate import FeedbackConfig
-from cadenza.tomlio import read_toml
 
 
 @dataclass(kw_only=True)
@@ -54,7 +51,7 @@ class ModelConfig:
 
 @dataclass(kw_only=True)
 class EnvConfig:
-    """``name``: a registered environment (``toolworld``, ``agent``) or ``package.module:factory``."""
+    """``name``: a registered environment (``toolworld``, ``taskset``) or ``package.module:factory``."""
 
     name: str = "toolworld"
     options: dict[str, Any] = field(default_factory=dict)
@@ -124,87 +121,6 @@ class TrainConfig:
         return dataclasses.asdict(self)
 
 
-# ---------------------------------------------------------------- strict loading
-
-
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " or ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (types.UnionType, typing.Union):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if origin is not None:
-        return getattr(origin, "__name__", str(tp))
-    return getattr(tp, "__name__", str(tp))
-
-
-def _convert(value: Any, tp: Any, where: str) -> Any:
-    origin = typing.get_origin(tp)
-    if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where} must be a table ([{where}]), got {type(value).__name__}")
-        return from_dict(tp, value, where)
-    if tp is Any:
-        return value
-    if origin is Literal:
-        if value not in typing.get_args(tp):
-            raise ConfigError(f"{where} = {value!r} is not allowed; use {_type_name(tp)}")
-        return value
-    if origin in (types.UnionType, typing.Union):
-        errors = []
-        for arg in typing.get_args(tp):
-            if arg is type(None):
-                if value is None:
-                    return None
-                continue
-            try:
-                return _convert(value, arg, where)
-            except ConfigError as exc:
-                errors.append(str(exc))
-        raise ConfigError(f"{where} = {value!r} has the wrong type; expected {_type_name(tp)}")
-    if origin is list:
-        if not isinstance(value, list):
-            raise ConfigError(f"{where} must be a list, got {type(value).__name__} {value!r}")
-        (item,) = typing.get_args(tp) or (Any,)
-        return [_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise ConfigError(f"{where} must be a table, got {type(value).__name__}")
-        return dict(value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where} must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where} must be a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where} must be a string, got {value!r}")
-        return value
-    raise AssertionError(f"unsupported config type {tp!r} at {where}")
-
-
-def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:
-    """Build dataclass ``cls`` from ``data``, rejecting unknown keys and wrong types with the key's path."""
-    hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls) if f.init}
-    kwargs = {}
-    for key, value in data.items():
-        name = f"{where}.{key}" if where else key
-        if key not in fields:
-            close = difflib.get_close_matches(key, sorted(fields), n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {', '.join(sorted(fields))})"
-            raise ConfigError(f"unknown config key {name!r}{hint}")
-        kwargs[key] = _convert(value, hints[key], name)
-    return cls(**kwargs)
-
-
 def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     """Value checks that need no compute: ranges, cross-field rules, paths that must exist."""
 
@@ -267,13 +183,6 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     need(m.hidden_size % m.num_heads == 0, "model.hidden_size must be divisible by model.num_heads")
     need(m.num_heads % m.num_kv_heads == 0, "model.num_heads must be divisible by model.num_kv_heads")
     need(m.experts_per_token <= m.num_experts, "model.experts_per_token must be <= model.num_experts")
-    if cfg.optim.name == "muon":
-        try:
-            import cadenza.optim.muon  # noqa: F401
-        except ModuleNotFoundError:
-            raise ConfigError(
-                "optim.name = 'muon' needs cadenza.optim.muon, which is not in this build; use 'adamw'"
-            ) from None
 
 
 def _resolve(path: str, base: Path) -> Path:
@@ -284,13 +193,6 @@ def _resolve(path: str, base: Path) -> Path:
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> TrainConfig:
     """Parse and validate a TOML config; relative paths resolve against the config file's directory."""
     path = Path(path)
-    data = read_toml(path)
-    for dotted, value in (overrides or {}).items():
-        section = data
-        *heads, last = dotted.split(".")
-        for h in heads:
-            section = section.setdefault(h, {})
-        section[last] = value
-    cfg = from_dict(TrainConfig, data)
+    cfg = from_dict(TrainConfig, apply_overrides(read_toml(path), overrides or {}))
     validate(cfg, path.parent.resolve())
     return cfg

@@ -17,7 +17,6 @@ from cadenza.errors import ConfigError
 
 BUILTIN_ENVS = {
     "toolworld": "cadenza.experiments.toolworld:make_source",
-    "agent": "cadenza.agent.episode:make_source",
     "taskset": "cadenza.rl.taskset:make_source",
 }
 

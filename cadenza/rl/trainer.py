@@ -119,15 +119,16 @@ def _check_same_run(path: Path, cfg: TrainConfig) -> None:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW, or cadenza's Muon (matrix groups at the model's granularity, AdamW for the rest)."""
-    o = cfg.optim
-    if o.name == "muon":
-        from cadenza.optim.groups import muon_param_groups
-        from cadenza.optim.muon import Muon
+    """``[optim]`` through the shared builder: AdamW, or Muon (``muon_lr``) with AdamW (``lr``) for the rest."""
+    from cadenza.optim.build import MuonConfig
+    from cadenza.optim.build import build_optimizer as build
 
-        groups = muon_param_groups(model, adamw_lr=o.lr, adamw_weight_decay=o.weight_decay)
-        return Muon(groups, lr=o.muon_lr, weight_decay=o.weight_decay)
-    return torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+    o = cfg.optim
+    lr = o.muon_lr if o.name == "muon" else o.lr
+    muon = MuonConfig(adjust_lr="original", adamw_lr=o.lr)
+    return build(
+        o.name, model, lr=lr, weight_decay=o.weight_decay, betas=tuple(o.betas), muon=muon, decay_vectors=True
+    )
 
 
 class _HiddenToolsEnv:

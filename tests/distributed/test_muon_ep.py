@@ -84,9 +84,8 @@ def _sharded_equals_unsharded(rank: int) -> dict:
 
     import torch
 
+    from cadenza.optim.build import MuonConfig, build_optimizer
     from cadenza.parallel import ParallelDims, parallelize
-    from cadenza.pretrain.config import MuonConfig
-    from cadenza.pretrain.optimizers import build_optimizer
     from tests.distributed.tiny_moe import batches, tiny_model
 
     model = tiny_model("qwen3_moe")
@@ -94,7 +93,7 @@ def _sharded_equals_unsharded(rank: int) -> dict:
     pm = parallelize(model, ParallelDims(dp_shard=4, ep=2))
     settings = MuonConfig(ns_dtype="float32", adamw_lr=3e-3)
     kw = dict(lr=2e-2, weight_decay=0.1, betas=(0.9, 0.95), muon=settings)
-    opt, ref_opt = build_optimizer("muon", pm, **kw), build_optimizer("muon", ref, **kw)
+    opt, ref_opt = build_optimizer("muon", pm.model, **kw), build_optimizer("muon", ref, **kw)
     granularity = {
         n: g.get("granularity") if g["algorithm"] == "muon" else "adamw"
         for g in opt.param_groups

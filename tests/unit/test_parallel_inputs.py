@@ -141,7 +141,12 @@ def test_pretrain_cli_bad_config_is_one_line(tmp_path: Path) -> None:
     bad = {
         "typo.toml": (
             '[model]\npath = "m"\n[data]\nfiles = ["d.txt"]\n[train]\nsteps = 1\nlearning_rate = 1\n',
-            "unknown key(s) ['learning_rate'] in [train]",
+            "unknown config key 'train.learning_rate'",
+        ),
+        "nosection.toml": ('[model]\npath = "m"\n[data]\nfiles = ["d.txt"]\n', "is missing 'train'"),
+        "nosteps.toml": (
+            '[model]\npath = "m"\n[data]\nfiles = ["d.txt"]\n[train]\n',
+            "[train] is missing 'steps'",
         ),
         "seq.toml": (
             '[model]\npath = "m"\n[data]\nfiles = ["d.txt"]\nseq_len = 10\n[parallel]\ncp = 4\n'
@@ -163,7 +168,7 @@ def test_pretrain_cli_bad_config_is_one_line(tmp_path: Path) -> None:
         ),
         "muon_key.toml": (
             '[model]\npath = "m"\n[data]\nfiles = ["d.txt"]\n[train]\nsteps = 1\n[muon]\nlr = 0.02\n',
-            "unknown key(s) ['lr'] in [muon]",
+            "unknown config key 'muon.lr'",
         ),
     }
     from cadenza.pretrain.config import load_config
