@@ -1,26 +1,41 @@
-# cadenza — one entry point per job. Both targets create .venv on first use.
+# cadenza — one entry point per job. Every target first checks the system (.ci/prereqs: Python >= 3.11,
+# git, a usable bubblewrap; installed with apt-get when run as root), then creates .venv on first use.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+PIP := $(BIN)/python -m pip install -q --disable-pip-version-check --no-warn-script-location
 
-.PHONY: demo test lint bench clean-venv
+.PHONY: demo test test-fast lint docs bench prereqs clean-venv
+
+prereqs:
+	@PY=$(PY) sh .ci/prereqs
 
 $(BIN)/.ready: pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
+	@echo "installing cadenza into $(VENV) (first run only, about a minute with a warm pip cache) ..."
+	@$(PIP) --upgrade pip
 	@# The CPU wheel first, so that no dependency pulls a multi-GB CUDA build of torch.
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) torch==2.13.0
+	@$(PIP) -e '.[train,dev]'
+	@$(BIN)/python -c "import cadenza.cli" || { echo "error: the install into $(VENV) failed; rerun with: $(BIN)/python -m pip install -e '.[train,dev]'" >&2; exit 1; }
 	@touch $@
 
-demo: $(BIN)/.ready
+demo: prereqs $(BIN)/.ready
 	$(BIN)/cadenza demo
 
-test: $(BIN)/.ready
+test: prereqs $(BIN)/.ready
 	$(BIN)/python -m pytest -q tests
 
+# Under 2 minutes: no PyPI builds, no distributed runs, no engines (see the markers in pyproject.toml).
+test-fast: prereqs $(BIN)/.ready
+	$(BIN)/python -m pytest -q tests -m "not slow and not distributed and not network"
+
 lint: $(BIN)/.ready
-	$(BIN)/ruff check .
+	$(BIN)/ruff check . && $(BIN)/ruff format --check .
+
+# Regenerates docs/config-reference.md from the config dataclasses (a test fails when it is stale).
+docs: $(BIN)/.ready
+	$(BIN)/python -m cadenza.docgen
 
 bench: $(BIN)/.ready
 	@for b in bench/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -43,9 +43,11 @@ def register(app: typer.Typer) -> None:
         """Tasks from a real package -> tiny policy -> RL (sandbox, monitor, feedback, GRPO + SD, curriculum) -> report."""
         from rich.console import Console
 
+        from cadenza import preflight
         from cadenza.tasks.report import out_console
 
         console = out_console()
+        preflight.for_demo(out, sandboxed=not tasks_only)  # in the first second, not minutes in
         if tasks_only:
             from cadenza.tasks.demo import DEMO_MAX_TASKS, DEMO_SOURCE, build_demo_tasks
             from cadenza.tasks.report import print_summary

@@ -18,7 +18,9 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """Train a policy with GRPO plus self-distillation from text hints; metrics, checkpoints, exact resume."""
+        from cadenza import preflight
         from cadenza.rl.config import load_config
+        from cadenza.rl.envs import SANDBOXED_ENVS
 
         overrides: dict[str, object] = {}
         if steps:
@@ -26,6 +28,7 @@ def register(app: typer.Typer) -> None:
         if out_dir:
             overrides["run.out_dir"] = out_dir
         cfg = load_config(config, overrides)  # every config error surfaces here, before torch is imported
+        preflight.for_train(Path(cfg.run.out_dir), sandboxed=cfg.env.name in SANDBOXED_ENVS)
 
         from cadenza.rl.trainer import Trainer
 

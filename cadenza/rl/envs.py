@@ -19,6 +19,7 @@ BUILTIN_ENVS = {
     "toolworld": "cadenza.experiments.toolworld:make_source",
     "taskset": "cadenza.rl.taskset:make_source",
 }
+SANDBOXED_ENVS = frozenset({"taskset"})  # built-in envs whose episodes run in bubblewrap (checked up front)
 
 
 class EnvSource(Protocol):

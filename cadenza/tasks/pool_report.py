@@ -6,6 +6,7 @@ from pathlib import Path
 
 from rich.table import Table
 
+from cadenza.errors import CadenzaError
 from cadenza.tasks.pool import STATES, TaskPool
 
 _BINS = 10
@@ -70,7 +71,12 @@ def pass_rate_history(pool: TaskPool) -> list[tuple[int, list[float]]]:
 
 def plot_pass_rates(pool: TaskPool, path: str | Path) -> Path:
     """PNG: distribution of per-task pass rates over training steps (heatmap) and the mean."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise CadenzaError(
+            "plotting needs matplotlib: pip install 'cadenza[train]' (or matplotlib)"
+        ) from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -15,13 +15,14 @@ import pytest
 from cadenza.errors import CadenzaError
 from cadenza.tasks.store import INDEX, MIGRATIONS, STAGING, TaskStore
 from cadenza.tasks.task import load_task, save_task
+from tests.torchless import cadenza_torchless
 from tests.unit.taskfixture import make_task, mini_base
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "cadenza", "tasks", *args], capture_output=True, text=True, timeout=300
-    )
+    """``cadenza tasks ...`` in a subprocess with torch and the other ``train`` packages blocked: the task
+    CLI works after a plain ``pip install cadenza``."""
+    return cadenza_torchless("tasks", *args)
 
 
 @pytest.fixture(scope="module")
