@@ -40,12 +40,12 @@ def apply_overrides(data: dict[str, Any], overrides: dict[str, Any]) -> dict[str
     return data
 
 
-def _type_name(tp: Any) -> str:
+def type_name(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin is Literal:
         return " or ".join(repr(a) for a in typing.get_args(tp))
     if origin in (types.UnionType, typing.Union):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+        return " or ".join(type_name(a) for a in typing.get_args(tp))
     if origin is not None:
         return getattr(origin, "__name__", str(tp))
     return getattr(tp, "__name__", str(tp))
@@ -61,7 +61,7 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
         return value
     if origin is Literal:
         if value not in typing.get_args(tp):
-            raise ConfigError(f"{where} = {value!r} is not allowed; use {_type_name(tp)}")
+            raise ConfigError(f"{where} = {value!r} is not allowed; use {type_name(tp)}")
         return value
     if origin in (types.UnionType, typing.Union):
         errors = []
@@ -74,7 +74,7 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
                 return _convert(value, arg, where)
             except ConfigError as exc:
                 errors.append(str(exc))
-        raise ConfigError(f"{where} = {value!r} has the wrong type; expected {_type_name(tp)}")
+        raise ConfigError(f"{where} = {value!r} has the wrong type; expected {type_name(tp)}")
     if origin is list:
         if not isinstance(value, list):
             raise ConfigError(f"{where} must be a list, got {type(value).__name__} {value!r}")

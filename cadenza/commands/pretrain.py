@@ -10,7 +10,7 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command()
     def pretrain(
-        config: Path = typer.Argument(..., help="TOML config (see README, section parallel)."),
+        config: Path = typer.Argument(..., help="TOML config (see docs/config-reference.md)."),
     ) -> None:
         """Continued pretraining of an HF causal LM with dual-mesh FSDP2, EP and CP.
 

@@ -1,4 +1,4 @@
-"""``cadenza tasks ...``: build, scan, list, show, verify, env, export, stats (see README sections ``tasks``, ``curriculum``)."""
+"""``cadenza tasks ...``: build, scan, list, show, verify, env, export, stats (see docs/tasks.md, docs/curriculum.md)."""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import typer
 def register(app: typer.Typer) -> None:
     @app.command()
     def train(
-        config: Path = typer.Argument(..., help="TOML config (see README, section trainer)."),
+        config: Path = typer.Argument(..., help="TOML config (see docs/config-reference.md)."),
         steps: int = typer.Option(0, help="Override run.steps (0 = keep the config's)."),
         out_dir: str = typer.Option("", "--out-dir", help="Override run.out_dir."),
         resume: bool = typer.Option(

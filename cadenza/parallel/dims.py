@@ -24,10 +24,10 @@ from cadenza.errors import ConfigError
 class ParallelDims:
     """How the world is split. ``dp_shard=-1`` takes whatever the other dims leave."""
 
-    dp_replicate: int = 1
-    dp_shard: int = -1
-    cp: int = 1
-    ep: int = 1
+    dp_replicate: int = 1  # HSDP replicas (gradients all-reduced across them)
+    dp_shard: int = -1  # FSDP shards per replica; -1 = the world size divided by dp_replicate·cp
+    cp: int = 1  # context-parallel ranks (sequence split with head/tail load balancing)
+    ep: int = 1  # expert-parallel ranks: each owns E/ep routed experts; divides dp_shard·cp
 
     def resolve(self, world_size: int) -> ParallelDims:
         """Return fully specified dims for ``world_size``; a ConfigError names what does not fit."""

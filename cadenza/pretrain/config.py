@@ -25,49 +25,57 @@ from cadenza.parallel.dims import ParallelDims
 
 @dataclass(kw_only=True)
 class PretrainModelConfig:
-    path: str
-    tokenizer: str = ""  # defaults to the model path
-    param_dtype: str = "float32"
-    reduce_dtype: str = "float32"
-    activation_checkpointing: bool = False
+    """The model to continue pretraining: a Hugging Face model folder (config.json + safetensors)."""
+
+    path: str  # the HF model directory
+    tokenizer: str = ""  # a tokenizer directory; defaults to the model path
+    param_dtype: str = "float32"  # FSDP2 compute dtype of the parameters (float32 | bfloat16)
+    reduce_dtype: str = "float32"  # dtype of the gradient reduce-scatter
+    activation_checkpointing: bool = False  # recompute each decoder layer in backward (less memory)
 
 
 @dataclass(kw_only=True)
 class DataConfig:
-    files: list[str]
-    seq_len: int = 1024
+    """Local text corpora, tokenized once (cached in <output.dir>/cache) and packed into fixed-length rows."""
+
+    files: list[str]  # .txt, .jsonl or .parquet files (parquet needs cadenza[parquet])
+    seq_len: int = 1024  # tokens per packed sequence; divisible by 2·parallel.cp
     text_field: str = "text"  # JSONL key / parquet column
-    seed: int = 0
+    seed: int = 0  # shuffle seed of the packed rows
 
 
 @dataclass(kw_only=True)
 class PretrainLoopConfig:
-    steps: int
+    """The ``[train]`` section: steps, batch, learning-rate schedule and optimizer."""
+
+    steps: int  # optimizer steps
     global_batch: int = 8  # sequences per optimizer step, split over the data-parallel ranks
     micro_batch: int = 0  # sequences per forward on one rank (gradient accumulation); 0 = all at once
-    lr: float = 3e-4
-    min_lr_ratio: float = 0.1
-    warmup_steps: int = 0
+    lr: float = 3e-4  # peak learning rate (Muon's too, with muon.adjust_lr = "match_rms_adamw")
+    min_lr_ratio: float = 0.1  # the schedule's floor, as a fraction of lr
+    warmup_steps: int = 0  # linear warm-up steps, < steps
     schedule: str = "cosine"  # cosine | wsd | constant
     decay_fraction: float = 0.2  # wsd: last fraction of steps spent decaying
-    optimizer: str = "adamw"
-    weight_decay: float = 0.1
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
-    max_grad_norm: float = 1.0
-    seed: int = 0
+    optimizer: str = "adamw"  # adamw | muon (configured by [muon])
+    weight_decay: float = 0.1  # on matrices only; norms and biases never decay
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])  # AdamW betas (Muon's AdamW groups too)
+    max_grad_norm: float = 1.0  # global gradient clipping across both meshes
+    seed: int = 0  # torch seed (model init); the data order follows data.seed
 
 
 @dataclass(kw_only=True)
 class CheckpointConfig:
-    every: int = 100
-    keep: int = 2
+    """Sharded DCP checkpoints; a rerun resumes from the newest one (the same model and dims required)."""
+
+    every: int = 100  # steps between checkpoints
+    keep: int = 2  # newest checkpoints kept
     dir: str = ""  # defaults to <output.dir>/checkpoints
 
 
 @dataclass(kw_only=True)
 class OutputConfig:
-    dir: str = "runs/pretrain"
-    progress: bool = True
+    dir: str = "runs/pretrain"  # run directory: metrics.jsonl, checkpoints/, the tokenized corpus
+    progress: bool = True  # a progress bar on rank 0
 
 
 @dataclass(kw_only=True)

@@ -30,7 +30,7 @@ class PoolExhausted(CadenzaError):
 
 @dataclass(kw_only=True)
 class CurriculumConfig:
-    """Knobs of the curriculum (all documented in the README).
+    """Knobs of the curriculum (all documented in docs/curriculum.md).
 
     ``target``: pass rate to sample around. ``unseen_share``: at most this share of a batch is
     spent on tasks never attempted. ``confirm_share``: up to this share re-samples tasks whose every

@@ -42,6 +42,17 @@ def toy_task_set(root: Path, env: Path, names: list[str]) -> Path:
     return root
 
 
+def assert_weights_moved(start: Path, run_dir: Path) -> None:
+    from safetensors.torch import load_file
+
+    before = load_file(next(start.glob("*.safetensors")))
+    (final,) = sorted((run_dir / "checkpoints").glob("step-*"))[-1:]
+    after = load_file(final / "model.safetensors")
+    shared = sorted(set(before) & set(after))
+    assert shared, (sorted(before)[:3], sorted(after)[:3])
+    assert any(not before[k].equal(after[k]) for k in shared), "no parameter changed during training"
+
+
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory, task_env: Path):  # noqa: F811
     base = tmp_path_factory.mktemp("pipeline")
@@ -90,6 +101,15 @@ def test_pipeline_records_every_rollout_and_logs_pool_metrics(demo_run) -> None:
     ):
         assert key in rows[-1], key
     assert rows[-1]["zero_variance_groups_total"] == sum(r["zero_variance_groups"] for r in rows)
+    # The run really trained: a GRPO update from a group whose rewards differ, SD on hinted tokens, and
+    # the weights moved away from the warm-started policy.
+    grpo_steps = [
+        r for r in rows if r["zero_variance_groups"] < cfg.tasks_per_step and not r["skipped_update"]
+    ]
+    assert grpo_steps and all(r["grad_norm"] > 0 for r in grpo_steps), rows
+    sd_steps = [r for r in rows if r["sd_tokens"] > 0 and not r["skipped_update"]]
+    assert sd_steps and all(r["hinted_turns"] > 0 and r["sd_loss"] > 0 for r in sd_steps), rows
+    assert_weights_moved(result.model_dir, result.run_dir)
     assert result.plot.is_file() and result.plot.stat().st_size > 1000
     assert (result.run_dir / "metrics.jsonl").is_file()
     from rich.console import Console
@@ -138,6 +158,7 @@ def test_training_stops_with_a_clear_message_when_the_pool_is_exhausted(demo_run
 
 
 @pytest.mark.slow
+@pytest.mark.network
 def test_escalation_through_the_real_factory_adds_harder_tasks(
     tmp_path: Path, tmp_path_factory, monkeypatch
 ) -> None:

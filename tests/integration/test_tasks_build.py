@@ -16,7 +16,7 @@ import pytest
 from cadenza.tasks.task import load_task
 from tests.tasks_helpers import make_repo, shared_env_cache
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.network]
 
 SOURCES = ["pypi:cachetools==8.0.2", "pypi:toolz==1.2.0", "pypi:tinydb==4.9.0"]
 

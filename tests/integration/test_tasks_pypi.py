@@ -12,7 +12,7 @@ from cadenza.tasks.pipeline import BuildConfig, BuildStats, iter_task_drafts
 from cadenza.tasks.statement import leaks
 from tests.tasks_helpers import shared_env_cache
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.network]
 
 CASES = [
     # spec, levels, expected layout, a test dependency the env must provide (None: none needed)

@@ -73,29 +73,41 @@ def test_outcomes_selection_and_missing_ids_count_failed(tmp_path: Path) -> None
 
 
 def test_hung_suite_is_killed_with_its_process_group(tmp_path: Path) -> None:
-    marker = tmp_path / "child_alive"
+    started, beat = tmp_path / "grandchild_started", tmp_path / "grandchild_beat"
+    grandchild = (
+        "import time\n"
+        f"open({str(started)!r}, 'w').close()\n"
+        "while True:\n"
+        f"    with open({str(beat)!r}, 'a') as f: f.write('.')\n"
+        "    time.sleep(0.05)\n"
+    )
     ws = _ws(
         tmp_path,
         {
             "test_hang.py": f"""
-        import subprocess, sys, time
+        import os, subprocess, sys, time
         def test_first(): pass
         def test_hang():
-            # A grandchild that would outlive a naive kill and then write a marker.
-            subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3); open({str(marker)!r}, 'w')"])
+            # A grandchild that would outlive a naive kill: it keeps writing heartbeats until killed.
+            subprocess.Popen([sys.executable, "-c", {grandchild!r}])
+            while not os.path.exists({str(started)!r}):
+                time.sleep(0.01)
             time.sleep(600)
     """
         },
     )
     start = time.monotonic()
-    rep = run_pytest(PY, ws, None, timeout_s=2.5, per_test_timeout_s=None)
+    rep = run_pytest(PY, ws, None, timeout_s=5, per_test_timeout_s=None)
     assert rep.timed_out and time.monotonic() - start < 30
     assert rep.outcome("test_hang.py::test_first") == "passed"
     assert rep.outcome("test_hang.py::test_hang") == "missing"
-    time.sleep(
-        max(0.0, start + 6.0 - time.monotonic())
-    )  # the grandchild started before the kill (<= 2.5 s) + 3 s
-    assert not marker.exists(), "the grandchild survived the kill"
+    assert started.exists(), (
+        "the grandchild never started: the test proved nothing (rerun on a quieter machine)"
+    )
+    time.sleep(0.3)  # a heartbeat already in flight at the kill may still land
+    size = beat.stat().st_size
+    time.sleep(1.0)  # twenty heartbeats' worth
+    assert size > 0 and beat.stat().st_size == size, "the grandchild survived the kill"
 
 
 def test_per_test_timeout_fails_only_that_test(tmp_path: Path) -> None:
