@@ -124,10 +124,11 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opt
     from cadenza.optim.build import build_optimizer as build
 
     o = cfg.optim
-    lr = o.muon_lr if o.name == "muon" else o.lr
-    muon = MuonConfig(adjust_lr="original", adamw_lr=o.lr)
+    if o.name == "muon":  # Muon's AdamW groups keep the builder's betas (0.9, 0.95), as they always had
+        muon = MuonConfig(adjust_lr="original", adamw_lr=o.lr)
+        return build("muon", model, lr=o.muon_lr, weight_decay=o.weight_decay, muon=muon, decay_vectors=True)
     return build(
-        o.name, model, lr=lr, weight_decay=o.weight_decay, betas=tuple(o.betas), muon=muon, decay_vectors=True
+        "adamw", model, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas), decay_vectors=True
     )
 
 
