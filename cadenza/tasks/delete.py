@@ -18,21 +18,39 @@ writes them. The :class:`Deletion` carries the gold patch (restores the original
 from __future__ import annotations
 
 import ast
-import difflib
-import functools
-import re
 import stat
-from collections.abc import Collection, Iterable, Sequence
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst as cst
 
+from cadenza.tasks.cst_edit import (
+    ClassAliasFixup,
+    DeletionError,
+    ImportFixup,
+    docstring_stmt,
+    docstring_text,
+    find_definition,
+    header_code,
+    is_trivial,
+    parse_module,
+    pass_if_empty,
+    replace_definition,
+    resolve_import,
+)
 from cadenza.tasks.features import Candidate
+from cadenza.tasks.snippets import removed_snippets, site_lines, unified_patch
 
-
-class DeletionError(Exception):
-    """The candidate cannot be deleted at this level (trivial body, ambiguous name, parse error)."""
+__all__ = [
+    "Deletion",
+    "DeletionError",
+    "apply_deletion",
+    "plan_deletion",
+    "removed_snippets",
+    "resolve_import",
+    "site_lines",
+]
 
 
 @dataclass(kw_only=True)
@@ -58,374 +76,6 @@ class Deletion:
     removed_names: dict[str, list[str]] = field(default_factory=dict)
 
 
-# ----------------------------------------------------------------------------- helpers
-
-
-@functools.lru_cache(maxsize=128)
-def _parse(text: str) -> cst.Module:
-    """libcst parse, memoised: candidates of one source re-read the same modules (trees are immutable)."""
-    return cst.parse_module(text)
-
-
-def _docstring_stmt(body: Sequence[cst.BaseStatement]) -> cst.SimpleStatementLine | None:
-    if body and isinstance(body[0], cst.SimpleStatementLine) and len(body[0].body) == 1:
-        expr = body[0].body[0]
-        if isinstance(expr, cst.Expr) and isinstance(expr.value, (cst.SimpleString, cst.ConcatenatedString)):
-            return body[0]
-    return None
-
-
-def _docstring_text(node: cst.FunctionDef | cst.ClassDef | cst.Module) -> str | None:
-    value = node.get_docstring(clean=True)
-    return value or None
-
-
-def header_code(module: cst.Module, node: cst.FunctionDef | cst.ClassDef) -> str:
-    """Decorators + ``def``/``class`` line(s), without the body."""
-    stub = node.with_changes(body=cst.SimpleStatementSuite(body=[cst.Expr(cst.Ellipsis())]), leading_lines=[])
-    code = module.code_for_node(stub).rstrip()
-    return code[: -len(": ...")] + ":" if code.endswith(": ...") else code
-
-
-def _is_trivial(body: Sequence[cst.BaseStatement]) -> bool:
-    """Body is empty, ``pass``, ``...`` or already raises NotImplementedError."""
-    stmts = [s for i, s in enumerate(body) if not (i == 0 and _docstring_stmt(body) is s)]
-    if not stmts:
-        return True
-    if len(stmts) > 1:
-        return False
-    code = cst.Module(body=[]).code_for_node(stmts[0]).strip()
-    return code in {
-        "pass",
-        "...",
-        "raise NotImplementedError",
-        "raise NotImplementedError()",
-    } or code.startswith("raise NotImplementedError(")
-
-
-def _find(body: Sequence[cst.BaseStatement], parts: list[str]) -> cst.FunctionDef | cst.ClassDef:
-    matches = [s for s in body if isinstance(s, (cst.FunctionDef, cst.ClassDef)) and s.name.value == parts[0]]
-    if len(matches) != 1:
-        raise DeletionError(f"{'.'.join(parts)}: {len(matches)} definitions with that name at this level")
-    node = matches[0]
-    if len(parts) == 1:
-        return node
-    if not isinstance(node, cst.ClassDef) or not isinstance(node.body, cst.IndentedBlock):
-        raise DeletionError(f"{parts[0]} is not a class with a block body")
-    return _find(node.body.body, parts[1:])
-
-
-def _replace(
-    body: Sequence[cst.BaseStatement], parts: list[str], new: cst.BaseStatement | None
-) -> list[cst.BaseStatement]:
-    """Return ``body`` with the definition at ``parts`` replaced by ``new`` (``None``: removed)."""
-    out: list[cst.BaseStatement] = []
-    for stmt in body:
-        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and stmt.name.value == parts[0]:
-            if len(parts) == 1:
-                if new is not None:
-                    out.append(new)
-                continue
-            assert isinstance(stmt, cst.ClassDef) and isinstance(stmt.body, cst.IndentedBlock)
-            inner = _replace(stmt.body.body, parts[1:], new)
-            if not inner:
-                inner = [cst.SimpleStatementLine(body=[cst.Pass()])]
-            out.append(stmt.with_changes(body=stmt.body.with_changes(body=inner)))
-        else:
-            out.append(stmt)
-    return out
-
-
-def _pass_if_empty(body: list[cst.BaseStatement]) -> list[cst.BaseStatement]:
-    return body or [cst.SimpleStatementLine(body=[cst.Pass()])]
-
-
-def resolve_import(module: str, is_package: bool, level: int, target: str | None) -> str:
-    """Absolute module name of ``from <level dots><target> import ...`` written in ``module``."""
-    if level == 0:
-        return target or ""
-    parts = module.split(".")
-    base = parts if is_package else parts[:-1]
-    if level > 1:
-        base = base[: len(base) - (level - 1)]
-    return ".".join([*base, target] if target else base)
-
-
-def _dotted(node: cst.BaseExpression) -> str:
-    if isinstance(node, cst.Name):
-        return node.value
-    if isinstance(node, cst.Attribute):
-        return f"{_dotted(node.value)}.{node.attr.value}"
-    return ""
-
-
-def _string_value(node: cst.BaseExpression) -> str | None:
-    if isinstance(node, cst.SimpleString):
-        return node.evaluated_value if isinstance(node.evaluated_value, str) else None
-    return None
-
-
-# ----------------------------------------------------------------------------- import fix-ups
-
-
-class _Fixup(cst.CSTTransformer):
-    """Remove module-level references to deleted names so the module still imports.
-
-    ``own_removed`` are names deleted from this module itself; ``removed`` maps other modules to
-    their deleted names; ``deleted_modules`` are module files removed entirely. Newly unbound local
-    names (aliases, re-exports) are collected in ``unbound``.
-    """
-
-    def __init__(
-        self,
-        module: str,
-        is_package: bool,
-        own_removed: set[str],
-        removed: dict[str, set[str]],
-        deleted_modules: set[str],
-    ) -> None:
-        super().__init__()
-        self.module, self.is_package = module, is_package
-        self.own_removed = set(own_removed)
-        self.removed, self.deleted_modules = removed, deleted_modules
-        self.unbound: set[str] = set()
-        self.depth = 0
-
-    # Only module level (including if/try blocks) matters for import; skip defs and classes.
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        return False
-
-    def _gone(self, name: str) -> bool:
-        return name in self.own_removed or name in self.unbound
-
-    def _module_gone(self, mod: str) -> bool:
-        return any(mod == d or mod.startswith(d + ".") for d in self.deleted_modules)
-
-    def leave_ImportFrom(self, original: cst.ImportFrom, updated: cst.ImportFrom):
-        target = _dotted(updated.module) if updated.module is not None else None
-        level = len(updated.relative)
-        mod = resolve_import(self.module, self.is_package, level, target)
-        if self._module_gone(mod):
-            if not isinstance(updated.names, cst.ImportStar):
-                for alias in updated.names:
-                    self.unbound.add(_alias_local(alias))
-            return cst.RemovalSentinel.REMOVE
-        if isinstance(updated.names, cst.ImportStar):
-            # ``from mod import *`` re-exported the public names that are now gone.
-            self.unbound.update(n for n in self.removed.get(mod, set()) if not n.startswith("_"))
-            return updated
-        keep = []
-        for alias in updated.names:
-            name = _dotted(alias.name)
-            local = _alias_local(alias)
-            if name in self.removed.get(mod, set()) or self._module_gone(f"{mod}.{name}"):
-                self.unbound.add(local)
-            else:
-                keep.append(alias)
-        if len(keep) == len(updated.names):
-            return updated
-        if not keep:
-            return cst.RemovalSentinel.REMOVE
-        keep[-1] = keep[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-        return updated.with_changes(names=keep)
-
-    def leave_Import(self, original: cst.Import, updated: cst.Import):
-        keep = [a for a in updated.names if not self._module_gone(_dotted(a.name))]
-        if len(keep) == len(updated.names):
-            return updated
-        for a in updated.names:
-            if a not in keep and a.asname is not None:
-                self.unbound.add(_alias_local(a))
-        if not keep:
-            return cst.RemovalSentinel.REMOVE
-        keep[-1] = keep[-1].with_changes(comma=cst.MaybeSentinel.DEFAULT)
-        return updated.with_changes(names=keep)
-
-    def leave_Assign(self, original: cst.Assign, updated: cst.Assign):
-        if isinstance(updated.value, cst.Name) and self._gone(updated.value.value):
-            for t in updated.targets:
-                if isinstance(t.target, cst.Name):
-                    self.unbound.add(t.target.value)
-            return cst.RemovalSentinel.REMOVE
-        if any(isinstance(t.target, cst.Name) and t.target.value == "__all__" for t in updated.targets):
-            return updated.with_changes(value=self._strip_all(updated.value))
-        return updated
-
-    def leave_AugAssign(self, original: cst.AugAssign, updated: cst.AugAssign):
-        if isinstance(updated.target, cst.Name) and updated.target.value == "__all__":
-            return updated.with_changes(value=self._strip_all(updated.value))
-        return updated
-
-    def leave_Expr(self, original: cst.Expr, updated: cst.Expr):
-        call = updated.value
-        if (
-            isinstance(call, cst.Call)
-            and isinstance(call.func, cst.Attribute)
-            and _dotted(call.func.value) == "__all__"
-        ):
-            if (
-                call.func.attr.value == "append"
-                and call.args
-                and self._gone(_string_value(call.args[0].value) or "")
-            ):
-                return cst.RemovalSentinel.REMOVE
-            if call.func.attr.value == "extend" and call.args:
-                return updated.with_changes(
-                    value=call.with_changes(
-                        args=[call.args[0].with_changes(value=self._strip_all(call.args[0].value))]
-                    )
-                )
-        return updated
-
-    def _strip_all(self, value: cst.BaseExpression) -> cst.BaseExpression:
-        if isinstance(value, (cst.List, cst.Tuple, cst.Set)):
-            keep = [e for e in value.elements if not self._gone(_string_value(e.value) or "")]
-            if len(keep) != len(value.elements):
-                if keep:
-                    keep[-1] = keep[-1].with_changes(comma=value.elements[-1].comma)
-                if len(keep) == 1 and isinstance(value, cst.Tuple):
-                    keep[0] = keep[0].with_changes(comma=cst.Comma())  # ("a",) stays a tuple
-                if not keep and isinstance(value, cst.Tuple) and not value.lpar:
-                    return value.with_changes(elements=[], lpar=[cst.LeftParen()], rpar=[cst.RightParen()])
-                return value.with_changes(elements=keep)
-        if isinstance(value, cst.BinaryOperation):
-            return value.with_changes(left=self._strip_all(value.left), right=self._strip_all(value.right))
-        return value
-
-    def leave_IndentedBlock(self, original: cst.IndentedBlock, updated: cst.IndentedBlock):
-        return updated.with_changes(body=_pass_if_empty(list(updated.body)))
-
-    def leave_SimpleStatementLine(self, original, updated):
-        if not updated.body:
-            return cst.RemovalSentinel.REMOVE
-        return updated
-
-
-def _alias_local(alias: cst.ImportAlias) -> str:
-    if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
-        return alias.asname.name.value
-    return _dotted(alias.name).split(".")[0]
-
-
-class _ClassAliasFixup(cst.CSTTransformer):
-    """Inside one class body: drop ``alias = removed_method`` lines (they would raise NameError)."""
-
-    def __init__(self, parts: list[str], name: str) -> None:
-        super().__init__()
-        self.parts, self.name, self.stack = parts, name, []
-
-    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
-        self.stack.append(node.name.value)
-        return True
-
-    def leave_ClassDef(self, original, updated):
-        here = self.stack == self.parts
-        self.stack.pop()
-        if not here or not isinstance(updated.body, cst.IndentedBlock):
-            return updated
-        names = {self.name}
-        out = []
-        for stmt in updated.body.body:
-            if (
-                isinstance(stmt, cst.SimpleStatementLine)
-                and len(stmt.body) == 1
-                and isinstance(stmt.body[0], cst.Assign)
-                and isinstance(stmt.body[0].value, cst.Name)
-                and stmt.body[0].value.value in names
-            ):
-                names.update(t.target.value for t in stmt.body[0].targets if isinstance(t.target, cst.Name))
-                continue
-            out.append(stmt)
-        return updated.with_changes(body=updated.body.with_changes(body=_pass_if_empty(out)))
-
-    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
-        return False
-
-
-# ----------------------------------------------------------------------------- patches and snippets
-
-
-def unified_patch(
-    changes: Iterable[tuple[str, str | None, str | None]], modes: dict[str, int] | None = None
-) -> str:
-    """A git-style unified diff from ``(path, before, after)`` triples (``None`` = file absent)."""
-    modes = modes or {}
-    out: list[str] = []
-    for path, before, after in sorted(changes, key=lambda c: c[0]):
-        if before == after:
-            continue
-        out.append(f"diff --git a/{path} b/{path}\n")
-        if before is None:
-            out.append(f"new file mode {modes.get(path, 0o100644):o}\n")
-        elif after is None:
-            out.append(f"deleted file mode {modes.get(path, 0o100644):o}\n")
-        a_lines = _lines(before or "")
-        b_lines = _lines(after or "")
-        out.append(f"--- {'/dev/null' if before is None else 'a/' + path}\n")
-        out.append(f"+++ {'/dev/null' if after is None else 'b/' + path}\n")
-        for line in list(difflib.unified_diff(a_lines, b_lines, n=3))[2:]:
-            if line.endswith("\n"):
-                out.append(line)
-            else:
-                out.append(line + "\n\\ No newline at end of file\n")
-    return "".join(out)
-
-
-def _lines(text: str) -> list[str]:
-    return text.splitlines(keepends=True)
-
-
-_TRIVIAL_LINE = re.compile(
-    r"^[\W_]*$|^(return|pass|else|try|finally|break|continue|raise|yield)\b\W*\w{0,6}\W*$"
-)
-
-
-def removed_snippets(
-    removed_code: str,
-    docstring: str | None,
-    remaining_texts: Iterable[str],
-    *,
-    known_lines: Collection[str] = (),
-    min_len: int = 12,
-    limit: int = 24,
-) -> list[str]:
-    """Distinctive lines of ``removed_code`` (and its docstring) that no remaining Python file contains.
-
-    Order: the definition line, the docstring's first paragraph, then body lines longest first.
-    A line still present in the workspace's code (a level-1 signature, a common idiom) is not
-    evidence of a leak and is left out (docs and text files are not consulted: a body copied into
-    the docs IS a leak), and so is any line in ``known_lines`` (stripped lines of the
-    environment's site-packages, where a scanner would find generic lines such as ``def __init__(self):``);
-    when nothing of ``min_len`` is left, shorter lines are used.
-    """
-    remaining = list(remaining_texts)
-    for length in (min_len, 6):
-        candidates: list[str] = []
-        for line in removed_code.splitlines():
-            s = line.strip()
-            if (
-                s.startswith("#")
-                or len(s) < length
-                or _TRIVIAL_LINE.match(s)
-                or s in candidates
-                or s in known_lines
-            ):
-                continue
-            candidates.append(s)
-        ordered = [c for c in candidates if c.startswith(("def ", "async def ", "class "))]
-        doc = (docstring or "").strip().split("\n\n")[0].strip()
-        if len(doc) >= length:
-            ordered.append(doc)
-        ordered += sorted((c for c in candidates if c not in ordered), key=len, reverse=True)
-        out = [c for c in ordered if not any(c in text for text in remaining)]
-        if out:
-            return out[:limit]
-    return []
-
-
 # ----------------------------------------------------------------------------- planning
 
 
@@ -446,7 +96,7 @@ def plan_deletion(
     path = cand.path
     original_text = (root / path).read_text()
     try:
-        tree = _parse(original_text)
+        tree = parse_module(original_text)
     except cst.ParserSyntaxError as exc:
         raise DeletionError(f"{path}: libcst cannot parse it ({exc.message})") from None
     parts = cand.local.split(".") if cand.local else []
@@ -462,20 +112,20 @@ def plan_deletion(
         changed[path] = None
         deleted_modules.add(cand.module)
         removed_code = original_text
-        docstring = _docstring_text(tree)
+        docstring = docstring_text(tree)
         signature = f"module {cand.module}"
         api = _public_api(tree)
     else:
-        node = _find(tree.body, parts)
-        docstring = _docstring_text(node)
+        node = find_definition(tree.body, parts)
+        docstring = docstring_text(node)
         signature = header_code(tree, node)
         if level == 1:
             if not isinstance(node, cst.FunctionDef):
                 raise DeletionError("level 1 stubs functions and methods only")
             body = node.body.body
-            if _is_trivial(body):
+            if is_trivial(body):
                 raise DeletionError("body is already trivial")
-            doc = _docstring_stmt(body) if isinstance(node.body, cst.IndentedBlock) else None
+            doc = docstring_stmt(body) if isinstance(node.body, cst.IndentedBlock) else None
             raise_line = cst.SimpleStatementLine(body=[cst.Raise(exc=cst.Name("NotImplementedError"))])
             if isinstance(node.body, cst.IndentedBlock):
                 new_body = node.body.with_changes(body=[doc, raise_line] if doc else [raise_line], footer=[])
@@ -483,7 +133,9 @@ def plan_deletion(
                 new_body = cst.IndentedBlock(body=[raise_line])
             kept = [doc] if doc else []
             removed_code = "\n".join(tree.code_for_node(s) for s in body if s not in kept)
-            new_tree = tree.with_changes(body=_replace(tree.body, parts, node.with_changes(body=new_body)))
+            new_tree = tree.with_changes(
+                body=replace_definition(tree.body, parts, node.with_changes(body=new_body))
+            )
             changed[path] = new_tree.code
         else:
             if level == 2 and cand.kind not in ("function", "method"):
@@ -493,9 +145,9 @@ def plan_deletion(
             removed_code = tree.code_for_node(node)
             if cand.kind == "class":
                 api = _public_api(node)
-            new_tree = tree.with_changes(body=_pass_if_empty(_replace(tree.body, parts, None)))
+            new_tree = tree.with_changes(body=pass_if_empty(replace_definition(tree.body, parts, None)))
             if len(parts) > 1:
-                new_tree = new_tree.visit(_ClassAliasFixup(parts[:-1], parts[-1]))
+                new_tree = new_tree.visit(ClassAliasFixup(parts[:-1], parts[-1]))
             else:
                 removed[cand.module] = {parts[0]}
             changed[path] = new_tree.code
@@ -551,10 +203,10 @@ def _propagate(
             if not removed.get(mod) and "import *" not in text and not any(w in text for w in words):
                 continue  # cannot reference anything that is gone: skip the (slow) libcst parse
             try:
-                tree = _parse(text)
+                tree = parse_module(text)
             except cst.ParserSyntaxError:
                 continue
-            fix = _Fixup(
+            fix = ImportFixup(
                 mod, Path(path).name == "__init__.py", removed.get(mod, set()), removed, deleted_modules
             )
             new = tree.visit(fix)
@@ -683,7 +335,7 @@ def _public_api(node: cst.Module | cst.ClassDef) -> list[str]:
             if name.startswith("_") and not (name.startswith("__") and name.endswith("__")):
                 continue
             head = header_code(mod, stmt)
-            doc = _docstring_text(stmt)
+            doc = docstring_text(stmt)
             out.append(head + (f"  # {doc.splitlines()[0]}" if doc else ""))
     return out
 
@@ -696,14 +348,3 @@ def apply_deletion(workspace: Path, deletion: Deletion) -> None:
             target.unlink()
         else:
             target.write_text(text)
-
-
-def site_lines(site_packages: Path) -> frozenset[str]:
-    """Stripped lines of every ``.py`` file under ``site_packages`` (what an env-wide scan would see)."""
-    lines: set[str] = set()
-    for p in Path(site_packages).rglob("*.py"):
-        try:
-            lines.update(ln.strip() for ln in p.read_text(errors="replace").splitlines())
-        except OSError:
-            continue
-    return frozenset(lines)
