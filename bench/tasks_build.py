@@ -37,8 +37,8 @@ def cpu_seconds() -> float:
 
 def bench_one(spec: str, root: Path, max_tasks: int) -> dict:
     from cadenza.tasks.factory import publish_draft
-    from cadenza.tasks.pipeline import BuildConfig, BuildStats, iter_task_drafts
-    from cadenza.tasks.source import fetch_source
+    from cadenza.tasks.fetch import fetch_source
+    from cadenza.tasks.pipeline import BuildStats, SourceConfig, iter_task_drafts
     from cadenza.tasks.store import TaskStore
     from cadenza.tasks.venv import ensure_base_env
 
@@ -48,7 +48,7 @@ def bench_one(spec: str, root: Path, max_tasks: int) -> dict:
     cpu0, wall0 = cpu_seconds(), time.monotonic()
     published, publish_s, cpu_publish, rejected = 0, 0.0, 0.0, []
     for draft in iter_task_drafts(
-        spec, root / "work", max_tasks=max_tasks, config=BuildConfig(max_tasks=max_tasks), stats=stats
+        spec, root / "work", max_tasks=max_tasks, config=SourceConfig(max_tasks=max_tasks), stats=stats
     ):
         t, c = time.monotonic(), cpu_seconds()
         res = publish_draft(store, draft, spec)
@@ -78,8 +78,7 @@ def bench_one(spec: str, root: Path, max_tasks: int) -> dict:
 
 
 def bench_speedup(spec: str, root: Path, max_tasks: int, workers: int) -> dict:
-    from cadenza.tasks.factory import BuildConfig as SetConfig
-    from cadenza.tasks.factory import build_source
+    from cadenza.tasks.factory import BuildConfig, build_source
     from cadenza.tasks.store import TaskStore
 
     out: dict = {"source": spec, "workers": workers}
@@ -88,7 +87,7 @@ def bench_speedup(spec: str, root: Path, max_tasks: int, workers: int) -> dict:
         set_dir = root / f"set-w{w}"
         TaskStore(set_dir, create=True)
         cpu0, wall0 = cpu_seconds(), time.monotonic()
-        rep = build_source(spec, SetConfig(out=set_dir, max_tasks=max_tasks, progress=False), workers=w)
+        rep = build_source(spec, BuildConfig(out=set_dir, max_tasks=max_tasks, progress=False), workers=w)
         out[f"w{w}"] = {
             "wall_seconds": round(time.monotonic() - wall0, 1),
             "cpu_seconds": round(cpu_seconds() - cpu0, 1),

@@ -18,7 +18,7 @@ from cadenza.optim.granularity import blocks, box_matrix_shape
 
 
 @dataclass(frozen=True)
-class Rule:
+class GroupRule:
     """How one parameter is optimised."""
 
     algorithm: str = "muon"
@@ -28,37 +28,37 @@ class Rule:
     split_sizes: tuple[int, ...] | None = None
 
 
-ADAMW = Rule(algorithm="adamw", granularity="-")
-MATRIX = Rule()
+ADAMW = GroupRule(algorithm="adamw", granularity="-")
+MATRIX = GroupRule()
 
 
-def _moe_rules(cfg: Any) -> list[tuple[str, Rule]]:
+def _moe_rules(cfg: Any) -> list[tuple[str, GroupRule]]:
     inter = cfg.moe_intermediate_size
     return [
-        (r"experts\.gate_up_proj$", Rule(granularity="expert", split_sizes=(inter, inter))),
-        (r"experts\.down_proj$", Rule(granularity="expert")),
+        (r"experts\.gate_up_proj$", GroupRule(granularity="expert", split_sizes=(inter, inter))),
+        (r"experts\.down_proj$", GroupRule(granularity="expert")),
     ]
 
 
-def _qwen3_rules(cfg: Any) -> list[tuple[str, Rule]]:
+def _qwen3_rules(cfg: Any) -> list[tuple[str, GroupRule]]:
     hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    head = Rule(granularity="head", head_dim=hd)
+    head = GroupRule(granularity="head", head_dim=hd)
     return [
         (r"self_attn\.(q|k|v)_proj\.weight$", head),
-        (r"self_attn\.o_proj\.weight$", Rule(granularity="head", head_dim=hd, head_axis=1)),
+        (r"self_attn\.o_proj\.weight$", GroupRule(granularity="head", head_dim=hd, head_axis=1)),
     ]
 
 
-def _deepseek_v3_rules(cfg: Any) -> list[tuple[str, Rule]]:
+def _deepseek_v3_rules(cfg: Any) -> list[tuple[str, GroupRule]]:
     nope, rope, v = cfg.qk_nope_head_dim, cfg.qk_rope_head_dim, cfg.v_head_dim
     return [
-        (r"self_attn\.(q_proj|q_b_proj)\.weight$", Rule(granularity="head", head_dim=nope + rope)),
+        (r"self_attn\.(q_proj|q_b_proj)\.weight$", GroupRule(granularity="head", head_dim=nope + rope)),
         (
             r"self_attn\.kv_a_proj_with_mqa\.weight$",
-            Rule(granularity="head", split_sizes=(cfg.kv_lora_rank, rope)),
+            GroupRule(granularity="head", split_sizes=(cfg.kv_lora_rank, rope)),
         ),
-        (r"self_attn\.kv_b_proj\.weight$", Rule(granularity="head", head_dim=nope + v)),
-        (r"self_attn\.o_proj\.weight$", Rule(granularity="head", head_dim=v, head_axis=1)),
+        (r"self_attn\.kv_b_proj\.weight$", GroupRule(granularity="head", head_dim=nope + v)),
+        (r"self_attn\.o_proj\.weight$", GroupRule(granularity="head", head_dim=v, head_axis=1)),
     ]
 
 
@@ -69,7 +69,7 @@ ARCHITECTURES = {
 }
 
 
-def assign(model: nn.Module, *, granular: bool = True) -> dict[str, Rule]:
+def assign(model: nn.Module, *, granular: bool = True) -> dict[str, GroupRule]:
     """The rule for every parameter name (tied weights appear once)."""
     cfg = getattr(model, "config", None)
     rules = ARCHITECTURES.get(getattr(cfg, "model_type", None), lambda _c: [])(cfg) if granular else []
@@ -78,14 +78,14 @@ def assign(model: nn.Module, *, granular: bool = True) -> dict[str, Rule]:
         mod = getattr(model, getter, lambda: None)()
         if mod is not None:
             embeds.update(id(p) for p in mod.parameters())
-    out: dict[str, Rule] = {}
+    out: dict[str, GroupRule] = {}
     for name, p in model.named_parameters():
         if id(p) in embeds or p.ndim < 2 or p.ndim > 3:
             out[name] = ADAMW
             continue
         rule = next((r for pat, r in rules if re.search(pat, name)), None)
         if rule is None:
-            rule = MATRIX if p.ndim == 2 else Rule(granularity="expert")
+            rule = MATRIX if p.ndim == 2 else GroupRule(granularity="expert")
         out[name] = rule
     return out
 
@@ -105,7 +105,7 @@ def muon_param_groups(
     """
     rules = assign(model, granular=granular)
     params = dict(model.named_parameters())
-    groups: dict[Rule, dict[str, Any]] = {}
+    groups: dict[GroupRule, dict[str, Any]] = {}
     for name, rule in rules.items():
         g = groups.setdefault(rule, _group_for(rule, adamw_lr, adamw_weight_decay))
         g["params"].append(params[name])
@@ -115,7 +115,7 @@ def muon_param_groups(
     return list(groups.values())
 
 
-def _group_for(rule: Rule, adamw_lr: float | None, adamw_wd: float | None) -> dict[str, Any]:
+def _group_for(rule: GroupRule, adamw_lr: float | None, adamw_wd: float | None) -> dict[str, Any]:
     g: dict[str, Any] = {"params": [], "param_names": [], "algorithm": rule.algorithm}
     if rule.algorithm == "adamw":
         if adamw_lr is not None:
@@ -132,7 +132,7 @@ def _group_for(rule: Rule, adamw_lr: float | None, adamw_wd: float | None) -> di
     return g
 
 
-def describe(shape: torch.Size | tuple[int, ...], rule: Rule) -> str:
+def describe(shape: torch.Size | tuple[int, ...], rule: GroupRule) -> str:
     """``"4 x [16, 64]"``: how many matrices of which shape a parameter becomes."""
     if rule.algorithm == "adamw":
         return "elementwise"
@@ -149,7 +149,7 @@ def describe(shape: torch.Size | tuple[int, ...], rule: Rule) -> str:
     return " + ".join(f"{n} x [{a}, {b}]" for (a, b), n in counts.items())
 
 
-def assignment_rows(model: nn.Module, rules: dict[str, Rule] | None = None) -> list[tuple[str, ...]]:
+def assignment_rows(model: nn.Module, rules: dict[str, GroupRule] | None = None) -> list[tuple[str, ...]]:
     rules = rules or assign(model)
     params = dict(model.named_parameters())
     return [
@@ -158,7 +158,7 @@ def assignment_rows(model: nn.Module, rules: dict[str, Rule] | None = None) -> l
     ]
 
 
-def print_assignment(model: nn.Module, rules: dict[str, Rule] | None = None) -> None:
+def print_assignment(model: nn.Module, rules: dict[str, GroupRule] | None = None) -> None:
     from rich.console import Console
     from rich.table import Table
 

@@ -18,7 +18,7 @@ from typing import Any
 
 from cadenza.errors import ConfigError
 from cadenza.rl.curriculum import CurriculumConfig, CurriculumSampler, Escalator, pool_metrics
-from cadenza.tasks.pool import PoolConfig, Rollout, TaskPool
+from cadenza.tasks.pool import AttemptResult, PoolConfig, TaskPool
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ class TaskSetSource:
                 f"{self.run_id}-step{step}-{task_id}",
                 step,
                 [
-                    Rollout(success=o.resolved and not o.flagged, reward=o.reward, flagged=o.flagged)
+                    AttemptResult(success=o.resolved and not o.flagged, reward=o.reward, flagged=o.flagged)
                     for o in rows
                 ],
             )

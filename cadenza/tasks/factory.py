@@ -117,8 +117,7 @@ def publish_draft(
 
 
 def _prepare(spec: str, work_dir: Path, cfg: BuildConfig, stats: Any, skip: set[tuple[str, int]]) -> Any:
-    from cadenza.tasks.pipeline import BuildConfig as SourceConfig
-    from cadenza.tasks.pipeline import prepare_source
+    from cadenza.tasks.pipeline import SourceConfig, prepare_source
 
     # No max_tasks here: drafts the scan rejects must not count, so the caller stops once the
     # set has enough tasks of this source.

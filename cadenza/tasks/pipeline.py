@@ -10,9 +10,6 @@ one full run (plus partial runs of covering tests and of F2P on the gold copy).
 
 from __future__ import annotations
 
-import hashlib
-import random
-import re
 import shutil
 import time
 from collections import Counter
@@ -21,11 +18,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cadenza.errors import SourceError
-from cadenza.tasks.baseline import Baseline, run_baseline
+from cadenza.tasks.baseline import run_baseline
 from cadenza.tasks.delete import Deletion, DeletionError, plan_deletion, site_lines
-from cadenza.tasks.features import Candidate, FeatureMap, module_files
+from cadenza.tasks.features import Candidate, module_files
+from cadenza.tasks.fetch import fetch_source
+from cadenza.tasks.ordering import LEVEL_KINDS, candidate_key, order_candidates, task_id
 from cadenza.tasks.runner import RunCounter, pytest_args_for
-from cadenza.tasks.source import SourceInfo, copy_tree, fetch_source
+from cadenza.tasks.source import SourceInfo, copy_tree
 from cadenza.tasks.statement import write_statement
 from cadenza.tasks.task import Feature, Task
 from cadenza.tasks.validate import (
@@ -37,11 +36,9 @@ from cadenza.tasks.validate import (
 )
 from cadenza.tasks.venv import BaseEnv, ensure_base_env, make_task_env
 
-LEVEL_KINDS = {1: ("function", "method"), 2: ("function", "method"), 3: ("class", "module")}
-
 
 @dataclass(kw_only=True)
-class BuildConfig:
+class SourceConfig:
     """Knobs for one source. ``max_candidates`` caps attempts (None: until ``max_tasks`` or exhausted)."""
 
     levels: tuple[int, ...] = (1, 2, 3)
@@ -114,60 +111,6 @@ class TaskDraft:
     deletion: Deletion
 
 
-def task_id(source: SourceInfo, qualname: str, level: int) -> str:
-    """Deterministic id from the source (name, version, content) + qualname + level."""
-    digest = hashlib.sha256(f"{source.name}|{source.content_hash}|{qualname}|{level}".encode()).hexdigest()[
-        :8
-    ]
-    return (
-        re.sub(r"[^A-Za-z0-9._-]+", "-", f"{source.name}-{source.version}__{qualname}__L{level}")
-        + f"-{digest}"
-    )
-
-
-def order_candidates(
-    fmap: FeatureMap,
-    baseline: Baseline,
-    levels: tuple[int, ...],
-    seed: int,
-    top_level: frozenset[str] = frozenset(),
-) -> list[tuple[int, Candidate]]:
-    """Candidates likely to validate, shuffled per level by ``seed`` and interleaved across levels.
-
-    Pruned: no passing test covers it (nothing would fail), every passing test covers it (nothing
-    would be left as PASS_TO_PASS), a package ``__init__`` module or a top-level single-module
-    package (``top_level``: deleting it deletes the project), names defined twice.
-    """
-    n_pass = len(baseline.passing)
-    per_level: dict[int, list[Candidate]] = {}
-    names = Counter((c.path, c.local) for c in fmap.candidates)
-    for level in levels:
-        pool = []
-        for c in fmap.candidates:
-            if c.kind not in LEVEL_KINDS.get(level, ()) or not c.tests or len(c.tests) >= n_pass:
-                continue
-            if names[(c.path, c.local)] > 1 or (
-                c.kind == "module" and (c.path.endswith("__init__.py") or c.module in top_level)
-            ):
-                continue
-            pool.append(c)
-        rng = random.Random(f"{seed}:{level}")
-        pool.sort(key=lambda c: c.qualname)
-        rng.shuffle(pool)
-        per_level[level] = pool
-    out: list[tuple[int, Candidate]] = []
-    while any(per_level.values()):
-        for level in levels:
-            if per_level.get(level):
-                out.append((level, per_level[level].pop(0)))
-    return out
-
-
-def candidate_key(qualname: str, level: int) -> tuple[str, int]:
-    """What identifies a task of one source: the store's ``(qualname, level)`` (the id hashes the same)."""
-    return (qualname, int(level))
-
-
 @dataclass(kw_only=True)
 class SourcePlan:
     """The shared, expensive per-source work, done once and handed to every candidate worker.
@@ -182,7 +125,7 @@ class SourcePlan:
     modules: dict[str, str]
     known_lines: frozenset[str]
     ordered: list[tuple[int, Candidate]]
-    config: BuildConfig
+    config: SourceConfig
 
 
 @dataclass(kw_only=True)
@@ -204,7 +147,7 @@ def prepare_source(
     *,
     levels: tuple[int, ...],
     seed: int,
-    config: BuildConfig,
+    config: SourceConfig,
     stats: BuildStats,
     skip: Collection[tuple[str, int]] = (),
 ) -> SourcePlan:
@@ -373,7 +316,7 @@ def iter_task_drafts(
     levels: tuple[int, ...] = (1, 2, 3),
     max_tasks: int | None = None,
     seed: int = 0,
-    config: BuildConfig | None = None,
+    config: SourceConfig | None = None,
     stats: BuildStats | None = None,
     skip: Collection[tuple[str, int]] = (),
 ) -> Iterator[TaskDraft]:
@@ -386,7 +329,7 @@ def iter_task_drafts(
     :class:`SourceError` when the source cannot be used (fetch, environment, no passing tests).
     For candidates in parallel see :func:`cadenza.tasks.parallel.iter_attempts`.
     """
-    cfg = config or BuildConfig()
+    cfg = config or SourceConfig()
     levels = tuple(levels or cfg.levels)
     max_tasks = max_tasks if max_tasks is not None else cfg.max_tasks
     stats = stats if stats is not None else BuildStats(source=spec)

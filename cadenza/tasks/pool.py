@@ -108,7 +108,7 @@ class TaskStats:
 
 
 @dataclass(kw_only=True)
-class Rollout:
+class AttemptResult:
     """One rollout's result as the pool needs it."""
 
     success: bool
@@ -174,7 +174,7 @@ class TaskPool:
         return [r[0] for r in rows]
 
     # -- recording --------------------------------------------------------------------------
-    def record_group(self, task_id: str, group_id: str, step: int, rollouts: Sequence[Rollout]) -> bool:
+    def record_group(self, task_id: str, group_id: str, step: int, rollouts: Sequence[AttemptResult]) -> bool:
         """Record one group of rollouts atomically; returns False if ``group_id`` was already recorded."""
         if not rollouts:
             raise CadenzaError(

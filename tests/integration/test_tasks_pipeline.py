@@ -11,9 +11,9 @@ import pytest
 
 from cadenza.errors import SourceError
 from cadenza.tasks.baseline import run_baseline
-from cadenza.tasks.pipeline import BuildConfig, BuildStats, iter_task_drafts
+from cadenza.tasks.fetch import fetch_source
+from cadenza.tasks.pipeline import BuildStats, SourceConfig, iter_task_drafts
 from cadenza.tasks.runner import pytest_args_for, run_pytest
-from cadenza.tasks.source import fetch_source
 from cadenza.tasks.statement import leaks
 from cadenza.tasks.validate import recheck
 from cadenza.tasks.venv import ensure_base_env, make_task_env
@@ -35,7 +35,7 @@ def built(tmp_path_factory):
     subprocess.run(["git", "init", "-q", str(tmp)], check=True)
     src = make_repo(tmp / "minilib")
     stats = BuildStats(source=str(src))
-    cfg = BuildConfig(env_cache_dir=shared_env_cache(tmp_path_factory), per_test_timeout_s=10, probe=True)
+    cfg = SourceConfig(env_cache_dir=shared_env_cache(tmp_path_factory), per_test_timeout_s=10, probe=True)
     drafts = list(
         iter_task_drafts(
             str(src), tmp / "work", levels=(1, 2, 3), max_tasks=4, seed=1, config=cfg, stats=stats
@@ -164,7 +164,7 @@ def test_no_passing_tests_is_a_source_error(tmp_path_factory, tmp_path: Path) ->
     src = make_repo(tmp_path / "r")
     for f in (src / "tests").glob("test_*.py"):
         f.write_text("def test_fails():\n    assert False\n")
-    cfg = BuildConfig(env_cache_dir=shared_env_cache(tmp_path_factory))
+    cfg = SourceConfig(env_cache_dir=shared_env_cache(tmp_path_factory))
     with pytest.raises(SourceError, match="no test passes at baseline"):
         list(iter_task_drafts(str(src), tmp_path / "w", config=cfg))
 
@@ -179,7 +179,7 @@ def test_failing_install_is_a_source_error_naming_the_cause(tmp_path_factory, tm
         dependencies = ["cadenza-no-such-dependency-xyz==0.0.1"]
         """),
     )
-    cfg = BuildConfig(env_cache_dir=shared_env_cache(tmp_path_factory))
+    cfg = SourceConfig(env_cache_dir=shared_env_cache(tmp_path_factory))
     with pytest.raises(
         SourceError, match=r"cannot install the dependencies.*cadenza-no-such-dependency-xyz"
     ) as exc:
@@ -207,6 +207,6 @@ def test_package_that_does_not_import_from_source_is_named(tmp_path_factory, tmp
     core.write_text(
         "from minilib._speedups import fast_add  # a C extension, never built\n" + core.read_text()
     )
-    cfg = BuildConfig(env_cache_dir=shared_env_cache(tmp_path_factory))
+    cfg = SourceConfig(env_cache_dir=shared_env_cache(tmp_path_factory))
     with pytest.raises(SourceError, match=r"does not import from its source tree \(ModuleNotFoundError"):
         list(iter_task_drafts(str(src), tmp_path / "w", config=cfg))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from cadenza.tasks.pipeline import BuildConfig, BuildStats, iter_task_drafts
+from cadenza.tasks.pipeline import BuildStats, SourceConfig, iter_task_drafts
 from cadenza.tasks.statement import leaks
 from tests.tasks_helpers import shared_env_cache
 
@@ -27,7 +27,7 @@ def test_real_package_yields_validated_drafts(
     spec, levels, layout, test_dep, tmp_path_factory, tmp_path: Path
 ) -> None:
     stats = BuildStats(source=spec)
-    cfg = BuildConfig(
+    cfg = SourceConfig(
         env_cache_dir=shared_env_cache(tmp_path_factory), per_test_timeout_s=30, max_candidates=12
     )
     drafts = list(

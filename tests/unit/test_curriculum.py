@@ -20,7 +20,7 @@ from cadenza.rl.curriculum import (
     PoolExhausted,
     drop_zero_variance,
 )
-from cadenza.tasks.pool import PoolConfig, Rollout, TaskPool
+from cadenza.tasks.pool import AttemptResult, PoolConfig, TaskPool
 from cadenza.tasks.pool_report import plot_pass_rates, stats_table
 
 # Eleven tasks with pass probabilities 0.0, 0.1, ..., 1.0.
@@ -37,7 +37,9 @@ def run_scripted(pool, sampler, steps, batch=4, group=8, seed=0, probs=PROBS):
         for t in tasks:
             rewards = [float(rng.random() < probs[t]) for _ in range(group)]
             groups.append(rewards)
-            pool.record_group(t, f"s{step}-{t}", step, [Rollout(success=r > 0, reward=r) for r in rewards])
+            pool.record_group(
+                t, f"s{step}-{t}", step, [AttemptResult(success=r > 0, reward=r) for r in rewards]
+            )
         _, d = drop_zero_variance(groups)
         dropped += d
     return picked, dropped
@@ -77,10 +79,13 @@ def test_quarantine_on_repeated_flags(tmp_path):
             "leaky",
             f"g{step}",
             step,
-            [Rollout(success=True, reward=0.0, flagged=True), Rollout(success=False, reward=0.0)],
+            [AttemptResult(success=True, reward=0.0, flagged=True), AttemptResult(success=False, reward=0.0)],
         )
         pool.record_group(
-            "fine", f"f{step}", step, [Rollout(success=True, reward=1.0), Rollout(success=False, reward=0.0)]
+            "fine",
+            f"f{step}",
+            step,
+            [AttemptResult(success=True, reward=1.0), AttemptResult(success=False, reward=0.0)],
         )
     states = {s.task_id: s.state for s in pool.stats()}
     assert states == {"leaky": "quarantined_flagged", "fine": "active"}
@@ -90,11 +95,11 @@ def test_quarantine_on_repeated_flags(tmp_path):
 def test_record_group_is_idempotent_and_validates(tmp_path):
     pool = TaskPool(tmp_path)
     pool.add_tasks([("a", "s", 1)])
-    assert pool.record_group("a", "g", 0, [Rollout(success=True, reward=1.0)])
-    assert not pool.record_group("a", "g", 0, [Rollout(success=True, reward=1.0)])
+    assert pool.record_group("a", "g", 0, [AttemptResult(success=True, reward=1.0)])
+    assert not pool.record_group("a", "g", 0, [AttemptResult(success=True, reward=1.0)])
     assert pool.stats()[0].attempts == 1
     with pytest.raises(CadenzaError, match="not in the pool"):
-        pool.record_group("zzz", "g2", 0, [Rollout(success=True, reward=1.0)])
+        pool.record_group("zzz", "g2", 0, [AttemptResult(success=True, reward=1.0)])
     with pytest.raises(CadenzaError, match="no rollouts"):
         pool.record_group("a", "g3", 0, [])
 
@@ -105,7 +110,7 @@ def test_exhausted_pool_says_why(tmp_path):
         CurriculumSampler(pool).sample(2)
     pool.add_tasks([("a", "s", 1)])
     for i in range(3):
-        pool.record_group("a", f"g{i}", i, [Rollout(success=True, reward=1.0)] * 2)
+        pool.record_group("a", f"g{i}", i, [AttemptResult(success=True, reward=1.0)] * 2)
     with pytest.raises(PoolExhausted, match="retired_solved: 1"):
         CurriculumSampler(pool).sample(2)
 
@@ -128,7 +133,7 @@ def test_escalation_adds_harder_tasks_in_background(tmp_path):
             f"e{i}",
             f"g{i}",
             1,
-            [Rollout(success=True, reward=1.0)] * 7 + [Rollout(success=False, reward=0.0)],
+            [AttemptResult(success=True, reward=1.0)] * 7 + [AttemptResult(success=False, reward=0.0)],
         )
     why = esc.maybe_escalate(pool, step=1)
     assert why is not None and "mean pass rate" in why
@@ -148,7 +153,7 @@ def test_escalation_factory_failure_is_reported_not_raised(tmp_path):
         raise CadenzaError("no level-2 candidates in pypi:x")
 
     esc = Escalator(pool_path=str(pool.path), factory=factory, config=CurriculumConfig(escalate_min_groups=1))
-    pool.record_group("e0", "g", 0, [Rollout(success=True, reward=1.0)] * 4)
+    pool.record_group("e0", "g", 0, [AttemptResult(success=True, reward=1.0)] * 4)
     assert esc.maybe_escalate(pool, step=0)
     esc.wait(10)
     (res,) = esc.drain()
@@ -158,14 +163,14 @@ def test_escalation_factory_failure_is_reported_not_raised(tmp_path):
 
 WRITER = textwrap.dedent("""
     import random, sys
-    from cadenza.tasks.pool import Rollout, TaskPool
+    from cadenza.tasks.pool import AttemptResult, TaskPool
     pool = TaskPool(sys.argv[1])
     pool.add_tasks([(f"t{i}", "s", 1) for i in range(5)])
     for step in range(int(sys.argv[2])):
         for i in range(5):
             rng = random.Random(step * 100 + i)
             pool.record_group(f"t{i}", f"s{step}-t{i}", step,
-                              [Rollout(success=rng.random() < 0.5, reward=1.0) for _ in range(16)])
+                              [AttemptResult(success=rng.random() < 0.5, reward=1.0) for _ in range(16)])
         print(step, flush=True)
 """)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cadenza.tasks.baseline import Baseline
 from cadenza.tasks.features import Candidate, FeatureMap
-from cadenza.tasks.pipeline import order_candidates, task_id
+from cadenza.tasks.ordering import order_candidates, task_id
 from cadenza.tasks.runner import TestReport
 from cadenza.tasks.source import SourceInfo
 

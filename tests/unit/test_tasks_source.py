@@ -10,7 +10,7 @@ import pytest
 
 from cadenza.errors import SourceError
 from cadenza.tasks.deps import discover_requirements
-from cadenza.tasks.source import fetch_source
+from cadenza.tasks.fetch import fetch_source
 from tests.tasks_helpers import make_repo
 
 

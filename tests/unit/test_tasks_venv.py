@@ -7,7 +7,7 @@ import subprocess
 import sysconfig
 from pathlib import Path
 
-from cadenza.tasks.source import fetch_source
+from cadenza.tasks.fetch import fetch_source
 from cadenza.tasks.venv import BaseEnv, make_task_env
 from tests.tasks_helpers import make_repo
 
