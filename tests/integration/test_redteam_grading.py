@@ -195,8 +195,11 @@ def test_dropping_attacks_keeps_a_real_solution(task_dir: Path, name: str):  # n
 def test_missing_node_counts_as_failed(task_dir: Path):  # noqa: F811
     actions, _, _ = ATTACKS["exit_before_report"]
     outcome, _ = _run(task_dir, patch_actions(GOLD_PATCH) + actions)
-    assert outcome["resolved"] is False
-    assert set(outcome["grade"]["tests"].values()) == {"missing"}
+    assert outcome["resolved"] is False and outcome["reward"] == 0.0
+    # exit status 0 without the runner's final record is evidence of an injected exit: every node fails
+    assert set(outcome["grade"]["tests"].values()) == {"tampered"}
+    assert any("before the runner's final record" in t for t in outcome["grade"]["tampering"])
+    assert any(f["rule"] == "verdict_tampering" for f in outcome["flags"])
 
 
 def test_gold_patch_as_tool_calls_resolves_without_flags(task_dir: Path):  # noqa: F811
