@@ -121,6 +121,7 @@ def grade(
                 per_test_timeout_s=task.test_timeout_s,
                 checks=defences.checks,
                 autoload_off=defences.autoload_off,
+                clear_addopts=defences.clear_addopts,
             )
         finally:
             box.close()

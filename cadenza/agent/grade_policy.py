@@ -37,6 +37,7 @@ class Defences:
     drop_packaging_metadata: bool = True  # *.dist-info/, *.egg-info/, entry_points.txt
     drop_shadow_modules: bool = True  # new top-level modules named like an importable one (pytest.py)
     autoload_off: bool = True  # PYTEST_DISABLE_PLUGIN_AUTOLOAD=1: entry-point plugins never load
+    clear_addopts: bool = True  # -o addopts= before the task's own (neutralised) pytest_args
     checks: Checks = field(default_factory=Checks)  # the result channel's checks
 
 

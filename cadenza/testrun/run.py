@@ -130,15 +130,13 @@ def pytest_command(
     files: list[str],
     per_test_timeout_s: float | None,
     coverage_rc: Path | None = None,
+    clear_addopts: bool = True,
 ) -> list[str]:
     """The one pytest command line (see module docstring)."""
     args = ["-p", PLUGIN_MODULE, "-p", "no:cacheprovider"]
     for mod in plugins:
         args += ["-p", mod]
-    args += [
-        "-o",
-        "addopts=",
-        "-q",
+    args += [*(["-o", "addopts="] if clear_addopts else []), "-q",
         f"--confcutdir={workspace}",
         "--rootdir=.",
         "--continue-on-collection-errors",
@@ -169,6 +167,7 @@ def run_tests(
     coverage_rc: Path | None = None,
     checks: Checks | None = None,
     autoload_off: bool = True,
+    clear_addopts: bool = True,
 ) -> TestReport:
     """Run ``node_ids`` (``None``: the configured suite) in ``workspace`` and read the verified outcomes.
 
@@ -193,6 +192,7 @@ def run_tests(
         files=files,
         per_test_timeout_s=per_test_timeout_s,
         coverage_rc=coverage_rc,
+        clear_addopts=clear_addopts,
     )
     env = {DIR_ENV: str(channel.dir), "PYTHONPATH": os.pathsep.join([str(channel.dir), *(pythonpath or [])])}
     if autoload_off:
