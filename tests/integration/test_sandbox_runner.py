@@ -10,6 +10,7 @@ import pytest
 
 from cadenza.errors import SandboxError
 from cadenza.sandbox import Sandbox, SandboxConfig, bwrap_path
+from tests.sandbox_fixtures import require_protection
 
 
 @pytest.fixture
@@ -37,8 +38,8 @@ def test_close_removes_the_cgroup(box: Sandbox):
     box.run("true")
     cgroup = box._cgroup
     box.close()
-    if cgroup is not None:
-        assert not cgroup.path.exists()
+    require_protection(cgroup is not None, "a writable pids cgroup")
+    assert cgroup is not None and not cgroup.path.exists()
 
 
 def test_missing_bubblewrap_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
