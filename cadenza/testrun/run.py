@@ -136,7 +136,9 @@ def pytest_command(
     args = ["-p", PLUGIN_MODULE, "-p", "no:cacheprovider"]
     for mod in plugins:
         args += ["-p", mod]
-    args += [*(["-o", "addopts="] if clear_addopts else []), "-q",
+    args += [
+        *(["-o", "addopts="] if clear_addopts else []),
+        "-q",
         f"--confcutdir={workspace}",
         "--rootdir=.",
         "--continue-on-collection-errors",
