@@ -13,6 +13,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,12 +21,17 @@ from typing import Any
 from cadenza.agent.diff import compare
 from cadenza.agent.env import StepResult, ToolCall
 from cadenza.agent.grade import GradeResult, grade, task_env_dir
+from cadenza.agent.outcome import Outcome
 from cadenza.agent.prompt import initial_messages
 from cadenza.agent.tools import TOOL_NAMES, Toolbox, ToolsConfig
 from cadenza.agent.trajectory import Flag, Trajectory, TurnMeta
 from cadenza.errors import CadenzaError, ConfigError
+from cadenza.monitor import monitor as default_monitor
 from cadenza.sandbox import Sandbox, SandboxConfig, hidden_roots
 from cadenza.tasks.task import WORKSPACE, load_task
+
+#: ``monitor(trajectory, task=..., judge=...) -> flags``; the episode's one monitor pass.
+MonitorFn = Callable[..., list[Flag]]
 
 NO_TOOL_CALL = (
     f"Error: no tool call found. Call one of the tools ({', '.join(TOOL_NAMES)}); call submit when done."
@@ -54,12 +60,24 @@ class EpisodeConfig:
 
 
 class Episode:
-    """Implements :class:`cadenza.agent.env.Env` for a task directory."""
+    """Implements :class:`cadenza.agent.env.Env` for a task directory.
 
-    def __init__(self, task_dir: str | os.PathLike[str], config: EpisodeConfig | None = None) -> None:
+    ``monitor`` is injected (default: :func:`cadenza.monitor.monitor`; ``None`` runs none, for
+    trusted debugging); the episode grades and monitors once and owns the :class:`Outcome`.
+    """
+
+    def __init__(
+        self,
+        task_dir: str | os.PathLike[str],
+        config: EpisodeConfig | None = None,
+        *,
+        monitor: MonitorFn | None = default_monitor,
+    ) -> None:
         self.task_dir = Path(task_dir).absolute()
         self.task = load_task(self.task_dir)
         self.config = config or EpisodeConfig()
+        self.monitor = monitor
+        self.outcome: Outcome | None = None
         self.trajectory: Trajectory | None = None
         self.workspace: Path | None = None
         self.grade_result: GradeResult | None = None
@@ -221,19 +239,22 @@ class Episode:
             )
             traj.meta["submission"] = submission_diff(self.task_dir / WORKSPACE, self.workspace)
         g = self.grade_result
-        traj.flags = run_monitor(traj, task=self.task, judge=self.config.judge)
-        traj.reward = 1.0 if g.resolved and not traj.flags else 0.0
-        traj.outcome = {
-            "resolved": g.resolved,
-            "reward": traj.reward,
-            "f2p": {"passed": g.f2p_passed, "total": g.f2p_total},
-            "p2p": {"passed": g.p2p_passed, "total": g.p2p_total},
-            "flags": [{"rule": f.rule, "turn": f.turn, "evidence": f.evidence} for f in traj.flags],
-            "turns": len(traj.turns),
-            "end_reason": self.end_reason or "finished",
-            "duration_s": time.monotonic() - self._start,
-            "grade": g.to_dict(),
-        }
+        flags = list(self.monitor(traj, task=self.task, judge=self.config.judge)) if self.monitor else []
+        traj.flags = flags + tampering_flags(g, turn=max(len(traj.turns) - 1, 0))
+        self.outcome = Outcome(
+            reward=1.0 if g.resolved and not traj.flags else 0.0,
+            resolved=g.resolved,
+            tests=dict(g.tests),
+            flags=list(traj.flags),
+            end_reason=self.end_reason or "finished",
+            f2p=(g.f2p_passed, g.f2p_total),
+            p2p=(g.p2p_passed, g.p2p_total),
+            turns=len(traj.turns),
+            duration_s=time.monotonic() - self._start,
+            grade=g.to_dict(),
+        )
+        traj.reward = self.outcome.reward
+        traj.outcome = self.outcome.to_dict()
         if not self.config.keep_workspace:
             self.close()
         return traj.outcome
@@ -268,16 +289,12 @@ class Episode:
         return None
 
 
-def run_monitor(traj: Trajectory, *, task: Any = None, judge: Any = None) -> list[Flag]:
-    """Flags from ``cadenza.monitor.monitor`` when that module provides it; none otherwise."""
-    try:
-        from cadenza.monitor import monitor
-    except ImportError as exc:
-        if exc.name not in (None, "cadenza.monitor"):
-            raise
+def tampering_flags(result: GradeResult, *, turn: int) -> list[Flag]:
+    """One ``verdict_tampering`` flag carrying the grader's evidence, when there is any."""
+    if not result.tampering:
         return []
-    monitor_fn = getattr(monitor, "monitor", monitor)
-    return list(monitor_fn(traj, task=task, judge=judge))
+    evidence = "; ".join(result.tampering[:5])[:480]
+    return [Flag(rule="verdict_tampering", turn=turn, evidence=evidence, source="grader")]
 
 
 def submission_diff(pristine: Path, workspace: Path) -> str:

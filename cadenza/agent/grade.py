@@ -2,18 +2,21 @@
 
 1. Compare the agent's workspace with the pristine task workspace file by file (never its ``.git``).
 2. Keep changes to non-test source files; drop tests, ``conftest.py``, pytest configuration, start-up
-   hooks (``.pth``, ``sitecustomize.py``, ``usercustomize.py``), symlinks and shadowing modules.
-   ``pyproject.toml`` keeps the agent's edits except its ``[tool.pytest...]`` tables.
+   hooks (``.pth``, ``sitecustomize.py``, ``usercustomize.py``), packaging metadata (``*.dist-info``,
+   ``*.egg-info``, ``entry_points.txt``), symlinks and shadowing modules. ``pyproject.toml`` keeps the
+   agent's edits except its ``[tool.pytest...]`` tables.
 3. Apply the kept changes to a fresh copy of the pristine workspace (so every test file and config is
-   the original) and run the F2P + P2P node IDs with pytest inside the sandbox, with
-   ``-p no:cacheprovider -o addopts= --confcutdir=<workspace>`` (then the task's own ``pytest_args``,
-   written by the factory), ``PYTHONHASHSEED=0`` as in validation.
-4. Per-node results come from JUnit XML; a node ID that is not reported counts as failed.
+   the original) and run the F2P + P2P node IDs inside a fresh one-shot sandbox with the one test
+   runner (:mod:`cadenza.testrun`): autoload off, only our plugin and the environment's own plugins,
+   the task's ``pytest_args`` as in validation. The environment is bound read-only.
+4. Per-node outcomes come only from the verified result channel; a node ID that is not reported counts
+   as failed, and any tampering evidence (a forged record, an unknown or duplicated node, a patched
+   runner, a rewritten report, an exit before the final record) fails the grade and is reported in
+   ``GradeResult.tampering`` so the episode flags it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -26,28 +29,11 @@ from typing import Any
 import tomli_w
 
 from cadenza.agent.diff import compare
-from cadenza.agent.grade_policy import Policy, top_level_modules
-from cadenza.agent.junit import node_statuses, parse_junit
+from cadenza.agent.grade_policy import Defences, Policy, top_level_modules
 from cadenza.errors import CadenzaError
 from cadenza.sandbox import Sandbox, SandboxConfig, env_info, hidden_roots
 from cadenza.tasks.task import WORKSPACE, Task, load_task, task_python
-
-# Runs only the F2P/P2P nodes (their files are collected, everything else deselected), so one node ID
-# that no longer exists (e.g. a parameter renamed by the agent) is reported missing instead of making
-# pytest abort the whole run.
-SELECT_PLUGIN = "_cadenza_grade_select"
-SELECT_SOURCE = """import json, os
-
-
-def pytest_collection_modifyitems(config, items):
-    with open(os.environ["CADENZA_SELECT"]) as fh:
-        wanted = set(json.load(fh))
-    keep = [item for item in items if item.nodeid in wanted]
-    drop = [item for item in items if item.nodeid not in wanted]
-    items[:] = keep
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-"""
+from cadenza.testrun import SandboxExecutor, env_plugins, run_tests
 
 
 @dataclass(kw_only=True)
@@ -65,6 +51,7 @@ class GradeResult:
     timed_out: bool = False
     log_tail: str = ""
     sandboxed: bool = True
+    tampering: list[str] = field(default_factory=list)  # evidence that the verdict was interfered with
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -81,12 +68,15 @@ def grade(
     task: Task | None = None,
     sandbox: SandboxConfig | None = None,
     run_timeout_s: float | None = None,
+    defences: Defences | None = None,
 ) -> GradeResult:
     """Grade ``agent_workspace`` against the task in ``task_dir`` (see module docstring).
 
     ``task.test_timeout_s`` bounds each test (with pytest-timeout, when the env has it); the whole run
     is bounded by ``run_timeout_s`` (default: 600 s or the per-test limit, whichever is larger).
+    ``defences`` exists for the mutation tests; graders leave it at its default (all on).
     """
+    defences = defences or Defences()
     start = time.monotonic()
     task_dir = Path(task_dir).absolute()
     task = task or load_task(task_dir)
@@ -97,7 +87,7 @@ def grade(
     env = task_env_dir(task_dir, task)
     info = env_info(env)
     policy = Policy.for_task(
-        task, shadowable=info.importable_names(), pristine_top=top_level_modules(pristine)
+        task, shadowable=info.importable_names(), pristine_top=top_level_modules(pristine), defences=defences
     )
     with tempfile.TemporaryDirectory(prefix="cadenza-grade-") as tmp:
         work = Path(tmp) / "workspace"
@@ -116,46 +106,31 @@ def grade(
             rw_extra=[results],
         )
         nodeids = [*task.fail_to_pass, *task.pass_to_pass]
-        junit = results / "junit.xml"
-        (results / f"{SELECT_PLUGIN}.py").write_text(SELECT_SOURCE)
-        (results / "select.json").write_text(json.dumps(nodeids))
-        files = sorted({n.split("::", 1)[0] for n in nodeids})
-        argv = [
-            info.python,
-            "-m",
-            "pytest",
-            "-p",
-            "no:cacheprovider",
-            "-p",
-            SELECT_PLUGIN,
-            "-o",
-            "addopts=",
-            f"--confcutdir={work}",
-            f"--rootdir={work}",
-            f"--junitxml={junit}",
-            "-q",
-            *task.pytest_args,
-        ]
-        if "pytest_timeout" in info.installed_names:
-            argv.append(f"--timeout={task.test_timeout_s:g}")
-        env = {
-            "PYTHONPATH": os.pathsep.join([str(results), *box.plan.pythonpath]),
-            "PYTHONHASHSEED": "0",
-            "PYTHONDONTWRITEBYTECODE": "1",
-            "PYTHONNOUSERSITE": "1",
-            "CADENZA_SELECT": str(results / "select.json"),
-        }
         timeout = run_timeout_s if run_timeout_s is not None else max(600.0, task.test_timeout_s)
         try:
-            res = box.run([*argv, *files], timeout_s=timeout, merge_stderr=True, env=env)
+            report = run_tests(
+                python=info.python,
+                workspace=work,
+                node_ids=nodeids,
+                executor=SandboxExecutor(box),
+                channel_dir=results,
+                plugins=env_plugins(info.sys_path, [pristine, work]),
+                extra_args=list(task.pytest_args),
+                pythonpath=box.plan.pythonpath,
+                timeout_s=timeout,
+                per_test_timeout_s=task.test_timeout_s,
+                checks=defences.checks,
+                autoload_off=defences.autoload_off,
+                clear_addopts=defences.clear_addopts,
+            )
         finally:
             box.close()
-        statuses = node_statuses(nodeids, parse_junit(junit))
+        statuses = report.statuses(nodeids)
     f2p = sum(statuses[n] == "passed" for n in task.fail_to_pass)
     p2p = sum(statuses[n] == "passed" for n in task.pass_to_pass)
     all_pass = f2p == len(task.fail_to_pass) and p2p == len(task.pass_to_pass)
     return GradeResult(
-        resolved=all_pass and res.exit_code == 0 and not res.timed_out and bool(nodeids),
+        resolved=all_pass and report.exit_code == 0 and not report.timed_out and bool(nodeids),
         f2p_passed=f2p,
         f2p_total=len(task.fail_to_pass),
         p2p_passed=p2p,
@@ -164,10 +139,11 @@ def grade(
         tests=statuses,
         applied=applied,
         dropped=dropped,
-        exit_code=res.exit_code,
-        timed_out=res.timed_out,
-        log_tail=res.output[-4000:],
+        exit_code=report.exit_code,
+        timed_out=report.timed_out,
+        log_tail=report.output_tail,
         sandboxed=box.sandboxed,
+        tampering=list(report.tampering),
     )
 
 
@@ -181,7 +157,11 @@ def apply_changes(
     agent_kinds = {rel: _kind(agent / rel) for rel in changes.added + changes.modified}
     for rel in changes.deleted:
         reason = policy.reason_to_drop(rel, "file")
-        if reason is None and PurePosixPath(rel).name == "pyproject.toml":
+        if (
+            reason is None
+            and PurePosixPath(rel).name == "pyproject.toml"
+            and policy.defences.drop_pytest_config
+        ):
             reason = "pyproject.toml (it may hold pytest configuration)"
         if reason is not None:
             dropped[rel] = f"deletion of {reason}"
@@ -197,7 +177,7 @@ def apply_changes(
             dropped[rel] = reason
             continue
         source: Path | bytes | None = agent / rel
-        if PurePosixPath(rel).name == "pyproject.toml":
+        if PurePosixPath(rel).name == "pyproject.toml" and policy.defences.drop_pytest_config:
             source = _merge_pyproject(pristine / rel, agent / rel)
             if source is None:
                 dropped[rel] = "pyproject.toml does not parse"

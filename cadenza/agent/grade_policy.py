@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import fnmatch
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
 from cadenza.tasks.task import Task
+from cadenza.testrun import Checks
 
 PYTEST_CONFIG_FILES = frozenset(
     {"pytest.ini", ".pytest.ini", "pytest.toml", ".pytest.toml", "tox.ini", "setup.cfg"}
@@ -20,6 +21,24 @@ PYTEST_CONFIG_FILES = frozenset(
 STARTUP_HOOKS = frozenset({"sitecustomize.py", "usercustomize.py"})
 TEST_DIR_NAMES = frozenset({"tests", "test"})
 TEST_FILE_PATTERNS = ("test_*.py", "*_test.py", "tests.py", "conftest.py")
+#: Packaging metadata: where ``importlib.metadata`` (and so pytest's plugin discovery) finds entry points.
+METADATA_SUFFIXES = (".dist-info", ".egg-info", ".egg-link")
+METADATA_FILES = frozenset({"entry_points.txt", "direct_url.json", "RECORD", "PKG-INFO"})
+
+
+@dataclass(kw_only=True)
+class Defences:
+    """Grading defences, all on. Each can be switched off alone, only so that the mutation tests can show
+    that an attack then succeeds (``tests/integration/test_redteam_mutations.py``)."""
+
+    drop_tests: bool = True  # changes to test files and conftest.py are not applied
+    drop_pytest_config: bool = True  # pytest.ini, tox.ini, setup.cfg, [tool.pytest] in pyproject.toml
+    drop_startup_hooks: bool = True  # sitecustomize.py, usercustomize.py, *.pth
+    drop_packaging_metadata: bool = True  # *.dist-info/, *.egg-info/, entry_points.txt
+    drop_shadow_modules: bool = True  # new top-level modules named like an importable one (pytest.py)
+    autoload_off: bool = True  # PYTEST_DISABLE_PLUGIN_AUTOLOAD=1: entry-point plugins never load
+    clear_addopts: bool = True  # -o addopts= before the task's own (neutralised) pytest_args
+    checks: Checks = field(default_factory=Checks)  # the result channel's checks
 
 
 @dataclass(kw_only=True)
@@ -30,15 +49,26 @@ class Policy:
     shadowable: frozenset[str]  # importable top-level names (stdlib + env)
     pristine_top: frozenset[str]  # top-level module names that exist in the pristine workspace
     import_roots: tuple[str, ...] = ("", "src")
+    defences: Defences = field(default_factory=Defences)
 
     @classmethod
-    def for_task(cls, task: Task, *, shadowable: frozenset[str], pristine_top: frozenset[str]) -> Policy:
+    def for_task(
+        cls,
+        task: Task,
+        *,
+        shadowable: frozenset[str],
+        pristine_top: frozenset[str],
+        defences: Defences | None = None,
+    ) -> Policy:
         paths = {p.strip("/") for p in task.test_files}
         paths |= {
             nid.split("::", 1)[0] for nid in [*task.fail_to_pass, *task.pass_to_pass] if not is_doctest(nid)
         }
         return cls(
-            test_paths=frozenset(p for p in paths if p), shadowable=shadowable, pristine_top=pristine_top
+            test_paths=frozenset(p for p in paths if p),
+            shadowable=shadowable,
+            pristine_top=pristine_top,
+            defences=defences or Defences(),
         )
 
     def reason_to_drop(self, rel: str, kind: str) -> str | None:
@@ -49,17 +79,20 @@ class Policy:
             return "symlink (only regular files are graded)"
         if kind == "other":
             return "not a regular file"
-        if name == "conftest.py":
+        d = self.defences
+        if d.drop_tests and name == "conftest.py":
             return "conftest.py is test configuration"
-        if name in PYTEST_CONFIG_FILES:
+        if d.drop_pytest_config and name in PYTEST_CONFIG_FILES:
             return "pytest configuration file"
-        if name in STARTUP_HOOKS:
+        if d.drop_startup_hooks and name in STARTUP_HOOKS:
             return "interpreter start-up hook"
-        if name.endswith(".pth"):
+        if d.drop_startup_hooks and name.endswith(".pth"):
             return ".pth files run code at start-up"
-        if self.is_test(rel):
+        if d.drop_packaging_metadata and is_packaging_metadata(rel):
+            return "packaging metadata (entry points) is never graded"
+        if d.drop_tests and self.is_test(rel):
             return "test file"
-        shadow = self.shadowed_module(path)
+        shadow = self.shadowed_module(path) if d.drop_shadow_modules else None
         if shadow is not None:
             return f"new module '{shadow}' would shadow an importable module"
         return None
@@ -89,6 +122,12 @@ class Policy:
             if top in self.shadowable and top not in self.pristine_top:
                 return top
         return None
+
+
+def is_packaging_metadata(rel: str) -> bool:
+    """Inside a ``*.dist-info``/``*.egg-info`` directory, or an entry-point/metadata file anywhere."""
+    path = PurePosixPath(rel)
+    return path.name in METADATA_FILES or any(p.endswith(METADATA_SUFFIXES) for p in path.parts)
 
 
 def is_doctest(nodeid: str) -> bool:

@@ -8,6 +8,7 @@ optional LLM judge in :mod:`cadenza.monitor.judge` only adds flags.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from cadenza.agent.trajectory import Flag, Trajectory
 from cadenza.monitor.events import Extractor, tool_calls
@@ -30,9 +31,17 @@ def _excerpt(reason: str, raw: str) -> str:
 
 
 def monitor(
-    trajectory: Trajectory, *, task: Task | None = None, judge: JudgeConfig | None = None
+    trajectory: Trajectory,
+    *,
+    task: Task | None = None,
+    judge: JudgeConfig | None = None,
+    rules: Sequence[Rule] = RULES,
 ) -> list[Flag]:
-    """Flags for every rule that fires, at most one per (rule, turn), in turn order."""
+    """Flags for every rule that fires, at most one per (rule, turn), in turn order.
+
+    A rule that raises is logged with its traceback and reported as a ``monitor_error`` flag (which
+    also withholds the reward: an unreadable call must not pay), never folded into another rule.
+    """
     ctx = Context.build(task, workspace=str(trajectory.meta.get("workspace") or ""))
     extractor = Extractor()
     flags: list[Flag] = []
@@ -46,8 +55,18 @@ def monitor(
     for call in tool_calls(trajectory):
         try:
             for event in extractor.events(call):
-                for rule in RULES:
-                    reason = rule.check(event, ctx)
+                for rule in rules:
+                    try:
+                        reason = rule.check(event, ctx)
+                    except Exception as exc:
+                        log.exception("monitor rule %s raised on turn %d", rule.name, call.turn)
+                        add(
+                            "monitor_error",
+                            call.turn,
+                            f"rule {rule.name} raised {type(exc).__name__}: {exc}",
+                            call.raw,
+                        )
+                        continue
                     if reason:
                         add(rule.name, call.turn, reason, event.raw or call.raw)
                 ctx.observe(event)

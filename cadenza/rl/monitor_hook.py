@@ -1,41 +1,20 @@
-"""Optional reward-hacking monitor in the training loop.
+"""The trainer's view of an episode's verdict: the episode's own :class:`~cadenza.agent.outcome.Outcome`.
 
-If :mod:`cadenza.monitor` is importable and exposes a callable ``monitor(traj) -> list[Flag]`` (or
-``check_trajectory``), flagged trajectories get their flags recorded and their reward zeroed,
-so the policy is never paid for hacking. Without a monitor the hook does nothing.
+The episode grades and monitors once, with the task's context (see :mod:`cadenza.agent.outcome`); the
+trainer never runs a second, weaker monitor pass. It reads the reward and the flags from the stored
+outcome, so a flagged episode has reward 0 and counts as flagged in the task pool.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable
-from typing import Any
-
+from cadenza.agent.outcome import Outcome
 from cadenza.agent.trajectory import Trajectory
 
-_CANDIDATES = ("monitor", "check_trajectory")
 
-
-def find_monitor() -> Callable[[Trajectory], list[Any]] | None:
-    try:
-        module = importlib.import_module("cadenza.monitor")
-    except ImportError:
-        return None
-    for name in _CANDIDATES:
-        fn = getattr(module, name, None)
-        if callable(fn):
-            return fn
-    return None
-
-
-def apply_monitor(
-    monitor: Callable[[Trajectory], list[Any]] | None, traj: Trajectory, reward: float
-) -> tuple[float, int]:
-    """Return the (possibly zeroed) reward and the number of flags raised."""
-    if monitor is None:
-        return reward, 0
-    flags = list(monitor(traj) or [])
-    if flags:
-        traj.flags.extend(flags)
-        return 0.0, len(flags)
-    return reward, 0
+def episode_outcome(traj: Trajectory) -> Outcome:
+    """The outcome ``env.finish()`` returned (stored on the rollout's trajectory), flags on the trajectory."""
+    out = Outcome.from_dict(traj.outcome if isinstance(traj.outcome, dict) else {})
+    known = {(f.rule, f.turn) for f in traj.flags}
+    traj.flags.extend(f for f in out.flags if (f.rule, f.turn) not in known)
+    traj.reward = out.reward
+    return out

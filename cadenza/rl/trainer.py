@@ -41,7 +41,7 @@ from cadenza.rl.envs import load_source
 from cadenza.rl.logprobs import sequence_logprobs
 from cadenza.rl.losses import group_advantages
 from cadenza.rl.metrics import MetricsLogger, read_metrics
-from cadenza.rl.monitor_hook import apply_monitor, find_monitor
+from cadenza.rl.monitor_hook import episode_outcome
 from cadenza.rl.rollout import Rollout, RolloutTask, rollout
 from cadenza.rl.rollout import RolloutConfig as RolloutParams
 from cadenza.rl.step import LossConfig as StepLossConfig
@@ -213,7 +213,6 @@ class Trainer:
         )
         self.teacher = Teacher(self.model, self.sd_config)
         self.ref_model = self._frozen_copy() if lc.kl_ref > 0 else None
-        self.monitor = find_monitor() if cfg.run.monitor == "auto" else None
         self.step = 0
         self.episodes = 0
         self.out.mkdir(parents=True, exist_ok=True)
@@ -332,9 +331,9 @@ class Trainer:
         count = self._token_count
         for res, (real, shown) in zip(results, made, strict=True):
             ep = Episode(rollout=res, tools=real, render_tools=shown)
-            reward, ep.flags = apply_monitor(self.monitor, res.trajectory, res.tokens.reward)
-            res.tokens.reward = reward
-            res.trajectory.reward = reward
+            verdict = episode_outcome(res.trajectory)  # graded and monitored once, by the episode
+            ep.flags = len(verdict.flags)
+            res.tokens.reward = verdict.reward
             if cfg.loss.lambda_sd > 0 and cfg.feedback.kinds:
                 errors: list[str] = []
                 ep.hints = generate_hints(res.trajectory, real, cfg.feedback, length=count, errors=errors)

@@ -10,50 +10,27 @@ its exec server (:mod:`cadenza.sandbox.server`), which gives each call the same 
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import os
-import selectors
 import shutil
-import signal
 import subprocess
 import threading
-import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from cadenza.errors import SandboxError
 from cadenza.sandbox.binds import SYSTEM_PATHS, BindPlan, plan_binds
 from cadenza.sandbox.config import SandboxConfig
 from cadenza.sandbox.envinfo import EnvInfo, env_info
+from cadenza.sandbox.execute import ExecResult, Handle, disk_usage, execute, kill_tree, wait_popen
 from cadenza.sandbox.limits import PidsCgroup, make_preexec, pids_cgroup_root
-from cadenza.sandbox.output import CappedBuffer
 from cadenza.sandbox.server import ExecServer, ServerDied
 from cadenza.sandbox.spawner import Spawner
 
 INSTALL_HINT = (
     "install it with 'apt-get install bubblewrap' (or pass --no-sandbox for trusted debugging only)"
 )
-
-
-@dataclass(kw_only=True)
-class ExecResult:
-    exit_code: int
-    stdout: str
-    stderr: str
-    timed_out: bool
-    duration_s: float
-    stdout_dropped: int = 0
-    stderr_dropped: int = 0
-
-    @property
-    def output(self) -> str:
-        """stdout then stderr, as an agent reads them."""
-        if self.stdout and self.stderr:
-            return self.stdout.rstrip("\n") + "\n" + self.stderr
-        return self.stdout or self.stderr
 
 
 @functools.lru_cache(maxsize=1)
@@ -108,6 +85,7 @@ class Sandbox:
         self._server: ExecServer | None = None
         self._server_finalizer = weakref.finalize(self, _cleanup, [])
         self._persistent_failed = False
+        self._quota_limit: int | None = None  # measured once, on the first call
         if not self.config.no_sandbox:
             self._prefix = self._bwrap_prefix()
             _check_bwrap(self._prefix[0], tuple(self._system_args()))
@@ -235,9 +213,34 @@ class Sandbox:
                 )
             else:
                 launch = self._launcher(argv, popen_env, popen_cwd)
-            return _execute(
-                launch, timeout_s=timeout, cap=self.config.max_output_bytes, merge_stderr=merge_stderr
+            return execute(
+                launch,
+                timeout_s=timeout,
+                cap=self.config.max_output_bytes,
+                merge_stderr=merge_stderr,
+                watch=self._quota_watch(),
             )
+
+    def _quota_watch(self) -> Callable[[], str | None] | None:
+        """Stops a command once the workspace has grown past ``disk_quota_bytes`` during it.
+
+        Nothing is measured for commands shorter than one watch interval (most calls). A workspace that
+        was over the quota when the sandbox was made (a big repository) is held to that size instead.
+        """
+        quota = self.config.disk_quota_bytes
+        if quota is None:
+            return None
+        if self._quota_limit is None:
+            self._quota_limit = max(quota, disk_usage(self.workspace))
+        root, limit = self.workspace, self._quota_limit
+
+        def watch() -> str | None:
+            used = disk_usage(root)
+            if used > limit:
+                return f"disk quota exceeded: the workspace holds {used >> 20} MiB, the limit is {limit >> 20} MiB"
+            return None
+
+        return watch
 
     @property
     def persistent(self) -> bool:
@@ -275,19 +278,19 @@ class Sandbox:
 
     def _server_launcher(
         self, server: ExecServer, command: list[str], *, env: dict[str, str], cwd: str
-    ) -> Callable[[list[int]], _Handle]:
-        def launch(fds: list[int]) -> _Handle:
+    ) -> Callable[[list[int]], Handle]:
+        def launch(fds: list[int]) -> Handle:
             try:
-                return _Handle(*server.spawn(command, env=env, cwd=cwd, fds=fds))
+                return Handle(*server.spawn(command, env=env, cwd=cwd, fds=fds))
             except ServerDied:  # it died between calls and the command never started: once more, fresh
                 fresh = self._live_server()
                 if fresh is None:
                     raise
-                return _Handle(*fresh.spawn(command, env=env, cwd=cwd, fds=fds))
+                return Handle(*fresh.spawn(command, env=env, cwd=cwd, fds=fds))
 
         return launch
 
-    def _launcher(self, argv: list[str], env: dict[str, str], cwd: str) -> Callable[[list[int]], _Handle]:
+    def _launcher(self, argv: list[str], env: dict[str, str], cwd: str) -> Callable[[list[int]], Handle]:
         """How to start one command: through the cgroup's spawner when there is a cgroup, else directly."""
         if self._spawner is not None and self._spawner.proc.poll() is not None:  # it died (OOM killer, ...)
             self._finalizer()
@@ -308,13 +311,13 @@ class Sandbox:
                 argv[0] if os.path.isabs(argv[0]) else shutil.which(argv[0], path=env.get("PATH")) or argv[0]
             )
 
-            def spawned(fds: list[int]) -> _Handle:
+            def spawned(fds: list[int]) -> Handle:
                 pid = spawner.spawn([exe, *argv[1:]], env, cwd, fds)
-                return _Handle(pid, spawner.wait, lambda: _kill_tree(pid, cgroup, spawner.pid))
+                return Handle(pid, spawner.wait, lambda: kill_tree(pid, cgroup, spawner.pid))
 
             return spawned
 
-        def direct(fds: list[int]) -> _Handle:
+        def direct(fds: list[int]) -> Handle:
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -326,10 +329,10 @@ class Sandbox:
                 preexec_fn=make_preexec(self.config, None),
                 close_fds=True,
             )
-            return _Handle(
+            return Handle(
                 proc.pid,
-                lambda deadline: _wait_popen(proc, deadline),
-                lambda: _kill_tree(proc.pid, None, None),
+                lambda deadline: wait_popen(proc, deadline),
+                lambda: kill_tree(proc.pid, None, None),
             )
 
         return direct
@@ -349,20 +352,6 @@ def _cleanup(resources: list) -> None:
             r.kill_all_and_remove()
 
 
-@dataclass
-class _Handle:
-    pid: int
-    wait: Callable[[float | None], int | None]
-    kill: Callable[[], None]  # the command's whole tree, background processes included
-
-
-def _wait_popen(proc: subprocess.Popen, deadline: float | None) -> int | None:
-    try:
-        return proc.wait(timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        return None
-
-
 def _inside(path: Path, root: Path) -> bool:
     return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root))
 
@@ -380,84 +369,3 @@ def _check_bwrap(bwrap: str, system_args: tuple[str, ...]) -> None:
         raise SandboxError(
             f"bubblewrap cannot create namespaces here ({msg}); allow unprivileged user namespaces or run as root"
         )
-
-
-def _execute(launch, *, timeout_s: float, cap: int, merge_stderr: bool) -> ExecResult:
-    start = time.monotonic()
-    r_out, w_out = os.pipe()
-    readers, writers = [r_out], [w_out]
-    if not merge_stderr:
-        r_err, w_err = os.pipe()
-        readers.append(r_err)
-        writers.append(w_err)
-    try:
-        handle = launch(writers)
-    except OSError as exc:
-        for fd in readers:
-            os.close(fd)
-        return ExecResult(
-            exit_code=127,
-            stdout="",
-            stderr=f"cannot start the command: {exc}",
-            timed_out=False,
-            duration_s=time.monotonic() - start,
-        )
-    finally:
-        for fd in writers:
-            os.close(fd)
-    buffers = {fd: CappedBuffer(cap) for fd in readers}  # insertion order: stdout, stderr
-    deadline = start + timeout_s
-    code: int | None = None
-    timed_out = True
-    with selectors.DefaultSelector() as sel:
-        for fd in readers:
-            sel.register(fd, selectors.EVENT_READ)
-        try:
-            if _pump(sel, buffers, deadline):
-                code = handle.wait(deadline)
-                timed_out = code is None
-        except OSError:  # the spawner died under us: report the command as killed
-            timed_out = False
-        finally:
-            handle.kill()
-            if code is None:
-                with contextlib.suppress(OSError):
-                    code = handle.wait(None)
-            _pump(sel, buffers, time.monotonic() + 0.5)  # whatever was written before the kill
-            for fd in readers:
-                os.close(fd)
-    out, err = [*buffers.values(), None][:2]
-    return ExecResult(
-        exit_code=code if code is not None else -signal.SIGKILL,
-        stdout=out.text(),
-        stderr=err.text() if err else "",
-        timed_out=timed_out,
-        duration_s=time.monotonic() - start,
-        stdout_dropped=out.dropped,
-        stderr_dropped=err.dropped if err else 0,
-    )
-
-
-def _pump(sel: selectors.BaseSelector, buffers: dict[int, CappedBuffer], deadline: float) -> bool:
-    """Read until every stream is at EOF (True) or the deadline passes (False)."""
-    while sel.get_map():
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            return False
-        for key, _ in sel.select(remaining):
-            try:
-                data = os.read(key.fd, 1 << 16)
-            except OSError:
-                data = b""
-            if data:
-                buffers[key.fd].feed(data)
-            else:
-                sel.unregister(key.fd)
-    return True
-
-
-def _kill_tree(pid: int, cgroup: PidsCgroup | None, spare: int | None) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(pid, signal.SIGKILL)
-    if cgroup is not None:
-        cgroup.kill_all(spare=spare, wait_s=5.0)

@@ -1,92 +1,35 @@
-"""Run pytest in a task environment and read back one outcome per explicit node ID.
+"""The task factory's side of the test runner: neutralised ``addopts`` and host runs of trusted code.
 
-Outcomes come from a tiny plugin (written to a private temp dir, never into the workspace) that
-appends one JSON line per finished test, so a run killed half-way still reports what finished.
-Rules the graders rely on: ``-p no:cacheprovider`` always; a requested node ID missing from the
-report counts as failed; a hung run is killed with its whole process group.
+Every pytest run goes through :func:`cadenza.testrun.run_tests` (one plugin, one verified channel,
+one :class:`~cadenza.testrun.TestReport`), the same runner grading uses inside the sandbox, so the
+factory's F2P/P2P labels and the grader's verdict come from the same rules. This module adds the
+factory's pieces: which project ``addopts`` are safe to keep and a run counter for the benchmark.
 """
 
 from __future__ import annotations
 
 import configparser
-import contextlib
-import json
-import os
 import re
 import shlex
-import signal
 import subprocess
 import tempfile
-import time
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-PLUGIN_NAME = "_cadenza_pytest_plugin"
-PLUGIN_SOURCE = r"""
-import json, os
-import pytest
+from cadenza.sandbox.envinfo import env_info
+from cadenza.testrun import HostExecutor, TestReport, env_plugins, run_tests
+from cadenza.testrun.run import clean_env, kill_group
 
-_OUT = os.environ["CADENZA_REPORT"]
-_SELECT = os.environ.get("CADENZA_SELECT")
-_state = {}
-
-
-def _write(obj):
-    with open(_OUT, "a") as fh:
-        fh.write(json.dumps(obj) + "\n")
-
-
-def pytest_collection_modifyitems(config, items):
-    if not _SELECT:
-        return
-    with open(_SELECT) as fh:
-        wanted = set(json.load(fh))
-    keep = [i for i in items if i.nodeid in wanted]
-    drop = [i for i in items if i.nodeid not in wanted]
-    items[:] = keep
-    if drop:
-        config.hook.pytest_deselected(items=drop)
-
-
-def pytest_collectreport(report):
-    if report.failed:
-        _write({"collect_error": report.nodeid})
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_protocol(item, nextitem):
-    cov = None
-    if os.environ.get("CADENZA_COV_CONTEXT"):
-        import coverage
-        cov = coverage.Coverage.current()
-    if cov is not None:
-        cov.switch_context(item.nodeid)
-    yield
-    if cov is not None:
-        cov.switch_context("")
-
-
-def pytest_runtest_logreport(report):
-    nid = report.nodeid
-    prev = _state.get(nid)
-    if report.failed:
-        out = "failed" if report.when == "call" else "error"
-        if prev in ("failed", "error"):
-            out = prev
-    elif report.skipped:
-        out = "xfailed" if hasattr(report, "wasxfail") else "skipped"
-        if prev in ("failed", "error"):
-            out = prev
-    else:
-        if report.when == "call":
-            out = "xpassed" if hasattr(report, "wasxfail") else "passed"
-        else:
-            out = prev or "passed"
-    _state[nid] = out
-    if report.when == "teardown":
-        _write({"nodeid": nid, "outcome": out})
-"""
+__all__ = [
+    "COUNTER",
+    "RunCounter",
+    "TestReport",
+    "pytest_args_for",
+    "run_pytest",
+    "run_python",
+    "safe_addopts",
+]
 
 #: addopts that need no plugin and keep the suite's meaning; everything else is dropped.
 SAFE_ADDOPTS_WITH_VALUE = {
@@ -118,39 +61,6 @@ class RunCounter:
 
 
 COUNTER = RunCounter()
-
-
-@dataclass(kw_only=True)
-class TestReport:
-    """Outcomes of one pytest run. ``outcomes`` maps node ID -> passed/failed/error/skipped/xfailed/xpassed."""
-
-    __test__ = False  # not a pytest test class
-
-    outcomes: dict[str, str]
-    requested: list[str] | None
-    exit_code: int
-    timed_out: bool
-    duration_s: float
-    collect_errors: list[str] = field(default_factory=list)
-    output_tail: str = ""
-
-    def outcome(self, node_id: str) -> str:
-        """The outcome of ``node_id``; ``"missing"`` (a failure) when the report lacks it."""
-        return self.outcomes.get(node_id, "missing")
-
-    def passed(self, node_id: str) -> bool:
-        return self.outcome(node_id) == "passed"
-
-    @property
-    def passing(self) -> set[str]:
-        ids = self.requested if self.requested is not None else list(self.outcomes)
-        return {n for n in ids if self.outcomes.get(n) == "passed"}
-
-    @property
-    def not_passing(self) -> set[str]:
-        """Requested (or reported) IDs that did not pass: failed, error, missing, skipped, xfail."""
-        ids = self.requested if self.requested is not None else list(self.outcomes)
-        return {n for n in ids if self.outcomes.get(n) != "passed"}
 
 
 def read_addopts(root: Path) -> list[str]:
@@ -334,17 +244,6 @@ def pytest_args_for(root: Path, python: Path | None = None) -> list[str]:
     ]
 
 
-def _clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("PYTHON", "PYTEST", "COV_", "COVERAGE", "VIRTUAL_ENV", "PIP_"))
-    }
-    env.update({"PYTHONDONTWRITEBYTECODE": "1", "PYTHONHASHSEED": "0", "PYTHONNOUSERSITE": "1"})
-    env.update(extra or {})
-    return env
-
-
 def _test_file(node_id: str) -> str:
     return node_id.split("::", 1)[0]
 
@@ -360,104 +259,35 @@ def run_pytest(
     coverage_rc: Path | None = None,
     counter: RunCounter | None = None,
 ) -> TestReport:
-    """Run pytest with ``python`` in ``workspace``; ``node_ids=None`` runs the configured suite.
+    """Run pytest with ``python`` in ``workspace`` through :func:`cadenza.testrun.run_tests` (on the host).
 
-    With ``node_ids`` only those tests run (their files are passed to pytest and the plugin drops
-    every other collected item); IDs that never report count as failed via :meth:`TestReport.outcome`.
-    ``coverage_rc`` runs under ``coverage run`` with one coverage context per test node ID.
-    The run is killed with its process group after ``timeout_s``.
+    ``node_ids=None`` runs the configured suite; with ``node_ids`` only those tests run and IDs that
+    never report count as failed. ``coverage_rc`` runs under ``coverage run`` with one coverage
+    context per test node ID. The run is killed with its process group after ``timeout_s``.
     """
     workspace = Path(workspace)
     counter = counter if counter is not None else COUNTER
+    info = env_info(Path(python).parent.parent)
     with tempfile.TemporaryDirectory(prefix="cadenza-run-") as tmp:
-        tmpd = Path(tmp)
-        (tmpd / f"{PLUGIN_NAME}.py").write_text(PLUGIN_SOURCE)
-        report_path = tmpd / "report.jsonl"
-        env = _clean_env({"CADENZA_REPORT": str(report_path), "PYTHONPATH": str(tmpd)})
-        # --tb=no last so it wins: formatting hundreds of tracebacks (a deletion that breaks many
-        # tests) costs ~15x the CPU of the run itself, and outcomes come from the plugin anyway.
-        args = [
-            "-p",
-            PLUGIN_NAME,
-            "-p",
-            "no:cacheprovider",
-            "-q",
-            "--rootdir=.",
-            "--continue-on-collection-errors",
-            *(extra_args or []),
-            "--tb=no",
-        ]
-        if per_test_timeout_s:
-            args.append(f"--timeout={per_test_timeout_s:g}")
-        if node_ids is not None:
-            select = tmpd / "select.json"
-            select.write_text(json.dumps(list(node_ids)))
-            env["CADENZA_SELECT"] = str(select)
-            files = sorted({_test_file(n) for n in node_ids if (workspace / _test_file(n)).exists()})
-            if not files:
-                counter.subset_runs += 1
-                return TestReport(
-                    outcomes={}, requested=list(node_ids), exit_code=4, timed_out=False, duration_s=0.0
-                )
-            args += files
-        if coverage_rc is not None:
-            env["CADENZA_COV_CONTEXT"] = "1"
-            cmd = [str(python), "-m", "coverage", "run", f"--rcfile={coverage_rc}", "-m", "pytest", *args]
-        else:
-            cmd = [str(python), "-m", "pytest", *args]
-        log_path = tmpd / "output.log"
-        start = time.monotonic()
-        timed_out = False
-        with open(log_path, "wb") as log:
-            proc = subprocess.Popen(
-                cmd,
-                cwd=workspace,
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-            )
-            try:
-                proc.wait(timeout=timeout_s)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                _kill_group(proc)
-        duration = time.monotonic() - start
-        outcomes: dict[str, str] = {}
-        collect_errors: list[str] = []
-        if report_path.exists():
-            for line in report_path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:
-                    continue  # a line cut by a kill
-                if "collect_error" in rec:
-                    collect_errors.append(rec["collect_error"])
-                else:
-                    outcomes[rec["nodeid"]] = rec["outcome"]
-        tail = log_path.read_bytes()[-4000:].decode(errors="replace")
+        report = run_tests(
+            python=python,
+            workspace=workspace,
+            node_ids=node_ids,
+            executor=HostExecutor(),
+            channel_dir=Path(tmp) / "channel",
+            plugins=env_plugins(info.sys_path, [workspace]),
+            extra_args=extra_args,
+            timeout_s=timeout_s,
+            per_test_timeout_s=per_test_timeout_s,
+            coverage_rc=coverage_rc,
+        )
     if node_ids is None:
         counter.full_runs += 1
     else:
         counter.subset_runs += 1
-        counter.subset_tests += len(outcomes)  # tests that actually ran (``-x`` may stop early)
-    counter.seconds += duration
-    return TestReport(
-        outcomes=outcomes,
-        requested=list(node_ids) if node_ids is not None else None,
-        exit_code=proc.returncode if not timed_out else -9,
-        timed_out=timed_out,
-        duration_s=duration,
-        collect_errors=collect_errors,
-        output_tail=tail,
-    )
-
-
-def _kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
+        counter.subset_tests += len(report.outcomes)  # tests that actually ran (``-x`` may stop early)
+    counter.seconds += report.duration_s
+    return report
 
 
 def run_python(
@@ -467,7 +297,7 @@ def run_python(
     proc = subprocess.Popen(
         [str(python), "-c", code],
         cwd=cwd,
-        env=_clean_env(),
+        env=clean_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -477,6 +307,6 @@ def run_python(
     try:
         out, err = proc.communicate(timeout=timeout_s)
     except subprocess.TimeoutExpired:
-        _kill_group(proc)
+        kill_group(proc)
         return subprocess.CompletedProcess(proc.args, -9, "", "timed out")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

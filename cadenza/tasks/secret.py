@@ -10,6 +10,8 @@ so the fingerprints come from the exact code that was deleted.
 from __future__ import annotations
 
 import ast
+import builtins
+import keyword
 import re
 import types
 from collections.abc import Iterable, Iterator
@@ -163,6 +165,57 @@ def iter_source_files(root: Path, suffix: str = ".py") -> Iterator[Path]:
             yield path
 
 
+#: Names so common in any Python code that a line made only of them (plus keywords and builtins)
+#: occurs in third-party packages of every environment (``except AttributeError:``) and proves nothing.
+_COMMON_NAMES = frozenset(
+    [
+        "self",
+        "cls",
+        "args",
+        "kwargs",
+        "result",
+        "results",
+        "value",
+        "values",
+        "key",
+        "keys",
+        "other",
+        "obj",
+        "item",
+        "items",
+        "name",
+        "data",
+        "e",
+        "exc",
+        "err",
+        "error",
+        "msg",
+        "x",
+        "y",
+        "i",
+        "j",
+        "k",
+        "n",
+        "func",
+        "fn",
+        "default",
+        "__name__",
+    ]
+)
+_NAMES_OK = (
+    frozenset(keyword.kwlist) | frozenset(keyword.softkwlist) | frozenset(dir(builtins)) | _COMMON_NAMES
+)
+_WORD = re.compile(r"[A-Za-z_]\w*")
+_LITERAL = re.compile(r"([\'\"])(?:(?!\1).){3,}\1|\d{3,}")
+
+
+def is_generic(line: str) -> bool:
+    """Whether ``line`` uses only keywords, builtins and very common names, and no literal: no evidence."""
+    if _LITERAL.search(line):
+        return False
+    return all(w in _NAMES_OK for w in _WORD.findall(line))
+
+
 def candidate_lines(added: Iterable[str]) -> set[str]:
     """Stripped added lines long and specific enough to identify the deleted code."""
     out = set()
@@ -173,6 +226,7 @@ def candidate_lines(added: Iterable[str]) -> set[str]:
             and re.search(r"[A-Za-z0-9]", s)
             and not _GENERIC.match(s)
             and not _IMPORT.match(s)
+            and not is_generic(s)
         ):
             out.add(s)
     return out

@@ -15,7 +15,7 @@ from cadenza.agent.env import ToolCall
 from cadenza.agent.episode import Episode, EpisodeConfig
 from cadenza.agent.tools import ToolsConfig
 from cadenza.sandbox import SandboxConfig
-from tests.sandbox_fixtures import GOLD_PATCH, task_dir, task_env, taskset  # noqa: F401
+from tests.sandbox_fixtures import GOLD_PATCH, require_protection, task_dir, task_env, taskset  # noqa: F401
 
 MiB = 1 << 20
 
@@ -110,8 +110,15 @@ def test_task_set_gold_patch_and_other_tasks_are_invisible(episode: Episode, tas
 
 def test_host_home_and_pip_cache_are_invisible(episode: Episode, task_env: Path):  # noqa: F811
     home = os.path.realpath(Path.home())
-    res = bash(episode, f"ls -A {home}")
-    shown = set(res.observation.splitlines()[:-1])
+    canary = Path(home) / f".cadenza-canary-{uuid.uuid4().hex[:8]}"  # so a clean host home is no pass
+    canary.write_text("secret\n")
+    try:
+        res = bash(episode, f"ls -A {home}; cat {canary}; echo end")
+    finally:
+        canary.unlink()
+    lines = res.observation.splitlines()
+    shown = set(lines[: next(i for i, ln in enumerate(lines) if ln.startswith("cat:"))])
+    assert canary.name not in shown and "secret" not in res.observation
     # only the path components that lead to read-only binds (e.g. a pyenv interpreter) may show up
     allowed = {Path(p).relative_to(home).parts[0] for p in _binds(episode) if Path(p).is_relative_to(home)}
     assert shown <= allowed, shown - allowed
@@ -154,10 +161,8 @@ def test_network_is_unreachable(episode: Episode):
 
 def test_fork_bomb_is_contained_and_cleaned_up(episode: Episode):
     sandbox = episode._toolbox.sandbox  # type: ignore[union-attr]
-    if not sandbox.process_limit_enforced:
-        pytest.skip(
-            "no pids cgroup writable and running as root: RLIMIT_NPROC cannot bind; refusing to fork-bomb the host"
-        )
+    # without a cap (no writable pids cgroup, running as root) fork-bombing would hit the host
+    require_protection(sandbox.process_limit_enforced, "a process cap (pids cgroup or RLIMIT_NPROC)")
     marker = f"bomb{uuid.uuid4().hex[:8]}"
     episode.config.tools.bash_timeout_s = 5
     res = bash(episode, f"{marker}(){{ {marker} | {marker} & }}; {marker}; sleep 2; echo survived")
@@ -217,13 +222,18 @@ def test_cpu_and_memory_rlimits(episode: Episode):
 
 
 def test_background_processes_do_not_outlive_the_call(episode: Episode):
-    marker = f"bg{uuid.uuid4().hex[:8]}"
+    nohup, setsid = (f"bg{uuid.uuid4().hex[:8]}" for _ in range(2))
     res = bash(
-        episode, f"nohup sh -c 'sleep 600; echo {marker}' >/dev/null 2>&1 & setsid sleep 600 & echo started"
+        episode,
+        f"nohup sh -c 'sleep 600; echo {nohup}' >/dev/null 2>&1 & "
+        f"setsid sh -c 'ps -o sid= -p $$ > setsid.txt; sleep 600; echo {setsid}' >/dev/null 2>&1 & "
+        "sleep 0.5; echo started",
     )
     assert "started" in res.observation and res.error_kind is None
+    # the setsid one really ran, in a session of its own (not the command's)
+    assert (episode.workspace / "setsid.txt").read_text().strip().isdigit()
     assert episode.trajectory.turns[-1].duration_s < 20  # not the 600 s of the sleeps
-    assert not _processes_with(marker)
+    assert not _processes_with(nohup) and not _processes_with(setsid)
 
 
 def test_sigpipe_behaves_as_in_a_shell(episode: Episode):

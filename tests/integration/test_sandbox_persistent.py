@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from cadenza.sandbox import Sandbox, SandboxConfig
+from tests.sandbox_fixtures import require_protection
 
 MiB = 1 << 20
 
@@ -114,10 +115,7 @@ def test_server_death_is_survived(box: Sandbox):
 
 
 def test_fork_bomb_is_contained_and_the_instance_recovers(box: Sandbox):
-    if not box.process_limit_enforced:
-        pytest.skip(
-            "no pids cgroup writable and running as root: RLIMIT_NPROC cannot bind; refusing to fork-bomb the host"
-        )
+    require_protection(box.process_limit_enforced, "a process cap (pids cgroup or RLIMIT_NPROC)")
     marker = f"bomb{uuid.uuid4().hex[:8]}"
     res = box.run(f"{marker}(){{ {marker} | {marker} & }}; {marker}; sleep 2; echo survived", timeout_s=5)
     assert res.duration_s < 15, res
@@ -139,8 +137,8 @@ def test_close_stops_the_instance(tmp_path: Path):
     cgroup = box._cgroup
     box.close()
     assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
-    if cgroup is not None:
-        assert not cgroup.path.exists()
+    require_protection(cgroup is not None, "a writable pids cgroup")
+    assert cgroup is not None and not cgroup.path.exists()
 
 
 def test_per_call_mode_is_kept(tmp_path: Path):
@@ -149,10 +147,11 @@ def test_per_call_mode_is_kept(tmp_path: Path):
         assert not box.persistent
         assert box.run("echo x > /tmp/t; echo hi").stdout == "hi\n"
         assert "t" not in box.run("ls /tmp").stdout.split() and box._server is None
-        if box._spawner is not None:  # per-call mode's own long-lived piece: the cgroup's spawner
-            os.kill(box._spawner.pid, signal.SIGKILL)
-            box._spawner.proc.wait()
-            assert box.run("echo again").stdout == "again\n"
+        # per-call mode's own long-lived piece is the cgroup's spawner: it exists only with a cgroup
+        require_protection(box._spawner is not None, "a writable pids cgroup (and its spawner)")
+        os.kill(box._spawner.pid, signal.SIGKILL)
+        box._spawner.proc.wait()
+        assert box.run("echo again").stdout == "again\n"
     finally:
         box.close()
 

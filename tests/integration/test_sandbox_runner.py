@@ -10,6 +10,7 @@ import pytest
 
 from cadenza.errors import SandboxError
 from cadenza.sandbox import Sandbox, SandboxConfig, bwrap_path
+from tests.sandbox_fixtures import require_protection
 
 
 @pytest.fixture
@@ -37,8 +38,8 @@ def test_close_removes_the_cgroup(box: Sandbox):
     box.run("true")
     cgroup = box._cgroup
     box.close()
-    if cgroup is not None:
-        assert not cgroup.path.exists()
+    require_protection(cgroup is not None, "a writable pids cgroup")
+    assert cgroup is not None and not cgroup.path.exists()
 
 
 def test_missing_bubblewrap_says_how_to_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
@@ -80,3 +81,29 @@ def test_cpu_seconds_are_limited(tmp_path: Path):
         sb.close()
     assert not res.timed_out and res.duration_s < 30
     assert "status=152" in res.stdout  # 128 + SIGXCPU
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_disk_quota_stops_a_bounded_write(tmp_path: Path, persistent: bool):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    MiB = 1 << 20
+    config = SandboxConfig(
+        timeout_s=60, disk_quota_bytes=8 * MiB, max_file_bytes=2 * MiB, persistent=persistent
+    )
+    box = Sandbox(ws, config=config, hidden=[tmp_path / "hidden"])
+    try:
+        res = box.run(
+            "for i in $(seq 1 64); do head -c 1048576 /dev/zero > f$i; sleep 0.02; done; echo finished",
+            merge_stderr=True,
+        )
+        assert res.quota_exceeded and "disk quota exceeded" in res.output and "finished" not in res.output
+        files = list(ws.iterdir())
+        assert 8 <= len(files) < 64  # it reached the quota and was stopped well before the end
+        used = sum(f.stat().st_blocks * 512 for f in files)
+        assert used <= 8 * MiB + 16 * MiB  # bounded overshoot: one watch interval of writing
+        assert box.run("rm f*; echo ok").stdout == "ok\n"  # the sandbox itself is unaffected
+        res = box.run("head -c 3000000 /dev/zero > big; echo rc=$?", merge_stderr=True)
+        assert "rc=0" not in res.output and (ws / "big").stat().st_size <= 2 * MiB  # one file: max_file_bytes
+    finally:
+        box.close()

@@ -10,7 +10,6 @@ import pytest
 from cadenza.agent.diff import compare
 from cadenza.agent.grade import _merge_pyproject, apply_changes
 from cadenza.agent.grade_policy import Policy
-from cadenza.agent.junit import mangle, node_statuses, parse_junit
 from cadenza.agent.replay import patch_actions
 from cadenza.agent.tools import Toolbox
 from cadenza.sandbox import Sandbox, SandboxConfig
@@ -46,6 +45,11 @@ POLICY = Policy(
         ("src/_pytest/x.py", "file", "shadow"),
         ("pkg/json.py", "file", None),
         ("pkg/link.py", "link", "symlink"),
+        ("evil-0.1.dist-info/entry_points.txt", "file", "packaging metadata"),
+        ("evil-0.1.dist-info/METADATA", "file", "packaging metadata"),
+        ("src/evil.egg-info/PKG-INFO", "file", "packaging metadata"),
+        ("pkg/entry_points.txt", "file", "packaging metadata"),
+        ("pkg/metadata.py", "file", None),  # a module named like metadata is source
     ],
 )
 def test_policy(rel: str, kind: str, reason: str | None):
@@ -96,35 +100,6 @@ def test_pyproject_keeps_agent_edits_but_restores_pytest_tables(tmp_path: Path):
     assert merged["tool"] == {"pytest": {"ini_options": {"addopts": "-q"}}}
     (tmp_path / "broken.toml").write_text("[[[")
     assert _merge_pyproject(tmp_path / "p.toml", tmp_path / "broken.toml") is None
-
-
-def test_junit_mapping(tmp_path: Path):
-    assert mangle("tests/test_a.py::TestX::test_y[a::b-1]") == ("tests.test_a.TestX", "test_y[a::b-1]")
-    xml = tmp_path / "j.xml"
-    xml.write_text(
-        "<testsuites><testsuite>"
-        '<testcase classname="tests.test_a" name="test_ok"/>'
-        '<testcase classname="tests.test_a.TestX" name="test_y[a::b-1]"><failure/></testcase>'
-        '<testcase classname="tests.test_a" name="test_s"><skipped/></testcase>'
-        '<testcase classname="tests.test_a" name="test_ok"><error/></testcase>'
-        "</testsuite></testsuites>"
-    )
-    got = node_statuses(
-        [
-            "tests/test_a.py::test_ok",
-            "tests/test_a.py::TestX::test_y[a::b-1]",
-            "tests/test_a.py::test_s",
-            "tests/test_a.py::test_gone",
-        ],
-        parse_junit(xml),
-    )
-    assert got == {
-        "tests/test_a.py::test_ok": "error",
-        "tests/test_a.py::TestX::test_y[a::b-1]": "failed",
-        "tests/test_a.py::test_s": "skipped",
-        "tests/test_a.py::test_gone": "missing",
-    }
-    assert parse_junit(tmp_path / "absent.xml") == {}
 
 
 def test_patch_actions_reproduce_the_patched_files(tmp_path: Path):

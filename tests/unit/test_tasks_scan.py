@@ -330,3 +330,39 @@ def test_needles_skip_generic_lines_and_know_wrapped_signatures(tmp_path):
     secret = derive_secret("t", ws, patch)
     assert "updates: Iterable[Tuple[Mapping, QueryLike]]," in secret.signature_lines
     assert "self._journal.extend(applied)" in secret.needles - secret.signature_lines
+
+
+def test_generic_lines_that_occur_in_any_env_are_no_evidence(tmp_path):
+    """A deleted block whose only shared lines with a third-party package are generic ones
+    (``except AttributeError:``) is not a leak; its distinctive lines still are."""
+    from cadenza.tasks.scan import scan_paths
+    from cadenza.tasks.secret import derive_secret
+
+    ws = tmp_path / "ws"
+    (ws / "pkg").mkdir(parents=True)
+    (ws / "pkg" / "m.py").write_text("X = 1\n")
+    body = [
+        "def naturaldelta(value):",
+        "    try:",
+        "        seconds = abs(value.total_seconds())",
+        "    except AttributeError:",
+        "        return isinstance(other, type(self))",
+        "    return _format_delta(seconds, months_per_year=12)",
+    ]
+    patch = (
+        "diff --git a/pkg/m.py b/pkg/m.py\n--- a/pkg/m.py\n+++ b/pkg/m.py\n"
+        f"@@ -1 +1,{len(body) + 1} @@\n X = 1\n" + "".join(f"+{ln}\n" for ln in body)
+    )
+    secret = derive_secret("t", ws, patch)
+    assert "except AttributeError:" not in secret.needles
+    assert "return isinstance(other, type(self))" not in secret.needles
+    assert "seconds = abs(value.total_seconds())" in secret.needles
+    site = tmp_path / "env" / "site-packages" / "dateutil"
+    site.mkdir(parents=True)
+    (site / "tz.py").write_text(
+        "try:\n    pass\nexcept AttributeError:\n    return isinstance(other, type(self))\n"
+    )
+    assert scan_paths([(tmp_path / "env", secret)]) == []  # generic lines only: no finding
+    (site / "copy.py").write_text("\n".join(body) + "\n")
+    findings = scan_paths([(tmp_path / "env", secret)])
+    assert [Path(f.path).name for f in findings] == ["copy.py"]  # the real copy still is

@@ -59,13 +59,14 @@ def test_valid_config_resolves_paths_relative_to_file(tmp_path):
         load_config(tmp_path / "absent.toml")
 
 
-def test_monitor_hook_zeroes_reward_of_flagged_trajectories():
-    from cadenza.agent.trajectory import Flag, Trajectory
-    from cadenza.rl.monitor_hook import apply_monitor
+def test_monitor_hook_reads_the_episode_outcome_and_zeroes_flagged_rewards():
+    from cadenza.agent.trajectory import Trajectory
+    from cadenza.rl.monitor_hook import episode_outcome
 
-    traj = Trajectory(task_id="t")
-    flag = Flag(rule="edits_tests", turn=0, evidence="x")
-    assert apply_monitor(lambda t: [flag], traj, 1.0) == (0.0, 1) and traj.flags == [flag]
-    clean = Trajectory(task_id="t")
-    assert apply_monitor(lambda t: [], clean, 1.0) == (1.0, 0) and clean.flags == []
-    assert apply_monitor(None, clean, 0.5) == (0.5, 0)
+    flag = {"rule": "test_tampering", "turn": 0, "evidence": "x"}
+    traj = Trajectory(task_id="t", outcome={"resolved": True, "reward": 1.0, "flags": [flag]}, reward=1.0)
+    out = episode_outcome(traj)
+    assert out.reward == 0.0 and traj.reward == 0.0 and [f.rule for f in traj.flags] == ["test_tampering"]
+    assert out.resolved and not out.success
+    clean = Trajectory(task_id="t", outcome={"resolved": True, "reward": 1.0, "flags": []}, reward=1.0)
+    assert episode_outcome(clean).reward == 1.0 and clean.flags == [] and clean.reward == 1.0

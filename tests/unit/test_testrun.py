@@ -1,0 +1,175 @@
+"""The one test runner: the verified channel (forged/reordered/duplicated/unknown records, a missing
+final record) with each check switched off in turn, and real pytest runs without false alarms."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cadenza.testrun import Checks, HostExecutor, env_plugins, run_tests
+from cadenza.testrun.channel import read_channel
+
+KEY = b"k" * 32
+
+
+def _frame(seq: int, rec: dict, key: bytes = KEY) -> str:
+    body = json.dumps(rec, sort_keys=True)
+    mac = hmac.new(key, f"{seq}:{body}".encode(), hashlib.sha256).hexdigest()
+    return json.dumps({"seq": seq, "body": body, "mac": mac})
+
+
+def _test(nid: str, outcome: str = "passed") -> dict:
+    return {"kind": "test", "nodeid": nid, "outcome": outcome}
+
+
+END = {"kind": "end", "tests": 1, "tamper": [], "exitstatus": 0}
+START = {"kind": "start", "pid": 1}
+
+
+def _read(tmp_path: Path, lines: list[str], *, off: str | None = None, exit_code: int | None = 0, req=("a",)):
+    path = tmp_path / "results.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    checks = Checks(**({off: False} if off else {}))
+    return read_channel(path, KEY, requested=list(req), checks=checks, exit_code=exit_code)
+
+
+def test_authentic_records_are_read(tmp_path: Path):
+    got = _read(tmp_path, [_frame(0, START), _frame(1, _test("a")), _frame(2, END)])
+    assert got.outcomes == {"a": "passed"} and got.tampering == [] and got.complete
+
+
+@pytest.mark.parametrize(
+    "name,lines,check,evidence",
+    [
+        (
+            "wrong_key",
+            [_frame(0, START), _frame(1, _test("a"), b"x"), _frame(2, END)],
+            "mac",
+            "not authentic",
+        ),
+        ("reordered", [_frame(0, START), _frame(2, _test("a")), _frame(1, END)], "mac", "not authentic"),
+        (
+            "garbage_line",
+            [_frame(0, START), "{not json", _frame(1, _test("a")), _frame(2, END)],
+            "mac",
+            "unreadable",
+        ),
+        (
+            "duplicate",
+            [_frame(0, START), _frame(1, _test("a")), _frame(2, _test("a")), _frame(3, END)],
+            "node_ids",
+            "reported twice",
+        ),
+        (
+            "unknown",
+            [_frame(0, START), _frame(1, _test("a")), _frame(2, _test("zz")), _frame(3, END)],
+            "node_ids",
+            "not requested",
+        ),
+        (
+            "no_end_record",
+            [_frame(0, START), _frame(1, _test("a"))],
+            "end_record",
+            "before the runner's final",
+        ),
+    ],
+)
+def test_each_channel_check_catches_its_forgery_and_only_it(tmp_path: Path, name, lines, check, evidence):
+    on = _read(tmp_path, lines)
+    assert any(evidence in t for t in on.tampering), on.tampering
+    off = _read(tmp_path, lines, off=check)
+    assert not any(evidence in t for t in off.tampering), off.tampering
+
+
+def test_a_cut_last_line_is_no_evidence_and_a_crash_without_end_is_not_either(tmp_path: Path):
+    got = _read(tmp_path, [_frame(0, START), _frame(1, _test("a")), '{"seq": 2, "bo'], exit_code=-9)
+    assert got.tampering == [] and got.outcomes == {"a": "passed"} and not got.complete
+
+
+def _ws(tmp_path: Path, files: dict[str, str]) -> Path:
+    ws = tmp_path / "ws"
+    for name, text in files.items():
+        (ws / name).parent.mkdir(parents=True, exist_ok=True)
+        (ws / name).write_text(textwrap.dedent(text))
+    return ws
+
+
+def _run(tmp_path: Path, ws: Path, ids: list[str] | None, **kw):
+    return run_tests(
+        python=sys.executable,
+        workspace=ws,
+        node_ids=ids,
+        executor=HostExecutor(),
+        channel_dir=tmp_path / "chan",
+        plugins=env_plugins(sys.path, [ws]),
+        per_test_timeout_s=None,
+        timeout_s=120,
+        **kw,
+    )
+
+
+SUITE = {
+    "conftest.py": """
+        import pytest
+
+        @pytest.hookimpl(hookwrapper=True)
+        def pytest_runtest_makereport(item, call):  # a project's benign reporting hook
+            yield
+
+        @pytest.fixture
+        def boom():
+            yield
+            raise RuntimeError("teardown")
+    """,
+    "tests/test_a.py": """
+        import os, unittest, pytest
+
+        def test_ok(monkeypatch):
+            monkeypatch.setattr(os, "getcwd", lambda: "/")
+        def test_bad(): assert 0
+        @pytest.mark.xfail
+        def test_xf(): assert 0
+        @pytest.mark.skip
+        def test_skip(): pass
+        def test_teardown_error(boom): pass
+        class T(unittest.TestCase):
+            def test_u(self): self.assertEqual(1, 2)
+            def test_v(self): pass
+    """,
+}
+
+
+def test_a_real_suite_reports_exact_outcomes_without_false_alarms(tmp_path: Path):
+    ws = _ws(tmp_path, SUITE)
+    rep = _run(tmp_path, ws, None)
+    assert rep.tampering == [] and rep.complete, rep.output_tail
+    assert rep.outcomes == {
+        "tests/test_a.py::test_ok": "passed",
+        "tests/test_a.py::test_bad": "failed",
+        "tests/test_a.py::test_xf": "xfailed",
+        "tests/test_a.py::test_skip": "skipped",
+        "tests/test_a.py::test_teardown_error": "error",
+        "tests/test_a.py::T::test_u": "failed",
+        "tests/test_a.py::T::test_v": "passed",
+    }
+    assert not (tmp_path / "chan" / "key").exists()  # the plugin deleted the key before any test ran
+
+
+def test_tampering_fails_every_node(tmp_path: Path):
+    ws = _ws(
+        tmp_path,
+        {
+            "pkg/__init__.py": "import _pytest.runner\n_pytest.runner.call_and_report = lambda *a, **k: None\n",
+            "tests/test_b.py": "import pkg\ndef test_ok(): pass\n",
+        },
+    )
+    rep = _run(tmp_path, ws, ["tests/test_b.py::test_ok"])
+    assert any("call_and_report replaced" in t for t in rep.tampering), rep.tampering
+    assert rep.statuses(["tests/test_b.py::test_ok"]) == {"tests/test_b.py::test_ok": "tampered"}
+    assert rep.passing == set()
