@@ -232,15 +232,7 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     )
     need(cfg.rollout.temperature > 0, "rollout.temperature must be > 0")
     need(cfg.rollout.top_k >= 0, "rollout.top_k must be >= 0 (0 = off)")
-    need(
-        cfg.rollout.max_staleness >= 0,
-        f"rollout.max_staleness must be >= 0 (0 = synchronous), got {cfg.rollout.max_staleness}",
-    )
-    need(cfg.rollout.engine_timeout_s > 0, "rollout.engine_timeout_s must be > 0 (seconds)")
-    need(
-        cfg.rollout.engine != "openai" or cfg.rollout.endpoint.startswith(("http://", "https://")),
-        "rollout.engine = 'openai' needs rollout.endpoint, an http(s) URL such as http://127.0.0.1:8000/v1",
-    )
+    validate_engine(cfg.rollout)
     need(cfg.loss.lambda_sd >= 0, "loss.lambda_sd must be >= 0")
     need(0 <= cfg.loss.beta <= 1, "loss.beta must be in [0, 1]")
     need(cfg.loss.top_k >= 0, "loss.top_k must be >= 0 (0 = full vocabulary)")
@@ -295,6 +287,20 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
             raise ConfigError(
                 "optim.name = 'muon' needs cadenza.optim.muon, which is not in this build; use 'adamw'"
             ) from None
+
+
+def validate_engine(r: RolloutConfig) -> None:
+    """The engine and staleness settings (also checked by ``cadenza demo`` before it builds tasks)."""
+    if r.engine not in ("hf", "vllm", "openai"):
+        raise ConfigError(f"rollout.engine = {r.engine!r} is not allowed; use 'hf', 'vllm' or 'openai'")
+    if r.max_staleness < 0:
+        raise ConfigError(f"rollout.max_staleness must be >= 0 (0 = synchronous), got {r.max_staleness}")
+    if not r.engine_timeout_s > 0:
+        raise ConfigError("rollout.engine_timeout_s must be > 0 (seconds)")
+    if r.engine == "openai" and not r.endpoint.startswith(("http://", "https://")):
+        raise ConfigError(
+            "rollout.engine = 'openai' needs rollout.endpoint, an http(s) URL such as http://127.0.0.1:8000/v1"
+        )
 
 
 def _resolve(path: str, base: Path) -> Path:

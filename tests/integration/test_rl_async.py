@@ -156,14 +156,21 @@ class _FailingEngine(LocalHFEngine):
             raise RuntimeError("connection reset by peer\nsecond line")
         return super().sample(prompts, params, generator=generator)
 
+    def sync_weights(self, named_tensors, *, version):
+        if self.mode == "sync" and version == 2:
+            raise RuntimeError("weight upload rejected")
+        super().sync_weights(named_tensors, version=version)
+
     def close(self):
         self.released.set()
 
 
-@pytest.mark.parametrize("mode", ["crash", "hang"])
+@pytest.mark.parametrize("mode", ["crash", "hang", "sync"])
 def test_engine_failure_mid_step_is_one_line_and_leaves_nothing(sft_model, tmp_path, monkeypatch, mode):  # noqa: F811
     def build(cfg, policy, tok, version):  # every step makes 1-3 generation calls: call 9 is mid-run
-        return _FailingEngine(policy, share=False, version=version, at=9, mode=mode)
+        return _FailingEngine(
+            policy, share=False, version=version, at=9 if mode != "sync" else 10**6, mode=mode
+        )
 
     monkeypatch.setattr(trainer_mod, "build_engine", build)
     cfg = run_config(sft_model, tmp_path / "run", steps=6, k=1, engine_timeout_s=1.0)
@@ -174,7 +181,9 @@ def test_engine_failure_mid_step_is_one_line_and_leaves_nothing(sft_model, tmp_p
     assert time.monotonic() - t0 < 30
     msg = str(err.value)
     assert "\n" not in msg and "engine 'hf'" in msg
-    assert ("RuntimeError: connection reset by peer" in msg) if mode == "crash" else ("within 1 s" in msg)
+    want = {"crash": "generation: RuntimeError: connection reset by peer", "hang": "generation within 1 s",
+            "sync": "weight sync to version 2: RuntimeError: weight upload rejected"}  # fmt: skip
+    assert want[mode] in msg, msg
     assert isinstance(err.value, CadenzaError) and not rollout_threads()
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
     done = [r["step"] for r in rows]
