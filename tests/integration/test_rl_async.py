@@ -191,3 +191,48 @@ def test_engine_failure_mid_step_is_one_line_and_leaves_nothing(sft_model, tmp_p
     root = tmp_path / "run" / "checkpoints"
     ckpts = sorted(p.name for p in root.iterdir()) if root.exists() else []
     assert ckpts == [f"step-{s:06d}" for s in done][-2:]  # one per logged step (keep 2), none half-written
+
+
+def test_subprocess_engine_samples_exactly_like_in_process(sft_model, tmp_path, monkeypatch):  # noqa: F811
+    """K = 1 uses the child-process hf engine (shared-memory weights, generator state sent along): the
+    run equals one sampled in-process from a synced copy, bit for bit, and no child outlives it."""
+    from cadenza.rl.local_engine import ProcessHFEngine
+
+    engines = []
+    real_build = trainer_mod.build_engine
+
+    def build(cfg, policy, tok, version):
+        engines.append(real_build(cfg, policy, tok, version=version))
+        return engines[-1]
+
+    monkeypatch.setattr(trainer_mod, "build_engine", build)
+    rows = Trainer(run_config(sft_model, tmp_path / "proc", steps=3, k=1)).train()
+    assert isinstance(engines[0], ProcessHFEngine) and not engines[0]._proc.is_alive()
+    monkeypatch.setattr(trainer_mod, "build_engine", lambda cfg, policy, tok, version: LocalHFEngine(policy, share=False, version=version))  # fmt: skip
+    same = Trainer(run_config(sft_model, tmp_path / "local", steps=3, k=1)).train()
+    assert strip(rows) == strip(same)
+
+
+def test_killed_engine_process_stops_training_with_one_line(sft_model, tmp_path, monkeypatch):  # noqa: F811
+    import os
+    import signal
+
+    from cadenza.rl.local_engine import ProcessHFEngine
+
+    class KilledAfterFirstSync(ProcessHFEngine):
+        def sync_weights(self, named_tensors, *, version):
+            super().sync_weights(named_tensors, version=version)
+            os.kill(self.pid, signal.SIGKILL)  # the engine dies between two steps' rollouts
+
+    engines = []
+
+    def build(cfg, policy, tok, version):
+        engines.append(KilledAfterFirstSync(policy, version=version, timeout_s=cfg.rollout.engine_timeout_s))
+        return engines[-1]
+
+    monkeypatch.setattr(trainer_mod, "build_engine", build)
+    with pytest.raises(CadenzaError) as err:  # the engine's own one-line error
+        Trainer(run_config(sft_model, tmp_path / "run", steps=4, k=1, engine_timeout_s=20.0)).train()
+    msg = str(err.value)
+    assert "\n" not in msg and "engine 'hf' process" in msg and "exited with code -9" in msg, msg
+    assert not engines[0]._proc.is_alive() and not rollout_threads()
