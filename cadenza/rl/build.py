@@ -66,13 +66,14 @@ def check_same_run(path: Path, cfg: TrainConfig) -> None:
     """Refuse to resume a checkpoint written under a different config (it would silently mix two runs)."""
     if not path.exists():
         return
-
     old, new = json.loads(path.read_text()), cfg.to_dict()
+    default = TrainConfig().to_dict()  # a key the old run did not have yet ran with its default
     diffs = [
         f"{sec}.{k}"
         for sec in new
         for k in new[sec]
-        if old.get(sec, {}).get(k) != new[sec][k] and not (sec == "run" and k in _RESUMABLE_CHANGES)
+        if old.get(sec, {}).get(k, default.get(sec, {}).get(k)) != new[sec][k]
+        and not (sec == "run" and k in _RESUMABLE_CHANGES)
     ]
     if diffs:
         raise CadenzaError(

@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from cadenza.errors import CadenzaError
+from cadenza.errors import CadenzaError, ContextLengthExceeded, is_context_overflow
 
 _POLL_S = 0.05
 _JOIN_S = 10.0
@@ -55,10 +55,15 @@ class WatchedEngine:
         self.busy = (what, time.monotonic())
         try:
             yield
-        except CadenzaError:
-            raise  # the engine's own one-line error (or a context overflow, which the rollout handles)
+        except ContextLengthExceeded:
+            raise  # the conversation outgrew the window: the rollout ends that episode as "context"
         except Exception as exc:
             first = (str(exc).splitlines() or [""])[0]
+            # e.g. an HTTP 400 "maximum context length" that the engine passed on as it came
+            if what == "generation" and is_context_overflow(str(exc)):
+                raise ContextLengthExceeded(f"{self.describe()}: {first}") from None
+            if isinstance(exc, CadenzaError):
+                raise  # the engine's own one-line error
             raise EngineError(
                 f"{self.describe()} failed during {what}: {type(exc).__name__}: {first}"
             ) from None

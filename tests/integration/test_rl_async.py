@@ -236,3 +236,30 @@ def test_killed_engine_process_stops_training_with_one_line(sft_model, tmp_path,
     msg = str(err.value)
     assert "\n" not in msg and "engine 'hf' process" in msg and "exited with code -9" in msg, msg
     assert not engines[0]._proc.is_alive() and not rollout_threads()
+
+
+def test_engine_context_overflow_ends_episodes_as_context_and_training_goes_on(
+    sft_model,  # noqa: F811
+    tmp_path,
+    monkeypatch,
+):
+    """A served engine's HTTP 400 'maximum context length' (passed on as a plain exception) ends the
+    episode as context-exhausted; it is graded and trained on like any other episode."""
+    probe = Trainer(run_config(sft_model, tmp_path / "probe", steps=1, k=0), resume=False)
+    window = max(e.rollout.tokens.turn_spans[0][0] for e in probe.collect(1))  # only first turns fit
+    probe.close()
+
+    class Windowed(LocalHFEngine):
+        def sample(self, prompts, params, *, generator=None):
+            if any(len(p) > window for p in prompts):
+                raise RuntimeError(f"HTTP 400: This model's maximum context length is {window} tokens.")
+            return super().sample(prompts, params, generator=generator)
+
+    monkeypatch.setattr(trainer_mod, "build_engine", lambda cfg, policy, tok, version: Windowed(policy, share=False, version=version))  # fmt: skip
+    trainer = Trainer(run_config(sft_model, tmp_path / "run", steps=2, k=1))
+    eps = trainer.collect(1)
+    reasons = {e.rollout.tokens.metadata["stop_reason"] for e in eps}
+    assert "context" in reasons and reasons <= {"context", "no_tool_call", "env_done"}
+    assert all(len(e.trajectory.turns) == 1 and "reward" in e.rollout.outcome for e in eps)
+    rows = trainer.train()
+    assert [r["step"] for r in rows] == [1, 2] and rows[-1]["turns_per_episode"] == 1.0
