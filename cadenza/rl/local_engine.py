@@ -1,0 +1,229 @@
+"""The trainer's local ``hf`` engines and the one place the trainer obtains an engine.
+
+Both implement :class:`cadenza.rl.engine.RolloutEngine` over an :class:`HFPolicy`.
+:class:`LocalHFEngine` samples in this process: with ``share=True`` with the trainer's own module
+(synchronous training: the weights are already there, a sync only moves the version), otherwise with
+its own copy, which :meth:`sync_weights` overwrites in place. :class:`ProcessHFEngine` samples in a
+child process from a shared-memory copy, so generation really runs beside training instead of
+competing for the GIL; the sampling generator's state travels with each request, so its draws are
+exactly the in-process ones.
+
+``vllm`` and ``openai`` come from :func:`cadenza.rl.engines.make_engine` (the engine package).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from cadenza.errors import CadenzaError, ConfigError
+from cadenza.rl.policy import HFPolicy, Sample, SamplingParams
+
+
+class LocalHFEngine:
+    """HF ``generate``-style sampling in this process, stamped with the policy version."""
+
+    name = "hf"
+
+    def __init__(self, policy: HFPolicy, *, share: bool, version: int = 0) -> None:
+        if share:
+            self.policy = policy
+        else:
+            model = copy.deepcopy(policy.model)
+            model.requires_grad_(False)
+            self.policy = HFPolicy(model, device=policy.device)
+        self._params = dict(self.policy.model.named_parameters())
+        self._version = int(version)
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def sample(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> list[Sample]:
+        version = self._version
+        out = self.policy.sample(prompts, params, generator=generator)
+        for s in out:
+            s.policy_version = version
+        return out
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
+        _load(self._params, named_tensors)
+        self._version = int(version)
+
+    def close(self) -> None:
+        pass
+
+
+@torch.no_grad()
+def _load(params: dict[str, torch.Tensor], named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+    """Copy a full weight stream into ``params`` in place, checking names and shapes."""
+    seen = set()
+    for name, tensor in named_tensors:
+        param = params.get(name)
+        if param is None:
+            raise CadenzaError(f"engine 'hf': weight sync sent {name!r}, which the engine's model lacks")
+        if param.shape != tensor.shape:
+            raise CadenzaError(
+                f"engine 'hf': weight sync sent {name!r} with shape {tuple(tensor.shape)}, "
+                f"the engine holds {tuple(param.shape)}"
+            )
+        if param.data_ptr() != tensor.data_ptr():  # shared module: already the trainer's tensor
+            param.copy_(tensor)
+        seen.add(name)
+    missing = sorted(set(params) - seen)
+    if missing:
+        raise CadenzaError(f"engine 'hf': weight sync left {len(missing)} tensor(s) out, e.g. {missing[0]!r}")
+
+
+def _serve(conn: Any, model: torch.nn.Module, device: str, threads: int) -> None:
+    """The child process of :class:`ProcessHFEngine`: answer sample requests until told to stop."""
+    torch.set_num_threads(threads)
+    policy = HFPolicy(model, device=device)
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg[0] == "stop":
+            return
+        _, prompts, params, state = msg
+        gen = torch.Generator()
+        if state is not None:
+            gen.set_state(state)
+        try:
+            out = policy.sample(prompts, params, generator=gen)
+        except Exception as exc:  # sent back as one line; the parent raises it
+            conn.send(("error", f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"))
+            continue
+        conn.send(("ok", out, gen.get_state() if state is not None else None))
+
+
+class ProcessHFEngine:
+    """HF sampling in a child process over a shared-memory copy of the weights (rollouts beside training).
+
+    ``sync_weights`` writes the shared tensors from this process; the rollout pipeline never syncs while
+    a request is in flight. Every request waits at most ``timeout_s``; a dead child is one clear error.
+    """
+
+    name = "hf"
+
+    def __init__(self, policy: HFPolicy, *, version: int = 0, timeout_s: float = 600.0) -> None:
+        if policy.device.type != "cpu":
+            raise ConfigError("the subprocess hf engine shares CPU memory; on a GPU use engine = 'vllm'")
+        model = copy.deepcopy(policy.model)
+        model.requires_grad_(False)
+        model.share_memory()
+        self._params = dict(model.named_parameters())
+        self._version = int(version)
+        self.timeout_s = timeout_s
+        ctx = mp.get_context("spawn")
+        self._conn, child = ctx.Pipe()
+        self._proc = ctx.Process(
+            target=_serve, args=(child, model, str(policy.device), torch.get_num_threads()), daemon=True
+        )
+        self._proc.start()
+        child.close()
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid
+
+    @property
+    def version(self) -> int:
+        return self._version
+
+    def _dead(self) -> CadenzaError:
+        self._proc.join(1.0)
+        return CadenzaError(
+            f"engine 'hf' process (pid {self._proc.pid}) exited with code {self._proc.exitcode}"
+        )
+
+    def sample(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        *,
+        generator: torch.Generator | None = None,
+    ) -> list[Sample]:
+        state = generator.get_state() if generator is not None else None
+        try:
+            self._conn.send(("sample", [list(p) for p in prompts], params, state))
+            deadline = time.monotonic() + self.timeout_s
+            while not self._conn.poll(0.2):
+                if not self._proc.is_alive():
+                    raise self._dead()
+                if time.monotonic() > deadline:
+                    raise CadenzaError(
+                        f"engine 'hf' (pid {self._proc.pid}) did not answer within {self.timeout_s:g} s"
+                    )
+            reply = self._conn.recv()
+        except (EOFError, BrokenPipeError, ConnectionResetError):
+            raise self._dead() from None
+        if reply[0] == "error":
+            raise CadenzaError(f"engine 'hf' failed to sample: {reply[1]}")
+        _, out, new_state = reply
+        if generator is not None:
+            generator.set_state(new_state)
+        for s in out:
+            s.policy_version = self._version
+        return out
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
+        if not self._proc.is_alive():
+            raise self._dead()
+        _load(self._params, named_tensors)
+        self._version = int(version)
+
+    def close(self) -> None:
+        if self._proc.is_alive():
+            with contextlib.suppress(BrokenPipeError, OSError):
+                self._conn.send(("stop",))
+            self._proc.join(2.0)
+        if self._proc.is_alive():
+            self._proc.kill()
+            self._proc.join(2.0)
+        self._conn.close()
+
+
+def build_engine(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) -> Any:
+    """The engine named by ``[rollout] engine`` (a :class:`RolloutEngine`), at ``version``.
+
+    ``hf`` shares the trainer's module when training is synchronous (``max_staleness = 0``: the old
+    loop, bit for bit) and samples in a child process otherwise (on CPU; in-process copy on GPUs).
+    The served engines are built by ``cadenza.rl.engines.make_engine`` and brought to the trainer's
+    weights by the caller's first sync.
+    """
+    r = cfg.rollout
+    if r.engine == "hf":
+        if r.max_staleness == 0:
+            return LocalHFEngine(policy, share=True, version=version)
+        if policy.device.type == "cpu":
+            return ProcessHFEngine(policy, version=version, timeout_s=r.engine_timeout_s)
+        return LocalHFEngine(policy, share=False, version=version)
+    try:
+        from cadenza.rl.engines import make_engine  # type: ignore[attr-defined]
+    except ImportError:
+        raise ConfigError(
+            f"rollout.engine = {r.engine!r} needs the engine package (cadenza.rl.engines), which this build "
+            "lacks; use engine = 'hf'"
+        ) from None
+    return make_engine(
+        r.engine,
+        model=cfg.model,
+        tokenizer=tokenizer,
+        endpoint=r.endpoint,
+        timeout_s=r.engine_timeout_s,
+        options=dict(r.engine_options),
+    )
