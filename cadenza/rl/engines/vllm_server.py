@@ -122,8 +122,8 @@ def _group_pids(pgid: int) -> list[int]:
     for p in Path("/proc").iterdir():
         if p.name.isdigit():
             with contextlib.suppress(OSError, ValueError, IndexError):
-                stat = (p / "stat").read_text()
-                if int(stat[stat.rindex(")") + 2 :].split()[2]) == pgid:
+                fields = (p / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):  # zombies are dead already
                     pids.append(int(p.name))
     return pids
 
@@ -257,13 +257,17 @@ class VLLMServer:
         return f"{last[-300:]} (log: {self.log_path})"
 
     def stop(self, *, grace_s: float = 10.0) -> None:
-        """Stop the server group and free its shared memory; idempotent."""
+        """Stop the whole server group (even if the supervisor is gone) and free its shared memory."""
         if self.proc is None:
             return
-        if self.proc.poll() is None:
-            _kill_group(self.proc.pid, grace_s=grace_s)
+        pgid = self.proc.pid
+        if self.proc.poll() is None or _group_pids(pgid):
+            _kill_group(pgid, grace_s=grace_s)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=grace_s)
+        deadline = time.monotonic() + grace_s
+        while _group_pids(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
         self.proc = None
 
 
