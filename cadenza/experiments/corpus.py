@@ -35,7 +35,7 @@ def tool_list_hint(env: ToolworldEnv) -> str:
     return tool_not_found_hints(probe, env.tools())[0].text
 
 
-def _call_message(name: str, path: str, i: int) -> dict[str, Any]:
+def call_message(name: str, path: str, i: int) -> dict[str, Any]:
     args = json.dumps({"path": path})
     return {
         "role": "assistant",
@@ -70,7 +70,7 @@ def transcript(
             if listed
             else rng.choice(aliases(step.operation, config.profiles))
         )
-        messages.append(_call_message(name, step.path, i))
+        messages.append(call_message(name, step.path, i))
         result = env.step(ToolCall(name=name, arguments={"path": step.path}, id=f"call_{i}"))
         messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": result.observation})
         if result.error_kind is None:

@@ -213,6 +213,22 @@ class ToolworldSource:
     def make_env(self, task: ToolworldTask) -> ToolworldEnv:
         return ToolworldEnv(task, self.config)
 
+    def probe_items(self, n: int, seed: int = 0) -> list[Any]:
+        """A fixed held-out probe set for the hint-following diagnostic (:mod:`cadenza.rl.probe`): the first
+        turn of ``n`` tasks drawn from their own seed space, the ``tool_not_found`` hint (the tool list) and
+        the correct first call."""
+        from cadenza.experiments.corpus import call_message, tool_list_hint
+        from cadenza.rl.probe import ProbeItem
+
+        rng = random.Random(f"toolworld-probe-{seed}")
+        items = []
+        for i in range(n):
+            env = ToolworldEnv(sample_task(rng, self.config, i), self.config)
+            first = env.task.steps[0]
+            target = call_message(PROFILES[env.task.profile][first.operation], first.path, 0)
+            items.append(ProbeItem(messages=env.reset(), hint=tool_list_hint(env), target=target))
+        return items
+
 
 def make_source(options: dict[str, Any]) -> ToolworldSource:
     """Factory used by the trainer's env registry (``[env] name = "toolworld"``)."""

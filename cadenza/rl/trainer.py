@@ -42,6 +42,7 @@ from cadenza.rl.logprobs import sequence_logprobs
 from cadenza.rl.losses import group_advantages
 from cadenza.rl.metrics import MetricsLogger, read_metrics
 from cadenza.rl.monitor_hook import apply_monitor, find_monitor
+from cadenza.rl.probe import HintFollowingEroded, schedule_for_run
 from cadenza.rl.rollout import Rollout, RolloutTask, rollout
 from cadenza.rl.rollout import RolloutConfig as RolloutParams
 from cadenza.rl.step import LossConfig as StepLossConfig
@@ -192,6 +193,7 @@ class Trainer:
             placement=cfg.feedback.placement,
             teacher=tc.weights,
             ema_decay=tc.ema_decay,
+            refresh_every=tc.refresh_every,
             reuse_prefix_cache=tc.reuse_prefix_cache,
             divergence=lc.divergence,
             beta=lc.beta,
@@ -222,6 +224,7 @@ class Trainer:
             self.episodes = int(state.get("episodes", 0))
         atomic_write_json(self.out / "config.json", cfg.to_dict())
         self.logger = MetricsLogger(self.out, resume_step=self.step, tensorboard=cfg.run.tensorboard)
+        self.probe = schedule_for_run(cfg, self.source, self.tokenizer, read_metrics(self.logger.path))
 
     def _frozen_copy(self) -> torch.nn.Module:
         """A gradient-free copy of the current weights (the KL reference)."""
@@ -251,8 +254,10 @@ class Trainer:
         try:
             while self.step < cfg.run.steps:
                 self.step += 1
+                # hint-following diagnostic on the weights entering this step ({} unless due)
+                probe_row = self.probe.measure(self.step - 1, self.model, self.teacher.model)
                 try:
-                    row = self.train_step(self.step)
+                    row = {**self.train_step(self.step), **probe_row}
                 except PoolExhausted as exc:
                     self.step -= 1
                     if self.step:
@@ -262,6 +267,11 @@ class Trainer:
                 every = cfg.run.checkpoint_every
                 if (every and self.step % every == 0) or self.step == cfg.run.steps:
                     self.save()
+                try:
+                    self.probe.check(probe_row)
+                except HintFollowingEroded:
+                    self.save()
+                    raise
                 if progress is not None:
                     progress.update(
                         bar,
@@ -410,7 +420,7 @@ class Trainer:
         skipped = grad_norm == 0.0
         if not skipped:
             self.optimizer.step()
-            self.teacher.update(self.model)
+            self.teacher.update(self.model, step=step)
         self.optimizer.zero_grad(set_to_none=True)
         kl = self._update_kl(tokens, hinted) if cfg.run.measure_kl and not skipped else 0.0
         self.episodes += len(episodes)
