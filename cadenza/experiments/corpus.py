@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from typing import Any
 
 from cadenza.agent.env import ToolCall
@@ -47,10 +48,17 @@ def call_message(name: str, path: str, i: int) -> dict[str, Any]:
 
 
 def transcript(
-    rng: random.Random, config: ToolworldConfig, *, p_hint: float = 0.25, p_placebo: float = 0.25
+    rng: random.Random,
+    config: ToolworldConfig,
+    *,
+    p_hint: float = 0.25,
+    p_placebo: float = 0.25,
+    placebo_length: Callable[[str], int] = len,
 ) -> list[dict[str, Any]]:
     """One SFT transcript (OpenAI messages). At each turn before any hint, a hint (tool list) is inserted
-    with probability ``p_hint`` and an uninformative reminder with probability ``p_placebo``."""
+    with probability ``p_hint`` and an uninformative reminder with probability ``p_placebo``. Pass the
+    tokenizer's token count as ``placebo_length`` so the reminder is the very text (same token sequence)
+    the placebo arm's feedback produces during RL."""
     task = sample_task(rng, config)
     env = ToolworldEnv(task, config)
     messages = env.reset()
@@ -63,7 +71,7 @@ def transcript(
                 messages.append({"role": "user", "content": tool_list_hint(env)})
                 listed = True
             elif r < p_hint + p_placebo:
-                messages.append({"role": "user", "content": placebo_text(tool_list_hint(env))})
+                messages.append({"role": "user", "content": placebo_text(tool_list_hint(env), placebo_length)})
         step = remaining[0]
         name = (
             PROFILES[task.profile][step.operation]
@@ -80,7 +88,10 @@ def transcript(
     return messages
 
 
-def corpus(seed: int, n: int, config: ToolworldConfig | None = None) -> list[list[dict[str, Any]]]:
+def corpus(
+    seed: int, n: int, config: ToolworldConfig | None = None, *, placebo_length: Callable[[str], int] = len
+) -> list[list[dict[str, Any]]]:
+    """``n`` transcripts; the random choices depend only on ``seed`` (not on ``placebo_length``)."""
     rng = random.Random(seed)
     config = config or ToolworldConfig()
-    return [transcript(rng, config) for _ in range(n)]
+    return [transcript(rng, config, placebo_length=placebo_length) for _ in range(n)]

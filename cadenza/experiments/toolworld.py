@@ -140,12 +140,17 @@ class ToolworldEnv:
     def reset(self) -> list[dict[str, Any]]:
         self._remaining = list(self.task.steps)
         self._turns = 0
+        self.pending: list[Step | None] = []  # per call: the next pending operation when it was made
         self.calls = 0
         self.invalid_calls = 0
         return [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": self.task.prompt()},
         ]
+
+    def correct_call(self, step: Step) -> tuple[str, dict[str, str]]:
+        """The valid call that performs ``step`` in this episode's profile (the supervised control's target)."""
+        return PROFILES[self.task.profile][step.operation], {"path": step.path}
 
     def tools(self) -> list[dict[str, Any]]:
         return [tool_schema(PROFILES[self.task.profile][op], op) for op in OPERATIONS]
@@ -157,6 +162,7 @@ class ToolworldEnv:
     def step(self, call: ToolCall) -> StepResult:
         self._turns += 1
         self.calls += 1
+        self.pending.append(self._remaining[0] if self._remaining else None)
         result = self._execute(call)
         if result.error_kind == "tool_not_found":
             self.invalid_calls += 1
