@@ -71,7 +71,9 @@ def transcript(
                 messages.append({"role": "user", "content": tool_list_hint(env)})
                 listed = True
             elif r < p_hint + p_placebo:
-                messages.append({"role": "user", "content": placebo_text(tool_list_hint(env), placebo_length)})
+                messages.append(
+                    {"role": "user", "content": placebo_text(tool_list_hint(env), placebo_length)}
+                )
         step = remaining[0]
         name = (
             PROFILES[task.profile][step.operation]
