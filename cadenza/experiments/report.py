@@ -99,7 +99,7 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 4.5), constrained_layout=True)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.5), constrained_layout=True)
     for arm, runs in results["arms"].items():
         label = ARM_LABELS.get(arm, arm)
         _band(axes[0], runs, "heldout_curve", 1, label, lambda v: 1 - v)
@@ -124,7 +124,7 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> None:
         title="Teacher hint-following (probe)",
         ylim=(0, 1.02),
     )
-    axes[0].legend(fontsize=7, loc="lower right")
+    fig.legend(*axes[0].get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=4)
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
