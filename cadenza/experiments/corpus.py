@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Callable
 from typing import Any
 
 from cadenza.agent.env import ToolCall
@@ -35,7 +36,7 @@ def tool_list_hint(env: ToolworldEnv) -> str:
     return tool_not_found_hints(probe, env.tools())[0].text
 
 
-def _call_message(name: str, path: str, i: int) -> dict[str, Any]:
+def call_message(name: str, path: str, i: int) -> dict[str, Any]:
     args = json.dumps({"path": path})
     return {
         "role": "assistant",
@@ -47,10 +48,17 @@ def _call_message(name: str, path: str, i: int) -> dict[str, Any]:
 
 
 def transcript(
-    rng: random.Random, config: ToolworldConfig, *, p_hint: float = 0.25, p_placebo: float = 0.25
+    rng: random.Random,
+    config: ToolworldConfig,
+    *,
+    p_hint: float = 0.25,
+    p_placebo: float = 0.25,
+    placebo_length: Callable[[str], int] = len,
 ) -> list[dict[str, Any]]:
     """One SFT transcript (OpenAI messages). At each turn before any hint, a hint (tool list) is inserted
-    with probability ``p_hint`` and an uninformative reminder with probability ``p_placebo``."""
+    with probability ``p_hint`` and an uninformative reminder with probability ``p_placebo``. Pass the
+    tokenizer's token count as ``placebo_length`` so the reminder is the very text (same token sequence)
+    the placebo arm's feedback produces during RL."""
     task = sample_task(rng, config)
     env = ToolworldEnv(task, config)
     messages = env.reset()
@@ -63,14 +71,16 @@ def transcript(
                 messages.append({"role": "user", "content": tool_list_hint(env)})
                 listed = True
             elif r < p_hint + p_placebo:
-                messages.append({"role": "user", "content": placebo_text(tool_list_hint(env))})
+                messages.append(
+                    {"role": "user", "content": placebo_text(tool_list_hint(env), placebo_length)}
+                )
         step = remaining[0]
         name = (
             PROFILES[task.profile][step.operation]
             if listed
             else rng.choice(aliases(step.operation, config.profiles))
         )
-        messages.append(_call_message(name, step.path, i))
+        messages.append(call_message(name, step.path, i))
         result = env.step(ToolCall(name=name, arguments={"path": step.path}, id=f"call_{i}"))
         messages.append({"role": "tool", "tool_call_id": f"call_{i}", "content": result.observation})
         if result.error_kind is None:
@@ -80,7 +90,10 @@ def transcript(
     return messages
 
 
-def corpus(seed: int, n: int, config: ToolworldConfig | None = None) -> list[list[dict[str, Any]]]:
+def corpus(
+    seed: int, n: int, config: ToolworldConfig | None = None, *, placebo_length: Callable[[str], int] = len
+) -> list[list[dict[str, Any]]]:
+    """``n`` transcripts; the random choices depend only on ``seed`` (not on ``placebo_length``)."""
     rng = random.Random(seed)
     config = config or ToolworldConfig()
-    return [transcript(rng, config) for _ in range(n)]
+    return [transcript(rng, config, placebo_length=placebo_length) for _ in range(n)]

@@ -1,27 +1,27 @@
-"""Turning per-step trainer metrics into the tool-hint experiment's results: numbers, table, plot.
+"""The tool-hint experiment's results: the goal's verdicts, the table, the plot, the protocol record.
 
-Definitions (fixed before any arm was run):
-- a step's *valid rate* is the trainer's ``valid_call_rate``: the fraction of that step's turns that
-  call a tool the profile has (a turn with no tool call is not valid, so a policy cannot reach 95% by
-  no longer calling tools);
-- ``episodes_to_95``: episodes consumed up to the first step at which the mean valid rate over a
-  window of ``window`` consecutive steps (that step and the ones before it) is >= 0.95 (``None``
-  if never), so one lucky batch does not count;
-- ``final_success`` / ``final_invalid_rate``: means over the last ``window`` steps.
+The held-out measures (``episodes_to_95``, ``final_*``, ``heldout_curve``) are defined in
+docs/experiments.md, section 4, and computed in :mod:`cadenza.experiments.arms`. :func:`summarise_run`
+keeps the first experiment's training-batch measure for comparison (``curve``, ``train_episodes_to_95``):
+a step's valid rate is the fraction of its turns that call a tool the profile has, and the target
+counts as reached when its mean over ``window`` consecutive steps is >= 0.95.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from statistics import mean
+from statistics import mean, stdev
 from typing import Any
 
-ARMS = ("grpo", "grpo_sd", "grpo_sd_topk", "placebo")
 ARM_LABELS = {
+    "supervised": "supervised (positive control)",
     "grpo": "GRPO",
-    "grpo_sd": "GRPO + SD (tool-list hint, full-vocab reverse KL)",
-    "grpo_sd_topk": "GRPO + SD (tool-list hint, top-k)",
+    "grpo_sd": "GRPO + SD (tool-list hint, full vocab, frozen teacher)",
+    "grpo_sd_topk": "GRPO + SD (top-k, frozen teacher)",
     "placebo": "GRPO + SD (placebo hint)",
+    "sd_live": "GRPO + SD (live teacher)",
+    "sd_ema": "GRPO + SD (EMA teacher)",
+    "sd_snapshot": "GRPO + SD (snapshot teacher)",
 }
 
 
@@ -60,108 +60,204 @@ def _stat(values: list[float | None], fmt: str = "{:.2f}") -> str:
 
 def summary_table(results: dict[str, Any]) -> str:
     lines = [
-        "| arm | episodes to 95% valid calls | final success | final invalid-tool rate |",
-        "|---|---|---|---|",
+        "| arm | held-out episodes to 95% valid calls | final held-out success | final held-out invalid rate | "
+        "teacher P(correct \\| hint), first -> last |",
+        "|---|---|---|---|---|",
     ]
     for arm, runs in results["arms"].items():
+        probe = [r["probe_curve"] for r in runs if r.get("probe_curve")]
+        drift = (
+            f"{mean(p[0][1] for p in probe):.2f} -> {mean(p[-1][1] for p in probe):.2f}"
+            if probe and arm != "supervised"
+            else "-"
+        )
         lines.append(
             f"| {ARM_LABELS.get(arm, arm)} | {_stat([r['episodes_to_95'] for r in runs], '{:.0f}')} | "
-            f"{_stat([r['final_success'] for r in runs])} | {_stat([r['final_invalid_rate'] for r in runs], '{:.3f}')} |"
+            f"{_stat([r['final_success'] for r in runs])} | {_stat([r['final_invalid_rate'] for r in runs], '{:.3f}')} | "
+            f"{drift} |"
         )
     return "\n".join(lines)
 
 
+def _band(ax: Any, runs: list[dict[str, Any]], key: str, col: int, label: str, transform: Any = None) -> None:
+    import numpy as np
+
+    curves = [r[key] for r in runs if r.get(key)]
+    if not curves:
+        return
+    n = min(len(c) for c in curves)
+    x = np.array([c[0] for c in curves[0][:n]])
+    ys = np.array([[transform(p[col]) if transform else p[col] for p in c[:n]] for c in curves])
+    (line,) = ax.plot(x, ys.mean(0), label=label)
+    ax.fill_between(x, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.15)
+
+
 def plot_curves(results: dict[str, Any], path: str | Path) -> None:
-    """Mean (line) and min-max spread (band) over seeds of the valid-call and success rates per arm."""
+    """Held-out valid rate, held-out success, teacher P(correct | hint): mean (line) and min-max band over seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import numpy as np
 
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), constrained_layout=True)
+    fig, axes = plt.subplots(1, 3, figsize=(16, 5.5), constrained_layout=True)
     for arm, runs in results["arms"].items():
-        if not runs:
-            continue
-        n = min(len(r["curve"]) for r in runs)
-        x = np.array([c[0] for c in runs[0]["curve"][:n]])
-        for ax, col, transform in ((axes[0], 1, lambda v: 1 - v), (axes[1], 2, lambda v: v)):
-            ys = np.array([[transform(c[col]) for c in r["curve"][:n]] for r in runs])
-            (line,) = ax.plot(x, ys.mean(0), label=ARM_LABELS.get(arm, arm))
-            ax.fill_between(x, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.15)
+        label = ARM_LABELS.get(arm, arm)
+        _band(axes[0], runs, "heldout_curve", 1, label, lambda v: 1 - v)
+        _band(axes[1], runs, "heldout_curve", 2, label)
+        if arm != "supervised":
+            _band(axes[2], runs, "probe_curve", 1, label)
+    budget = results.get("budget", {}).get("episodes")
+    for ax in axes:
+        if budget:
+            ax.axvline(budget, color="grey", ls="--", lw=0.8)
     axes[0].axhline(0.95, color="grey", ls=":", lw=1)
-    axes[0].set(xlabel="episodes", ylabel="valid tool calls", title="Valid tool-call rate", ylim=(0, 1.02))
-    axes[1].set(xlabel="episodes", ylabel="success rate", title="Episode success", ylim=(0, 1.02))
-    axes[0].legend(fontsize=8, loc="lower right")
-    fig.savefig(path, dpi=120)
+    axes[0].set(
+        xlabel="training episodes",
+        ylabel="valid tool calls",
+        title="Held-out valid-call rate",
+        ylim=(0, 1.02),
+    )
+    axes[1].set(xlabel="training episodes", ylabel="success rate", title="Held-out success", ylim=(0, 1.02))
+    axes[2].set(
+        xlabel="training episodes",
+        ylabel="P(correct call | hint)",
+        title="Teacher hint-following (probe)",
+        ylim=(0, 1.02),
+    )
+    fig.legend(*axes[0].get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=4)
+    fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
-def verdict(results: dict[str, Any]) -> list[str]:
-    """The issue's expected outcome, checked against the numbers (mean over seeds), in plain words."""
+def protocol(exp: Any) -> dict[str, Any]:
+    """The pre-registered rules as data (the text is docs/experiments.md, section 4)."""
+    return {
+        "document": "docs/experiments.md#4-protocol-of-the-redesigned-experiment-pre-registered",
+        "scoring": f"{exp.heldout_tasks} fixed held-out tasks (seed {exp.heldout_seed}), 1 sample each, "
+        f"every {exp.eval_every} steps; reached = mean valid rate of 2 consecutive evaluations >= {exp.target}",
+        "budget": "largest supervised steps-to-target over seeds (cap max_steps), unless budget_steps > 0",
+        "goal": [
+            "grpo_sd reaches the target in >= 4 of 5 seeds (80% of seeds) with <= 1/3 of GRPO's episodes "
+            "in the same seed (GRPO never = 2 x budget)",
+            "placebo within noise of GRPO: |mean final invalid difference| <= 2 Welch standard errors",
+            "grpo_sd mean final success >= GRPO's - 0.05",
+            "supervised reaches the target in every seed",
+        ],
+    }
 
-    def mean_eps(arm: str) -> float | None:
-        runs = results["arms"].get(arm) or []
-        vals = [r["episodes_to_95"] for r in runs]
-        if not vals or any(v is None for v in vals):
-            return None
-        return mean(vals)
 
-    def mean_success(arm: str) -> float:
-        return mean(r["final_success"] for r in results["arms"][arm])
+def _sem2(a: list[float], b: list[float]) -> float | None:
+    if len(a) < 2 or len(b) < 2:
+        return None
+    return (stdev(a) ** 2 / len(a) + stdev(b) ** 2 / len(b)) ** 0.5
 
-    g, sd, pl = mean_eps("grpo"), mean_eps("grpo_sd"), mean_eps("placebo")
-    fmt = lambda v: "never (in at least one seed)" if v is None else f"{v:.0f}"  # noqa: E731
-    lines = []
-    if sd is not None and (g is None or sd <= g / 3):
-        lines.append(
-            f"- SD needs at most a third of GRPO's episodes to 95% valid calls: **confirmed** (SD {fmt(sd)} vs GRPO {fmt(g)})."
-        )
+
+def goal(results: dict[str, Any]) -> dict[str, Any]:
+    """Each goal item: met (True / False / None = not measurable with these arms or seeds) and the numbers."""
+    arms, budget = results["arms"], results.get("budget", {}).get("episodes")
+    out: dict[str, Any] = {}
+    g, sd = {r["seed"]: r for r in arms.get("grpo", [])}, {r["seed"]: r for r in arms.get("grpo_sd", [])}
+    if g and sd and budget:
+        ok = [
+            s
+            for s, r in sd.items()
+            if s in g
+            and r["episodes_to_95"] is not None
+            and r["episodes_to_95"] <= (g[s]["episodes_to_95"] or 2 * budget) / 3
+        ]
+        n = len([s for s in sd if s in g])
+        out["sd_third_of_grpo"] = {"met": len(ok) >= 0.8 * n, "seeds_ok": len(ok), "seeds": n}
     else:
-        lines.append(
-            f"- SD needs at most a third of GRPO's episodes to 95% valid calls: **not confirmed** (SD {fmt(sd)} vs GRPO {fmt(g)})."
+        out["sd_third_of_grpo"] = {"met": None}
+    if arms.get("placebo") and g:
+        a = [r["final_invalid_rate"] for r in arms["placebo"]]
+        b = [r["final_invalid_rate"] for r in g.values()]
+        sem, diff = _sem2(a, b), mean(a) - mean(b)
+        out["placebo_within_noise"] = {
+            "met": None if sem is None else abs(diff) <= 2 * sem,
+            "diff": diff,
+            "two_se": None if sem is None else 2 * sem,
+        }
+    else:
+        out["placebo_within_noise"] = {"met": None}
+    if g and sd:
+        d = mean(r["final_success"] for r in sd.values()) - mean(r["final_success"] for r in g.values())
+        out["sd_success_not_lower"] = {"met": d >= -0.05, "diff": d}
+    else:
+        out["sd_success_not_lower"] = {"met": None}
+    sup = arms.get("supervised", [])
+    out["control_reaches_target"] = {
+        "met": all(r["episodes_to_95"] is not None for r in sup) if sup else None,
+        "seeds_ok": sum(r["episodes_to_95"] is not None for r in sup),
+        "seeds": len(sup),
+    }
+    return out
+
+
+def _word(met: bool | None) -> str:
+    return "**met**" if met else "not measured (arm or seeds missing)" if met is None else "**not met**"
+
+
+def verdict(results: dict[str, Any]) -> list[str]:
+    gl = results.get("goal") or goal(results)
+    a, p, s, c = (
+        gl[k]
+        for k in (
+            "sd_third_of_grpo",
+            "placebo_within_noise",
+            "sd_success_not_lower",
+            "control_reaches_target",
         )
-    placebo_better = pl is not None and (g is None or pl < g)
-    lines.append(
-        f"- Placebo does no better than GRPO: **{'not confirmed' if placebo_better else 'confirmed'}** "
-        f"(placebo {fmt(pl)} vs GRPO {fmt(g)} episodes)."
     )
-    s_sd, s_g = mean_success("grpo_sd"), mean_success("grpo")
-    lines.append(
-        f"- Final success not lower with SD: **{'confirmed' if s_sd >= s_g - 0.02 else 'not confirmed'}** "
-        f"(SD {s_sd:.2f} vs GRPO {s_g:.2f}; tolerance 0.02)."
-    )
-    return lines
+    return [
+        f"1. SD reaches 95% held-out valid calls in >= 80% of seeds with <= 1/3 of GRPO's episodes: {_word(a['met'])}"
+        + (f" ({a['seeds_ok']}/{a['seeds']} seeds)" if a["met"] is not None else ""),
+        f"2. Placebo within noise of GRPO (final invalid rate): {_word(p['met'])}"
+        + (f" (difference {p['diff']:+.3f}, 2 SE {p['two_se']:.3f})" if p["met"] is not None else ""),
+        f"3. SD's final success not below GRPO's by more than 0.05: {_word(s['met'])}"
+        + (f" (difference {s['diff']:+.3f})" if s["met"] is not None else ""),
+        f"4. The supervised control reaches 95% in every seed: {_word(c['met'])}"
+        + (f" ({c['seeds_ok']}/{c['seeds']} seeds)" if c["met"] is not None else ""),
+    ]
 
 
 def summary_markdown(results: dict[str, Any]) -> str:
-    pre = results["pre_rl"]
-    cfg = results.get("config", {})
+    pre, cfg, budget = results["pre_rl"], results.get("config", {}), results.get("budget", {})
     per_seed = results.get("pre_rl_per_seed", {})
     seed_gaps = ", ".join(
         f"seed {s}: {v['valid_with_hint']:.2f} vs {v['valid_without_hint']:.2f}" for s, v in per_seed.items()
     )
-    parts = [
-        "# Tool-hint experiment",
-        "",
-        f"Seeds: {', '.join(str(s) for s in results.get('seeds', []))}. "
-        f"Budget per run: {cfg.get('rl_steps', '?')} steps x {cfg.get('tasks_per_step', '?')} tasks x "
-        f"{cfg.get('group_size', '?')} samples = {cfg.get('rl_steps', 0) * cfg.get('tasks_per_step', 0) * cfg.get('group_size', 0)} episodes.",
-        "",
-        f"Pre-RL gap (SFT model, first tool call): P(valid | tool list in context) = **{pre['valid_with_hint']:.3f}**, "
-        f"P(valid | no list) = **{pre['valid_without_hint']:.3f}** ({seed_gaps}).",
-        "",
-        "Mean over seeds, [min, max] in brackets. *Episodes to 95%*: episodes consumed when the valid-call rate, "
-        f"averaged over {cfg.get('window', 3)} consecutive steps, first reaches 0.95. *Final*: mean of the last "
-        f"{cfg.get('window', 3)} steps.",
-        "",
-        summary_table(results),
-        "",
-        "Expected outcome (from the issue) against these numbers:",
-        "",
-        *verdict(results),
-        "",
-        f"Wall time: {results.get('wall_s', '?')} s (CPU time {results.get('cpu_s', '?')} s). Plot: curves.png. Raw numbers: results.json.",
-        "",
-    ]
-    return "\n".join(parts)
+    quick = cfg.get("max_steps", 0) < 20
+    return "\n".join(
+        [
+            "# Tool-hint experiment",
+            "",
+            *(
+                [
+                    "**Smoke-test scale (--quick or a small slice): these numbers say nothing about the arms.**",
+                    "",
+                ]
+                if quick
+                else []
+            ),
+            f"Seeds: {', '.join(str(s) for s in results.get('seeds', []))}. Budget per run: {budget.get('steps', '?')} steps "
+            f"x {cfg.get('tasks_per_step', '?')} tasks x {cfg.get('group_size', '?')} samples = {budget.get('episodes', '?')} "
+            f"episodes ({budget.get('source', '?')}). Protocol: docs/experiments.md, section 4.",
+            "",
+            f"Pre-RL gap (SFT model, first tool call): P(valid | tool list in context) = **{pre['valid_with_hint']:.3f}**, "
+            f"P(valid | no list) = **{pre['valid_without_hint']:.3f}** ({seed_gaps}).",
+            "",
+            f"Mean over seeds, [min, max] in brackets. Held-out: {cfg.get('heldout_tasks', '?')} fixed tasks scored every "
+            f"{cfg.get('eval_every', '?')} steps; *episodes to 95%*: training episodes when the held-out valid rate, averaged "
+            "with the previous evaluation, first reaches 0.95. *Final*: the last evaluation.",
+            "",
+            summary_table(results),
+            "",
+            "Goal (from the issue) against these numbers:",
+            "",
+            *verdict(results),
+            "",
+            f"Wall time: {results.get('wall_s', '?')} s. Plot: curves.png. Raw numbers: results.json.",
+            "",
+        ]
+    )

@@ -1,41 +1,33 @@
-"""The tool-hint experiment: does a hint at the faulty turn (self-distillation) fix tool choice with
-fewer episodes than GRPO alone?
+"""The tool-hint experiment's pieces: its pre-registered config, the arms, the warm-up model, the pre-RL gap.
 
-Pipeline (all on CPU, seeds fixed and listed in the outputs):
-1. an SFT corpus of toolworld transcripts (:mod:`cadenza.experiments.corpus`) and a tokenizer trained on it;
+Pipeline (all on CPU, seeds fixed and listed in the outputs; protocol in docs/experiments.md):
+1. an SFT corpus of toolworld transcripts (:mod:`cadenza.experiments.corpus`) and a tokenizer trained on
+   it; the corpus's placebo reminders use the tokenizer's token count, so they are the placebo arm's text;
 2. per seed, a tiny random-init Qwen3 fine-tuned on the corpus; the pre-RL gap
    P(valid tool | tool list in context) vs P(valid tool | no list) is measured on held-out tasks;
-3. four arms from that same starting point, with equal episode budgets, each run by the ordinary
-   trainer (:class:`cadenza.rl.trainer.Trainer`): GRPO alone; GRPO + SD with the tool-list hint
-   (full-vocabulary reverse KL); the same with top-k; GRPO + SD with a placebo hint of the same length;
-4. ``results.json``, ``summary.md`` and ``curves.png`` in the output directory.
-
-Every knob below was fixed before any arm was compared (see README, Honesty).
+3. the ``supervised`` control fixes the budget; every arm runs from the same start with equal budgets,
+   the RL arms by the ordinary trainer (:class:`cadenza.rl.trainer.Trainer`), scored on a fixed held-out
+   set every ``eval_every`` steps (:mod:`cadenza.experiments.arms`, :mod:`cadenza.experiments.study`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import random
-import shutil
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cadenza.errors import CadenzaError
-from cadenza.experiments import report
-from cadenza.experiments.corpus import corpus, tool_list_hint
+from cadenza.experiments.corpus import tool_list_hint
 from cadenza.experiments.toolworld import PROFILES, ToolworldConfig, ToolworldEnv, sample_task
-from cadenza.jsonio import atomic_write_json, atomic_write_text
 
 
 @dataclass(kw_only=True)
 class ExperimentConfig:
-    """Fixed before any arm was compared; ``--quick`` only shrinks seeds, corpus and budgets."""
+    """Pre-registered in docs/experiments.md; ``--quick`` only shrinks seeds, sizes and budgets."""
 
-    seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
+    arms: list[str] = field(default_factory=lambda: list(ARMS))
     corpus_size: int = 2000
     corpus_seed: int = 12345
     vocab_size: int = 512
@@ -43,46 +35,74 @@ class ExperimentConfig:
     sft_batch: int = 16
     sft_lr: float = 3e-3
     gap_tasks: int = 256
-    rl_steps: int = 30
+    max_steps: int = 150  # cap of the supervised control's run (and of the budget)
+    budget_steps: int = 0  # RL steps of every non-control arm; 0 = where `supervised` reaches 95%
     tasks_per_step: int = 4
     group_size: int = 8
-    rl_lr: float = 3e-4
+    rl_lr: float = 5e-4
     lambda_sd: float = 1.0
     top_k: int = 8
     temperature: float = 1.0
     max_new_tokens: int = 32
     hidden_size: int = 64
     num_layers: int = 2
-    window: int = 3
+    eval_every: int = 5  # held-out scoring (and the hint-following diagnostic) every K steps
+    heldout_tasks: int = 64  # fixed held-out toolworld tasks, identical for all arms and seeds
+    heldout_seed: int = 777
+    target: float = 0.95  # held-out valid-call rate that counts as "reached"
+    probe_items: int = 32
+    ema_decay: float = 0.99
+    refresh_every: int = 10
+    window: int = 3  # training-batch curve: steps averaged by the old (batch) measure, kept for comparison
     threads: int = 1  # tiny models are overhead-bound; one thread avoids OpenMP contention on shared CPUs
 
     @classmethod
     def quick(cls) -> ExperimentConfig:
-        return cls(seeds=[0], corpus_size=1000, sft_steps=300, gap_tasks=128, rl_steps=8)
+        """A smoke test of the whole pipeline: it says nothing about the arms."""
+        return cls(
+            seeds=[0],
+            corpus_size=1000,
+            sft_steps=300,
+            gap_tasks=64,
+            max_steps=6,
+            eval_every=2,
+            heldout_tasks=16,
+            probe_items=8,
+        )
 
     @property
     def episodes_per_step(self) -> int:
         return self.tasks_per_step * self.group_size
 
 
+# arm -> what differs from plain GRPO (None = the experiment's value)
 ARM_SETTINGS: dict[str, dict[str, Any]] = {
-    "grpo": {"lambda_sd": 0.0, "top_k": 0, "placebo": False},
-    "grpo_sd": {"lambda_sd": None, "top_k": 0, "placebo": False},
-    "grpo_sd_topk": {"lambda_sd": None, "top_k": None, "placebo": False},
-    "placebo": {"lambda_sd": None, "top_k": 0, "placebo": True},
+    "supervised": {"lambda_sd": 0.0, "top_k": 0, "placebo": False, "teacher": "frozen"},
+    "grpo": {"lambda_sd": 0.0, "top_k": 0, "placebo": False, "teacher": "frozen"},
+    "grpo_sd": {"lambda_sd": None, "top_k": 0, "placebo": False, "teacher": "frozen"},
+    "grpo_sd_topk": {"lambda_sd": None, "top_k": None, "placebo": False, "teacher": "frozen"},
+    "placebo": {"lambda_sd": None, "top_k": 0, "placebo": True, "teacher": "frozen"},
+    "sd_live": {"lambda_sd": None, "top_k": 0, "placebo": False, "teacher": "live"},
+    "sd_ema": {"lambda_sd": None, "top_k": 0, "placebo": False, "teacher": "ema"},
+    "sd_snapshot": {"lambda_sd": None, "top_k": 0, "placebo": False, "teacher": "snapshot"},
 }
+ARMS = tuple(ARM_SETTINGS)
 
 
-def train_config(exp: ExperimentConfig, arm: str, seed: int, model_dir: Path, out_dir: Path) -> Any:
-    """The trainer config of one (arm, seed): only the loss weight, top-k and placebo flag differ."""
+def train_config(
+    exp: ExperimentConfig, arm: str, seed: int, model_dir: Path, out_dir: Path, steps: int
+) -> Any:
+    """The trainer config of one (arm, seed) run up to ``steps``: only loss weight, top-k, placebo and teacher differ."""
     from cadenza.feedback.generate import FeedbackConfig
     from cadenza.rl.config import (
         EnvConfig,
         LossConfig,
         ModelConfig,
         OptimConfig,
+        ProbeConfig,
         RolloutConfig,
         RunConfig,
+        TeacherConfig,
         TrainConfig,
     )
 
@@ -92,14 +112,15 @@ def train_config(exp: ExperimentConfig, arm: str, seed: int, model_dir: Path, ou
     return TrainConfig(
         run=RunConfig(
             out_dir=str(out_dir),
-            steps=exp.rl_steps,
+            steps=steps,
             seed=seed,
-            checkpoint_every=0,
+            checkpoint_every=exp.eval_every,
+            keep_checkpoints=1,
             progress=False,
             threads=exp.threads,
             measure_kl=True,
-            monitor="off",
-        ),  # no workspace, nothing to hack
+            monitor="off",  # no workspace, nothing to hack
+        ),
         model=ModelConfig(path=str(model_dir), tokenizer=str(model_dir)),
         env=EnvConfig(name="toolworld", options={}),
         rollout=RolloutConfig(
@@ -110,6 +131,8 @@ def train_config(exp: ExperimentConfig, arm: str, seed: int, model_dir: Path, ou
             max_turns=ToolworldConfig().max_steps + ToolworldConfig().extra_turns,
         ),
         loss=LossConfig(lambda_sd=lam, top_k=top_k, divergence="reverse_kl"),
+        teacher=TeacherConfig(weights=s["teacher"], ema_decay=exp.ema_decay, refresh_every=exp.refresh_every),
+        probe=ProbeConfig(every=exp.eval_every, items=exp.probe_items, seed=exp.heldout_seed),
         optim=OptimConfig(lr=exp.rl_lr),
         feedback=FeedbackConfig(kinds=["tool_not_found"] if lam > 0 else [], placebo=s["placebo"]),
     )
@@ -196,65 +219,3 @@ def measure_gap(model_dir: Path, n_tasks: int, seed: int) -> dict[str, float]:
             valid += bool(calls) and calls[0].name in names
         result[key] = valid / len(envs)
     return result
-
-
-def run_experiment(
-    out: str | Path, exp: ExperimentConfig | None = None, *, log: Callable[[str], None] = print
-) -> dict[str, Any]:
-    """Run everything and write ``results.json``, ``summary.md``, ``curves.png`` into ``out``."""
-    import torch
-
-    from cadenza.rl.metrics import read_metrics
-    from cadenza.rl.sft import encode_messages
-    from cadenza.rl.trainer import Trainer
-
-    exp = exp or ExperimentConfig()
-    if exp.threads:
-        torch.set_num_threads(exp.threads)
-    out = Path(out)
-    if out.exists() and not out.is_dir():
-        raise CadenzaError(f"--out {str(out)!r} is a file; pass a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    t0, c0 = time.time(), time.process_time()
-    transcripts = corpus(exp.corpus_seed, exp.corpus_size)
-    tokenizer = build_tokenizer(exp, transcripts, out / "tokenizer")
-    data = [encode_messages(tokenizer, m) for m in transcripts]
-    log(
-        f"corpus: {len(data)} transcripts, {sum(len(d) for d in data) / len(data):.0f} tokens each, vocab {len(tokenizer)}"
-    )
-    gaps, runs = {}, {arm: [] for arm in report.ARMS}
-    for seed in exp.seeds:
-        model_dir = sft_model(exp, seed, tokenizer, data, out / f"sft-seed{seed}", log)
-        gaps[seed] = measure_gap(model_dir, exp.gap_tasks, seed)
-        log(
-            f"seed {seed}: pre-RL P(valid | hint) = {gaps[seed]['valid_with_hint']:.3f}, P(valid | no hint) = {gaps[seed]['valid_without_hint']:.3f}"
-        )
-        for arm in report.ARMS:
-            run_dir = out / "runs" / f"{arm}-seed{seed}"
-            shutil.rmtree(
-                run_dir, ignore_errors=True
-            )  # a stale run from another SFT model must not be resumed
-            cfg = train_config(exp, arm, seed, model_dir, run_dir)
-            Trainer(cfg).train()
-            summary = report.summarise_run(read_metrics(run_dir / "metrics.jsonl"), seed, window=exp.window)
-            runs[arm].append(summary)
-            log(
-                f"seed {seed} {arm}: episodes_to_95={summary['episodes_to_95']} final_success={summary['final_success']:.3f} "
-                f"final_invalid={summary['final_invalid_rate']:.3f} ({time.time() - t0:.0f}s)"
-            )
-    results = {
-        "pre_rl": {
-            "valid_with_hint": sum(g["valid_with_hint"] for g in gaps.values()) / len(gaps),
-            "valid_without_hint": sum(g["valid_without_hint"] for g in gaps.values()) / len(gaps),
-        },
-        "arms": runs,
-        "seeds": list(exp.seeds),
-        "pre_rl_per_seed": {str(k): v for k, v in gaps.items()},
-        "config": dataclasses.asdict(exp),
-        "wall_s": round(time.time() - t0, 1),
-        "cpu_s": round(time.process_time() - c0, 1),
-    }
-    atomic_write_json(out / "results.json", results)
-    report.plot_curves(results, out / "curves.png")
-    atomic_write_text(out / "summary.md", report.summary_markdown(results))
-    return results

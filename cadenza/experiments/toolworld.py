@@ -140,12 +140,17 @@ class ToolworldEnv:
     def reset(self) -> list[dict[str, Any]]:
         self._remaining = list(self.task.steps)
         self._turns = 0
+        self.pending: list[Step | None] = []  # per call: the next pending operation when it was made
         self.calls = 0
         self.invalid_calls = 0
         return [
             {"role": "system", "content": SYSTEM_PROMPT},
             {"role": "user", "content": self.task.prompt()},
         ]
+
+    def correct_call(self, step: Step) -> tuple[str, dict[str, str]]:
+        """The valid call that performs ``step`` in this episode's profile (the supervised control's target)."""
+        return PROFILES[self.task.profile][step.operation], {"path": step.path}
 
     def tools(self) -> list[dict[str, Any]]:
         return [tool_schema(PROFILES[self.task.profile][op], op) for op in OPERATIONS]
@@ -157,6 +162,7 @@ class ToolworldEnv:
     def step(self, call: ToolCall) -> StepResult:
         self._turns += 1
         self.calls += 1
+        self.pending.append(self._remaining[0] if self._remaining else None)
         result = self._execute(call)
         if result.error_kind == "tool_not_found":
             self.invalid_calls += 1
@@ -212,6 +218,22 @@ class ToolworldSource:
 
     def make_env(self, task: ToolworldTask) -> ToolworldEnv:
         return ToolworldEnv(task, self.config)
+
+    def probe_items(self, n: int, seed: int = 0) -> list[Any]:
+        """A fixed held-out probe set for the hint-following diagnostic (:mod:`cadenza.rl.probe`): the first
+        turn of ``n`` tasks drawn from their own seed space, the ``tool_not_found`` hint (the tool list) and
+        the correct first call."""
+        from cadenza.experiments.corpus import call_message, tool_list_hint
+        from cadenza.rl.probe import ProbeItem
+
+        rng = random.Random(f"toolworld-probe-{seed}")
+        items = []
+        for i in range(n):
+            env = ToolworldEnv(sample_task(rng, self.config, i), self.config)
+            first = env.task.steps[0]
+            target = call_message(PROFILES[env.task.profile][first.operation], first.path, 0)
+            items.append(ProbeItem(messages=env.reset(), hint=tool_list_hint(env), target=target))
+        return items
 
 
 def make_source(options: dict[str, Any]) -> ToolworldSource:

@@ -102,6 +102,7 @@ def sd_config(cfg: TrainConfig) -> SelfDistillConfig:
         placement=cfg.feedback.placement,
         teacher=tc.weights,
         ema_decay=tc.ema_decay,
+        refresh_every=tc.refresh_every,
         reuse_prefix_cache=tc.reuse_prefix_cache,
         divergence=lc.divergence,
         beta=lc.beta,

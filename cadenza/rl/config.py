@@ -97,10 +97,27 @@ class LossConfig:
 
 @dataclass(kw_only=True)
 class TeacherConfig:
-    weights: Literal["live", "ema", "frozen"] = "live"
-    ema_decay: float = 0.99
+    """The self-distillation teacher; see docs/experiments.md ("Which teacher") for the evidence."""
+
+    # frozen: the initial policy (default); ema: moving average; snapshot: copy refreshed every
+    # refresh_every steps (a target network); live: the policy itself -- it erodes, use with care
+    weights: Literal["frozen", "ema", "snapshot", "live"] = "frozen"
+    ema_decay: float = 0.99  # per optimizer step: the teacher averages over ~1 / (1 - decay) steps
+    refresh_every: int = 10  # snapshot teacher: steps between refreshes
     chunk_size: int = 1024  # tokens per logits chunk
     reuse_prefix_cache: bool = True  # live teacher: reuse the student's KV cache for the shared prefix
+
+
+@dataclass(kw_only=True)
+class ProbeConfig:
+    """The hint-following diagnostic (cadenza.rl.probe): teacher's and student's P(correct action) with and
+    without the hint on a fixed held-out probe set, logged as ``probe_*`` in metrics.jsonl."""
+
+    every: int = 5  # measure every N steps (0 = off); off as well when the env offers no probe and no path
+    items: int = 32  # probe items (from the env source, or the first N of ``path``)
+    path: str = ""  # JSONL of {messages, hint, target[, tools]}; empty = the env source's probe_items
+    seed: int = 0  # seed of the env source's held-out probe set
+    stop_ratio: float = 0.0  # stop once teacher P(correct | hint) < ratio x its first value (0 = never)
 
 
 @dataclass(kw_only=True)
@@ -122,6 +139,7 @@ class TrainConfig:
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    probe: ProbeConfig = field(default_factory=ProbeConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     feedback: FeedbackConfig = field(default_factory=FeedbackConfig)
 
@@ -165,6 +183,10 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     )
     need(0 < cfg.teacher.ema_decay < 1, "teacher.ema_decay must be in (0, 1)")
     need(cfg.teacher.chunk_size >= 1, "teacher.chunk_size must be >= 1")
+    need(cfg.teacher.refresh_every >= 1, "teacher.refresh_every must be >= 1")
+    need(cfg.probe.every >= 0, "probe.every must be >= 0 (0 = off)")
+    need(cfg.probe.items >= 1, "probe.items must be >= 1")
+    need(0 <= cfg.probe.stop_ratio < 1, "probe.stop_ratio must be in [0, 1) (0 = never stop)")
     need(cfg.optim.lr > 0, "optim.lr must be > 0")
     need(
         len(cfg.optim.betas) == 2 and all(0 <= b < 1 for b in cfg.optim.betas),

@@ -33,7 +33,7 @@ from cadenza.rl.losses import check_divergence_args, sampled_token_surrogate
 from cadenza.rl.tokens import Segment, TokenTrajectory
 
 PLACEMENTS = ("user_before_turn", "append_to_observation")
-TEACHER_WEIGHTS = ("live", "ema", "frozen")
+TEACHER_WEIGHTS = ("frozen", "ema", "snapshot", "live")
 ESTIMATORS = ("full", "sampled")
 
 
@@ -42,8 +42,12 @@ class SelfDistillConfig:
     """How teachers are built and how the per-turn SD loss is computed."""
 
     placement: str = "user_before_turn"
-    teacher: str = "live"  # live: current weights; ema: moving average; frozen: initial weights
-    ema_decay: float = 0.99
+    # frozen: initial weights; ema: moving average of the student (``ema_decay``); snapshot: a copy of the
+    # student refreshed every ``refresh_every`` optimizer steps (a target network); live: the student itself,
+    # which erodes: training the un-hinted context wears away its use of the hint (docs/experiments.md)
+    teacher: str = "frozen"
+    ema_decay: float = 0.99  # EMA per optimizer step; 0.99 averages over ~100 steps
+    refresh_every: int = 10  # snapshot teacher: optimizer steps between refreshes
     reuse_prefix_cache: bool = True  # only possible for the live teacher
     divergence: str = "reverse_kl"
     beta: float = 0.5
@@ -68,6 +72,8 @@ class SelfDistillConfig:
             raise CadenzaError(
                 f"unknown teacher weights {self.teacher!r}; use one of {', '.join(TEACHER_WEIGHTS)}"
             )
+        if self.refresh_every < 1:
+            raise CadenzaError(f"refresh_every must be >= 1, got {self.refresh_every}")
         if not 0.0 <= self.ema_decay < 1.0:
             raise CadenzaError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
         check_divergence_args(self.divergence, self.beta, self.top_k, self.temperature)
@@ -206,10 +212,11 @@ def _hinted_turn(row: int, traj: TokenTrajectory, hint: Hint, tokenizer: Any, pl
 
 
 class Teacher:
-    """Teacher weights (live, EMA or frozen initial copy) and batched hinted forward passes."""
+    """Teacher weights (frozen initial copy, EMA, refreshed snapshot or live) and batched hinted passes."""
 
     def __init__(self, model: torch.nn.Module, config: SelfDistillConfig) -> None:
         self.config = config
+        self.updates = 0  # optimizer steps seen (snapshot refresh clock when no step is passed)
         if config.teacher == "live":
             self.model = model
         else:
@@ -225,12 +232,19 @@ class Teacher:
         return self.config.teacher == "live" and self.config.reuse_prefix_cache
 
     @torch.no_grad()
-    def update(self, student: torch.nn.Module) -> None:
-        """After an optimizer step: EMA teachers move toward the student; live/frozen do nothing."""
-        if self.config.teacher != "ema":
-            return
-        for t, s in zip(self.model.parameters(), student.parameters(), strict=True):
-            t.lerp_(s.detach().to(t.dtype), 1.0 - self.config.ema_decay)
+    def update(self, student: torch.nn.Module, step: int | None = None) -> None:
+        """After an optimizer step: an EMA teacher moves toward the student; a snapshot teacher copies it
+        when ``step`` (the trainer's step, so a resumed run refreshes on the same steps) is a multiple of
+        ``refresh_every``; live and frozen teachers do nothing."""
+        self.updates += 1
+        kind = self.config.teacher
+        step = self.updates if step is None else step
+        if kind == "ema":
+            for t, s in zip(self.model.parameters(), student.parameters(), strict=True):
+                t.lerp_(s.detach().to(t.dtype), 1.0 - self.config.ema_decay)
+        elif kind == "snapshot" and step % self.config.refresh_every == 0:
+            for t, s in zip(self.model.parameters(), student.parameters(), strict=True):
+                t.copy_(s.detach().to(t.dtype))
 
     @torch.no_grad()
     def target_hidden(self, items: Sequence[HintedTurn], student_cache: Any = None) -> list[torch.Tensor]:

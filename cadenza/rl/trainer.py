@@ -42,6 +42,7 @@ from cadenza.rl.episodes import Episode, collect_episodes, record_pool, sample_s
 from cadenza.rl.local_engine import build_engine
 from cadenza.rl.metrics import MetricsLogger, read_metrics
 from cadenza.rl.pipeline import RolloutPipeline, WatchedEngine
+from cadenza.rl.probe import HintFollowingEroded, schedule_for_run
 from cadenza.rl.teacher import Teacher
 from cadenza.rl.update import Learner, UpdateResult
 
@@ -89,6 +90,7 @@ class Trainer:
             self._restored = dict(state.get("pending", {}))
         atomic_write_json(self.out / "config.json", cfg.to_dict())
         self.logger = MetricsLogger(self.out, resume_step=self.step, tensorboard=cfg.run.tensorboard)
+        self.probe = schedule_for_run(cfg, self.source, self.tokenizer, read_metrics(self.logger.path))
 
     def _frozen_copy(self) -> torch.nn.Module:
         """A gradient-free copy of the current weights (the KL reference)."""
@@ -198,8 +200,10 @@ class Trainer:
         try:
             while self.step < cfg.run.steps:
                 self.step += 1
+                # hint-following diagnostic on the weights entering this step ({} unless due)
+                probe_row = self.probe.measure(self.step - 1, self.model, self.teacher.model)
                 try:
-                    row = self.train_step(self.step)
+                    row = {**self.train_step(self.step), **probe_row}
                 except PoolExhausted as exc:
                     self.step -= 1
                     if self.step:
@@ -212,6 +216,11 @@ class Trainer:
                 every = cfg.run.checkpoint_every
                 if (every and self.step % every == 0) or self.step == cfg.run.steps:
                     self.save()
+                try:
+                    self.probe.check(probe_row)
+                except HintFollowingEroded:
+                    self.save()
+                    raise
                 if progress is not None:
                     progress[0].update(
                         progress[1],
@@ -250,7 +259,7 @@ class Trainer:
         episodes, stale_row = self._fresh(step, collected)
         if not episodes and not any(e.rollout.tokens.turn_spans for e in collected):
             raise CadenzaError("no rollout produced a model turn; check rollout.max_new_tokens and the env")
-        upd = self.learner.update(episodes) if episodes else UpdateResult()
+        upd = self.learner.update(episodes, step=step) if episodes else UpdateResult()
         measure = self.cfg.run.measure_kl and not upd.skipped
         kl = self.learner.update_kl([e.rollout.tokens for e in episodes], upd.hinted) if measure else 0.0
         sync_s = self._sync_engine(step)

@@ -50,7 +50,7 @@ class Learner:
     step_config: StepLossConfig
     ref_model: torch.nn.Module | None = None
 
-    def update(self, episodes: list[Episode]) -> UpdateResult:
+    def update(self, episodes: list[Episode], step: int | None = None) -> UpdateResult:
         cfg, lc = self.cfg, self.cfg.loss
         tokens = [e.rollout.tokens for e in episodes]
         adv = group_advantages(
@@ -112,7 +112,7 @@ class Learner:
         out.skipped = out.grad_norm == 0.0
         if not out.skipped:
             self.optimizer.step()
-            self.teacher.update(model)
+            self.teacher.update(model, step=step)  # a snapshot teacher refreshes on the trainer's steps
         self.optimizer.zero_grad(set_to_none=True)
         return out
 

@@ -89,7 +89,7 @@ def test_kv_cache_teacher_equals_no_cache_and_unbatched_reference(tok, trajector
     pol = _policy(tok, moe)
     batch = collate(trajectories, tok.pad_token_id)
     items = build_hinted_turns(trajectories, HINTS, tok, placement)
-    teacher = Teacher(pol.model, SelfDistillConfig(placement=placement))
+    teacher = Teacher(pol.model, SelfDistillConfig(placement=placement, teacher="live"))
     with torch.no_grad():
         _, cache = pol.hidden_states(batch.input_ids, batch.attention_mask, use_cache=True)
         cached = teacher.target_hidden(items, cache)
@@ -171,7 +171,7 @@ def test_teacher_gets_no_gradient_and_weight_modes(tok, trajectories):
 
     # live teacher: its pass contributes nothing to the gradient (same as a detached precomputed teacher)
     pol.model.zero_grad(set_to_none=True)
-    live = Teacher(pol.model, SelfDistillConfig())
+    live = Teacher(pol.model, SelfDistillConfig(teacher="live"))
     hidden, cache = pol.hidden_states(batch.input_ids, batch.attention_mask, use_cache=True)
     live.loss(hidden, pol.lm_head, items, cache).loss.backward()
     got = {n: p.grad.clone() for n, p in pol.model.named_parameters() if p.grad is not None}
@@ -196,6 +196,28 @@ def test_teacher_gets_no_gradient_and_weight_modes(tok, trajectories):
         torch.testing.assert_close(t, 0.9 * initial[n] + 0.1 * s.detach())
     for n, t in frozen.model.named_parameters():
         torch.testing.assert_close(t, initial[n])
+
+
+def test_snapshot_teacher_refreshes_every_n_steps_and_default_is_not_live(tok):
+    assert SelfDistillConfig().teacher == "frozen"
+    pol = _policy(tok)
+    snap = Teacher(pol.model, SelfDistillConfig(teacher="snapshot", refresh_every=3))
+    assert snap.model is not pol.model and all(not p.requires_grad for p in snap.model.parameters())
+    first = copy.deepcopy(pol.model.state_dict())
+    seen = []
+    for step in range(1, 8):
+        with torch.no_grad():
+            for p in pol.model.parameters():
+                p.add_(0.01)
+        snap.update(pol.model, step=step)
+        now = pol.model.state_dict()
+        same_as_student = all(torch.equal(t, now[n]) for n, t in snap.model.named_parameters())
+        same_as_start = all(torch.equal(t, first[n]) for n, t in snap.model.named_parameters())
+        seen.append("student" if same_as_student else "start" if same_as_start else "stale")
+    # refreshed at steps 3 and 6, held constant (stale) in between
+    assert seen == ["start", "start", "student", "stale", "stale", "student", "stale"]
+    with pytest.raises(CadenzaError, match="refresh_every"):
+        SelfDistillConfig(teacher="snapshot", refresh_every=0)
 
 
 def test_chunked_equals_unchunked(tok, trajectories):

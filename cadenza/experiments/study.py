@@ -1,0 +1,231 @@
+"""Orchestration of the tool-hint experiment: settings check, warm-up models, budget, arms in parallel, report.
+
+Phases (each resumable): (1) tokenizer and one SFT model + pre-RL gap per seed; (2) the ``supervised``
+control for every seed until it reaches the target (or ``max_steps``): the largest of those step
+counts is the budget, unless ``budget_steps`` fixes it; (3) every other arm for that many steps.
+Jobs of a phase run in ``workers`` processes. ``settings.json`` pins the settings of an output
+directory: rerunning with the same settings resumes, with other settings it is refused up front.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from cadenza.errors import CadenzaError
+from cadenza.experiments.tool_hints import ARMS, ExperimentConfig
+from cadenza.jsonio import atomic_write_json, atomic_write_text
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"5"`` = seeds 0..4; ``"0,3,4"`` = those; ``"2-4"`` = 2, 3, 4. One-line error otherwise."""
+    fix = "use a count (--seeds 5), a list (--seeds 0,3,4) or a range (--seeds 2-4)"
+    t = (text or "").strip()
+    try:
+        if not t:
+            raise ValueError
+        if "," in t:
+            seeds = [int(x) for x in t.split(",")]
+        elif "-" in t.lstrip("-"):
+            lo, hi = (int(x) for x in t.split("-"))
+            seeds = list(range(lo, hi + 1))
+        else:
+            n = int(t)
+            if n < 1:
+                raise CadenzaError(f"--seeds {text!r}: need at least one seed; {fix}")
+            seeds = list(range(n))
+    except ValueError:
+        raise CadenzaError(f"--seeds {text!r} is not a seed count, list or range; {fix}") from None
+    if not seeds or any(s < 0 for s in seeds) or len(set(seeds)) != len(seeds):
+        raise CadenzaError(f"--seeds {text!r}: seeds must be distinct non-negative integers; {fix}")
+    return seeds
+
+
+def parse_arms(text: str) -> list[str]:
+    arms = [a.strip() for a in text.split(",")]
+    unknown = [a for a in arms if a not in ARMS]
+    if unknown or not arms or len(set(arms)) != len(arms):
+        raise CadenzaError(f"--arms {text!r}: unknown or repeated arm(s) {unknown}; known: {', '.join(ARMS)}")
+    return [a for a in ARMS if a in arms]  # canonical order
+
+
+def check_workers(workers: int) -> int:
+    cores = os.cpu_count() or 1
+    if not 1 <= workers <= cores:
+        raise CadenzaError(f"--workers {workers}: need 1 to {cores} (this machine's cores)")
+    return workers
+
+
+def check_settings(out: Path, exp: ExperimentConfig) -> None:
+    """Pin ``out`` to these settings, or refuse if it already holds a run with other settings."""
+    if out.exists() and not out.is_dir():
+        raise CadenzaError(f"--out {str(out)!r} is a file; pass a directory")
+    path = out / "settings.json"
+    new = dataclasses.asdict(exp)
+    if path.exists():
+        old = json.loads(path.read_text())
+        diffs = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        if diffs:
+            shown = "; ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in diffs[:3])
+            raise CadenzaError(
+                f"--out {str(out)!r} holds a run with other settings ({shown}); "
+                "rerun with its settings to resume, or pass another --out"
+            )
+        return
+    if out.is_dir() and any(out.iterdir()):
+        raise CadenzaError(f"--out {str(out)!r} is not empty and holds no experiment; pass a new directory")
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, new)
+
+
+# ----------------------------------------------------------------- jobs (run in worker processes)
+
+
+def _quiet(threads: int) -> None:
+    """One job's process setup: torch threads, and no per-load progress bars in the log."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    torch.set_num_threads(threads)
+    hf_logging.disable_progress_bar()
+
+
+def _sft_job(exp: ExperimentConfig, out: Path, seed: int) -> dict[str, float]:
+    """The warm-up model of one seed and its pre-RL gap (``gap.json`` marks it complete)."""
+    from cadenza.experiments.tool_hints import measure_gap, sft_model
+    from cadenza.rl.chat import load_tokenizer
+    from cadenza.rl.sft import encode_messages
+
+    model_dir = out / f"sft-seed{seed}"
+    if (model_dir / "gap.json").exists():
+        return json.loads((model_dir / "gap.json").read_text())
+    _quiet(exp.threads)
+    tok = load_tokenizer(str(out / "tokenizer"))
+    data = [encode_messages(tok, m) for m in _corpus(exp, tok)]
+    sft_model(exp, seed, tok, data, model_dir, lambda m: print(m, flush=True))
+    gap = measure_gap(model_dir, exp.gap_tasks, seed)
+    atomic_write_json(model_dir / "gap.json", gap)
+    return gap
+
+
+def _arm_job(
+    exp: ExperimentConfig, out: Path, arm: str, seed: int, steps: int, control: bool
+) -> dict[str, Any]:
+    from cadenza.experiments.arms import run_arm
+
+    _quiet(exp.threads)
+    t0 = time.time()
+    res = run_arm(
+        exp,
+        arm,
+        seed,
+        out / f"sft-seed{seed}",
+        out / "runs" / f"{arm}-seed{seed}",
+        steps=steps,
+        stop_at_target=control,
+    )
+    print(
+        f"seed {seed} {arm}: steps {res['steps']} episodes_to_95={res['episodes_to_95']} "
+        f"final_success={res['final_success']:.3f} final_invalid={res['final_invalid_rate']:.3f} ({time.time() - t0:.0f}s)",
+        flush=True,
+    )
+    return res
+
+
+def _corpus(exp: ExperimentConfig, tok: Any = None) -> list[list[dict[str, Any]]]:
+    """The warm-up transcripts; with ``tok`` their placebo reminders have the hint's token length."""
+    from cadenza.experiments.corpus import corpus
+
+    if tok is None:
+        return corpus(exp.corpus_seed, exp.corpus_size)
+    return corpus(
+        exp.corpus_seed,
+        exp.corpus_size,
+        placebo_length=lambda t: len(tok.encode(t, add_special_tokens=False)),
+    )
+
+
+def _map(workers: int, fn: Callable[..., Any], jobs: list[tuple[Any, ...]]) -> list[Any]:
+    if workers == 1 or len(jobs) <= 1:
+        return [fn(*j) for j in jobs]
+    import multiprocessing
+
+    with ProcessPoolExecutor(
+        max_workers=min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn")
+    ) as ex:
+        futures = [ex.submit(fn, *j) for j in jobs]
+        return [f.result() for f in futures]
+
+
+# ----------------------------------------------------------------- the experiment
+
+
+def run_experiment(
+    out: str | Path,
+    exp: ExperimentConfig | None = None,
+    *,
+    workers: int = 1,
+    log: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Run (or resume) everything and write ``results.json``, ``summary.md``, ``curves.png`` into ``out``."""
+    from cadenza.experiments import report
+    from cadenza.experiments.tool_hints import build_tokenizer
+
+    exp = exp or ExperimentConfig()
+    out = Path(out)
+    check_workers(workers)
+    check_settings(out, exp)
+    t0, c0 = time.time(), time.process_time()
+    if not (out / "tokenizer" / "tokenizer_config.json").exists():
+        build_tokenizer(exp, _corpus(exp), out / "tokenizer")
+    gaps = dict(zip(exp.seeds, _map(workers, _sft_job, [(exp, out, s) for s in exp.seeds]), strict=True))
+    for s, g in gaps.items():
+        log(
+            f"seed {s}: pre-RL P(valid | hint) = {g['valid_with_hint']:.3f}, P(valid | no hint) = {g['valid_without_hint']:.3f}"
+        )
+    runs: dict[str, list[dict[str, Any]]] = {}
+    if exp.budget_steps:
+        budget = {"steps": exp.budget_steps, "source": "--budget-steps"}
+    else:
+        control = _map(
+            workers, _arm_job, [(exp, out, "supervised", s, exp.max_steps, True) for s in exp.seeds]
+        )
+        runs["supervised"] = control
+        steps = [r["steps_to_95"] for r in control]
+        budget = {
+            "steps": exp.max_steps if None in steps else max(steps),
+            "source": "supervised control",
+            "supervised_steps_to_95": steps,
+            "control_reached_in_every_seed": None not in steps,
+        }
+    budget["episodes"] = budget["steps"] * exp.episodes_per_step
+    atomic_write_json(out / "budget.json", budget)
+    log(f"budget: {budget['steps']} steps = {budget['episodes']} episodes per run ({budget['source']})")
+    todo = [a for a in exp.arms if a not in runs]
+    jobs = [(exp, out, a, s, budget["steps"], a == "supervised") for a in todo for s in exp.seeds]
+    for (_, _, a, _, _, _), res in zip(jobs, _map(workers, _arm_job, jobs), strict=True):
+        runs.setdefault(a, []).append(res)
+    results = {
+        "pre_rl": {
+            k: sum(g[k] for g in gaps.values()) / len(gaps) for k in ("valid_with_hint", "valid_without_hint")
+        },
+        "arms": {a: runs[a] for a in ARMS if a in runs},
+        "seeds": list(exp.seeds),
+        "pre_rl_per_seed": {str(k): v for k, v in gaps.items()},
+        "budget": budget,
+        "protocol": report.protocol(exp),
+        "config": dataclasses.asdict(exp),
+        "wall_s": round(time.time() - t0, 1),
+        "cpu_s_main_process": round(time.process_time() - c0, 1),
+    }
+    results["goal"] = report.goal(results)
+    atomic_write_json(out / "results.json", results)
+    report.plot_curves(results, out / "curves.png")
+    atomic_write_text(out / "summary.md", report.summary_markdown(results))
+    return results
