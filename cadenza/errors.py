@@ -20,3 +20,23 @@ class SourceError(CadenzaError):
 
 class SandboxError(CadenzaError):
     """The sandbox cannot run (bubblewrap missing, workspace missing)."""
+
+
+class ContextLengthExceeded(CadenzaError):
+    """A prompt no longer fits the model's context window: the episode ends as context-exhausted
+    (``stop_reason = "context"``) and is graded like any other; it is not an engine failure."""
+
+
+_CONTEXT_MARKERS = (
+    "maximum context length",  # vLLM, OpenAI
+    "context_length_exceeded",  # OpenAI error code
+    "longer than the model's context length",  # SGLang
+    "exceeds the model's context",
+    "context window",
+)
+
+
+def is_context_overflow(message: str) -> bool:
+    """Whether a server's error text says the request outgrew the context window (HTTP 400 bodies)."""
+    text = message.lower()
+    return any(m in text for m in _CONTEXT_MARKERS)

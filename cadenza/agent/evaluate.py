@@ -58,6 +58,7 @@ class TaskResult:
     seconds: float = 0.0
     error: str | None = None
     trajectory: str | None = None  # path of the saved trajectory
+    stop_reason: str | None = None  # e.g. "context": the conversation outgrew the server's context window
 
 
 @dataclass(kw_only=True)
@@ -173,7 +174,8 @@ def _result(traj: Trajectory, path: Path, seconds: float) -> TaskResult:
     outcome = traj.outcome or {}
     return TaskResult(task_id=traj.task_id, resolved=bool(outcome.get("resolved")), reward=float(traj.reward or 0.0),
                       turns=len(traj.turns), flags=[f.rule for f in traj.flags], seconds=seconds,
-                      error=traj.meta.get("error"), trajectory=str(path))  # fmt: skip
+                      error=traj.meta.get("error"), trajectory=str(path),
+                      stop_reason=traj.meta.get("stop_reason") or outcome.get("end_reason"))  # fmt: skip
 
 
 def evaluate(

@@ -17,17 +17,24 @@ import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
-from cadenza.errors import CadenzaError
+from cadenza.errors import CadenzaError, ContextLengthExceeded, is_context_overflow
 
 _RETRY_STATUS = {408, 409, 425, 429, 500, 502, 503, 504}
 
 
 class LLMError(CadenzaError):
-    """The endpoint could not be used: ``kind`` is ``unreachable``, ``http`` or ``garbage``."""
+    """The endpoint could not be used: ``kind`` is ``unreachable``, ``http``, ``garbage`` or ``context``."""
 
     def __init__(self, message: str, *, kind: str) -> None:
         super().__init__(message)
         self.kind = kind
+
+
+class LLMContextError(LLMError, ContextLengthExceeded):
+    """The server refused the conversation as longer than its context window (HTTP 400): not retried."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, kind="context")
 
 
 @dataclass(kw_only=True)
@@ -97,7 +104,9 @@ class ChatClient:
             try:
                 raw = self._post(data)
             except LLMError as exc:
-                if exc.kind == "http" and getattr(exc, "status", 0) not in _RETRY_STATUS:
+                if exc.kind == "context" or (
+                    exc.kind == "http" and getattr(exc, "status", 0) not in _RETRY_STATUS
+                ):
                     raise
                 last = exc
                 wait = min(float(getattr(exc, "retry_after", 0.0)), 60.0)
@@ -119,6 +128,8 @@ class ChatClient:
                 return resp.read()
         except urllib.error.HTTPError as exc:
             detail = exc.read()[:300].decode("utf-8", "replace").strip().replace("\n", " ")
+            if exc.code in (400, 413) and is_context_overflow(detail):
+                raise LLMContextError(f"endpoint {cfg.url} answered HTTP {exc.code}: {detail}") from None
             err = LLMError(
                 f"endpoint {cfg.url} answered HTTP {exc.code}: {detail or exc.reason}", kind="http"
             )
@@ -147,6 +158,8 @@ def parse_reply(raw: bytes, url: str = "endpoint") -> ChatReply:
     if "error" in obj and "choices" not in obj:
         err = obj["error"]
         msg = err.get("message") if isinstance(err, dict) else err
+        if is_context_overflow(str(msg)):
+            raise LLMContextError(f"{url} returned an error: {msg}")
         raise LLMError(f"{url} returned an error: {msg}", kind="http")
     choices = obj.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):

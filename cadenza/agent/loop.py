@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cadenza.agent.env import Env, StepResult, ToolCall
-from cadenza.agent.llm import ChatClient, LLMError
+from cadenza.agent.llm import ChatClient, LLMContextError, LLMError
 from cadenza.agent.trajectory import Trajectory, TurnMeta
 
 NO_TOOL_CALL = "Error: no tool call found. Call one of the tools; call submit when done."
@@ -53,9 +53,16 @@ def run_agent(
     llm_s = 0.0
     start = time.monotonic()
     done = False
+    stop_reason = ""
     for _ in range(config.max_turns):
         try:
             reply = client.complete(convo, tools)
+        except LLMContextError:
+            # The conversation outgrew the server's context window: the episode is over, not broken.
+            stop_reason = "context"
+            if getattr(env, "end_reason", "") is None:
+                env.end_reason = "context"  # type: ignore[attr-defined]
+            break
         except LLMError as exc:
             error = str(exc)
             break
@@ -136,6 +143,8 @@ def run_agent(
         apply_monitor(traj, task=getattr(env, "task", None))
     traj.task_id = traj.task_id or task_id
     traj.meta.update({"llm_s": llm_s, "wall_s": time.monotonic() - start, "usage": usage, "finished": done})
+    if stop_reason:
+        traj.meta["stop_reason"] = stop_reason
     if error is not None:
         traj.meta["errored"] = True
         traj.meta["error"] = error

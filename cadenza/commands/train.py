@@ -16,6 +16,10 @@ def register(app: typer.Typer) -> None:
         resume: bool = typer.Option(
             True, help="Continue from the newest checkpoint in out_dir if there is one."
         ),
+        engine: str = typer.Option("", "--engine", help="Override rollout.engine: hf, vllm or openai."),
+        max_staleness: int | None = typer.Option(
+            None, "--max-staleness", help="Override rollout.max_staleness (steps rollouts may run ahead)."
+        ),
     ) -> None:
         """Train a policy with GRPO plus self-distillation from text hints; metrics, checkpoints, exact resume."""
         from cadenza.rl.config import load_config
@@ -25,6 +29,10 @@ def register(app: typer.Typer) -> None:
             overrides["run.steps"] = steps
         if out_dir:
             overrides["run.out_dir"] = out_dir
+        if engine:
+            overrides["rollout.engine"] = engine
+        if max_staleness is not None:
+            overrides["rollout.max_staleness"] = max_staleness
         cfg = load_config(config, overrides)  # every config error surfaces here, before torch is imported
 
         from cadenza.rl.trainer import Trainer

@@ -68,6 +68,13 @@ class RolloutConfig:
     temperature: float = 1.0
     top_k: int = 0  # 0 = off; keep 0 for on-policy GRPO ratios
     max_turns: int = 8
+    engine: Literal["hf", "vllm", "openai"] = (
+        "hf"  # who samples: in-process HF, a vLLM server, any OpenAI API
+    )
+    endpoint: str = ""  # engine = "openai": base URL of the server (e.g. http://127.0.0.1:8000/v1)
+    engine_timeout_s: float = 600.0  # longest one engine call (a generation or a weight sync) may take
+    engine_options: dict[str, Any] = field(default_factory=dict)  # engine-specific knobs (see docs/async.md)
+    max_staleness: int = 0  # K: rollouts of step n+1..n+K are sampled while step n trains (0 = synchronous)
 
 
 @dataclass(kw_only=True)
@@ -88,6 +95,7 @@ class LossConfig:
     drop_zero_variance: bool = (
         True  # groups whose rewards are all equal leave the GRPO term (counted, logged)
     )
+    is_cap: float = 2.0  # truncated importance-sampling cap on trainer/engine ratios (0 = off; docs/async.md)
 
 
 @dataclass(kw_only=True)
@@ -224,6 +232,7 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     )
     need(cfg.rollout.temperature > 0, "rollout.temperature must be > 0")
     need(cfg.rollout.top_k >= 0, "rollout.top_k must be >= 0 (0 = off)")
+    validate_engine(cfg.rollout)
     need(cfg.loss.lambda_sd >= 0, "loss.lambda_sd must be >= 0")
     need(0 <= cfg.loss.beta <= 1, "loss.beta must be in [0, 1]")
     need(cfg.loss.top_k >= 0, "loss.top_k must be >= 0 (0 = full vocabulary)")
@@ -234,6 +243,10 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     )
     need(cfg.loss.token_clip >= 0, "loss.token_clip must be >= 0 (0 = off)")
     need(cfg.loss.kl_ref >= 0, "loss.kl_ref must be >= 0")
+    need(
+        cfg.loss.is_cap == 0 or cfg.loss.is_cap >= 1,
+        f"loss.is_cap must be 0 (off) or >= 1 (a cap on importance weights), got {cfg.loss.is_cap}",
+    )
     need(0 < cfg.teacher.ema_decay < 1, "teacher.ema_decay must be in (0, 1)")
     need(cfg.teacher.chunk_size >= 1, "teacher.chunk_size must be >= 1")
     need(cfg.optim.lr > 0, "optim.lr must be > 0")
@@ -274,6 +287,20 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
             raise ConfigError(
                 "optim.name = 'muon' needs cadenza.optim.muon, which is not in this build; use 'adamw'"
             ) from None
+
+
+def validate_engine(r: RolloutConfig) -> None:
+    """The engine and staleness settings (also checked by ``cadenza demo`` before it builds tasks)."""
+    if r.engine not in ("hf", "vllm", "openai"):
+        raise ConfigError(f"rollout.engine = {r.engine!r} is not allowed; use 'hf', 'vllm' or 'openai'")
+    if r.max_staleness < 0:
+        raise ConfigError(f"rollout.max_staleness must be >= 0 (0 = synchronous), got {r.max_staleness}")
+    if not r.engine_timeout_s > 0:
+        raise ConfigError("rollout.engine_timeout_s must be > 0 (seconds)")
+    if r.engine == "openai" and not r.endpoint.startswith(("http://", "https://")):
+        raise ConfigError(
+            "rollout.engine = 'openai' needs rollout.endpoint, an http(s) URL such as http://127.0.0.1:8000/v1"
+        )
 
 
 def _resolve(path: str, base: Path) -> Path:

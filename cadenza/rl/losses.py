@@ -172,6 +172,7 @@ def grpo_loss(
     ref_logprobs: torch.Tensor | None = None,
     kl_coef: float = 0.0,
     aggregation: str = "token_mean",
+    is_weights: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Token-level clipped surrogate (PPO/GRPO) against the behaviour log-probs, plus optional k3 KL.
 
@@ -181,6 +182,9 @@ def grpo_loss(
     estimator ``exp(ref - logp) - (ref - logp) - 1`` of KL(policy || ref) is added per token.
     ``aggregation``: ``token_mean`` (all masked tokens of the batch weigh equally, DAPO) or
     ``sequence_mean`` (mean per sequence, then over sequences, original GRPO).
+    ``is_weights`` (``[B, T]``, detached) multiplies each token's surrogate: the decoupled off-policy
+    form passes the trainer's own log-probs as ``behaviour_logprobs`` (the proximal policy) and
+    :func:`truncated_is_weights` of those against the engine's log-probs here.
     """
     if aggregation not in AGGREGATIONS:
         raise CadenzaError(f"unknown aggregation {aggregation!r}; use one of {', '.join(AGGREGATIONS)}")
@@ -194,6 +198,8 @@ def grpo_loss(
     ratio = torch.exp(logprobs - behaviour_logprobs.detach())
     clipped = ratio.clamp(1.0 - clip_eps_low, 1.0 + clip_eps_high)
     per_token = -torch.minimum(ratio * advantages, clipped * advantages)
+    if is_weights is not None:
+        per_token = per_token * is_weights.detach().to(per_token.dtype)
     if ref_logprobs is not None and kl_coef != 0.0:
         delta = ref_logprobs.detach() - logprobs
         per_token = per_token + kl_coef * (torch.exp(delta) - delta - 1.0)
@@ -217,3 +223,21 @@ def clip_fraction(
         ratio = torch.exp(logprobs - behaviour_logprobs)
         out = ((ratio < 1.0 - clip_eps_low) | (ratio > 1.0 + clip_eps_high)).to(torch.float32)
         return masked_mean(out, mask.to(torch.float32))
+
+
+def truncated_is_weights(
+    proximal_logprobs: torch.Tensor, behaviour_logprobs: torch.Tensor, cap: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Truncated importance weights ``min(pi_prox / mu, cap)`` per token, and where the cap bit (bool).
+
+    ``mu`` is the engine's behaviour log-prob (possibly stale weights, other kernels), ``pi_prox`` the
+    trainer's log-prob under the weights being updated. Truncation (Ionides 2008; TIS, Yao et al. 2025)
+    bounds the variance an off-policy token can add; no gradient flows through the weights.
+    """
+    if cap < 1:
+        raise CadenzaError(f"the importance-sampling cap must be >= 1, got {cap}")
+    if proximal_logprobs.shape != behaviour_logprobs.shape:
+        raise CadenzaError("proximal and behaviour log-probs must have the same shape")
+    with torch.no_grad():
+        ratio = torch.exp(proximal_logprobs.detach() - behaviour_logprobs.detach())
+        return ratio.clamp(max=cap), ratio > cap

@@ -6,7 +6,10 @@ incremental chat-template rendering) and a cadenza :class:`Trajectory` (OpenAI m
 ``TurnMeta`` per model turn with ``token_ids``/``logprobs`` filled), plus the env's outcome reward.
 
 An assistant turn without a tool call ends the episode (it is the final answer), as do ``done`` from
-the env, ``max_turns``, and running out of context (``max_context_tokens``).
+the env, ``max_turns``, and running out of context (``max_context_tokens``, or the engine's own window:
+a :class:`Sample` with ``finish_reason == "context"`` or :class:`ContextLengthExceeded` from the engine),
+all graded alike. Every turn records the policy version that sampled it (``TurnMeta.extra``); the
+trajectory's ``meta["policy_version"]`` is the oldest of them (what staleness is measured from).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import torch
 
 from cadenza.agent.env import Env
 from cadenza.agent.trajectory import Trajectory, TurnMeta
-from cadenza.errors import CadenzaError
+from cadenza.errors import CadenzaError, ContextLengthExceeded
 from cadenza.rl.chat import (
     assistant_message,
     parse_tool_calls,
@@ -27,7 +30,7 @@ from cadenza.rl.chat import (
     require_chat_template,
     turn_end_glue,
 )
-from cadenza.rl.policy import Policy, SamplingParams
+from cadenza.rl.policy import Policy, Sample, SamplingParams
 from cadenza.rl.tokens import TokenTrajectory, TokenTrajectoryBuilder
 
 
@@ -144,16 +147,22 @@ def rollout(
             top_k=config.top_k,
             stop_token_ids=(int(eos),),
         )
-        samples = policy.sample([episodes[i].builder.input_ids for i in live], params, generator=generator)
+        samples = _sample(policy, [episodes[i].builder.input_ids for i in live], params, generator)
         still = []
         for i, sample in zip(live, samples, strict=True):
             ep = episodes[i]
+            if sample.finish_reason == "context":  # the engine's context window is full: graded as is
+                ep.stop_reason = "context"
+                finished += 1
+                if on_episode_done is not None:
+                    on_episode_done(finished, len(episodes))
+                continue
             ids, lps, finish = sample.token_ids, sample.logprobs, sample.finish_reason
             if (
                 len(ids) > budget[i]
             ):  # this episode's context is nearly full: keep what fits (a prefix of a sample is a sample)
                 ids, lps, finish = ids[: budget[i]], lps[: budget[i]], "length"
-            if _advance(tokenizer, ep, ids, lps, finish, config):
+            if _advance(tokenizer, ep, ids, lps, finish, config, sample.policy_version):
                 still.append(i)
             else:
                 finished += 1
@@ -163,6 +172,18 @@ def rollout(
     return [_finish(ep) for ep in episodes]
 
 
+def _sample(
+    policy: Policy, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator
+) -> list[Sample]:
+    """One batched call; when the engine refuses the batch as too long, find out prompt by prompt."""
+    try:
+        return policy.sample(prompts, params, generator=generator)
+    except ContextLengthExceeded:
+        if len(prompts) == 1:
+            return [Sample(token_ids=[], logprobs=[], finish_reason="context")]
+        return [_sample(policy, [p], params, generator)[0] for p in prompts]
+
+
 def _advance(
     tokenizer: Any,
     ep: _Episode,
@@ -170,6 +191,7 @@ def _advance(
     logprobs: list[float],
     finish_reason: str,
     config: RolloutConfig,
+    policy_version: int = 0,
 ) -> bool:
     """Record one sampled turn and the env's answers; return whether the episode continues."""
     if not ids:
@@ -188,6 +210,7 @@ def _advance(
         index=len(ep.turns), message_index=msg_index, token_ids=list(ids), logprobs=list(logprobs)
     )
     ep.turns.append(turn)
+    turn.extra["policy_version"] = int(policy_version)
     if finish_reason != "stop":
         turn.extra["truncated"] = True
     if calls:
@@ -229,11 +252,13 @@ def _finish(ep: _Episode) -> Rollout:
     if "reward" not in outcome:
         raise CadenzaError(f"env for task {ep.task_id!r} returned an outcome without 'reward' from finish()")
     reward = float(outcome["reward"])
+    versions = [int(t.extra.get("policy_version", 0)) for t in ep.turns]
     meta = {
         "task_id": ep.task_id,
         "stop_reason": ep.stop_reason or "context",
         "num_turns": len(ep.turns),
         "tools": ep.tools,
+        "policy_version": min(versions, default=0),  # the oldest weights that sampled any of its tokens
     }
     tokens = ep.builder.build(messages=ep.messages, reward=reward, group_id=ep.group_id, metadata=meta)
     trajectory = Trajectory(
@@ -242,6 +267,10 @@ def _finish(ep: _Episode) -> Rollout:
         turns=ep.turns,
         outcome=outcome,
         reward=reward,
-        meta={"group_id": ep.group_id, "stop_reason": meta["stop_reason"]},
+        meta={
+            "group_id": ep.group_id,
+            "stop_reason": meta["stop_reason"],
+            "policy_version": meta["policy_version"],
+        },
     )
     return Rollout(tokens=tokens, trajectory=trajectory, outcome=outcome)

@@ -15,7 +15,7 @@ import torch
 
 from cadenza.errors import CadenzaError
 from cadenza.rl.logprobs import sequence_logprobs
-from cadenza.rl.losses import AGGREGATIONS, clip_fraction, grpo_loss, masked_mean
+from cadenza.rl.losses import AGGREGATIONS, clip_fraction, grpo_loss, masked_mean, truncated_is_weights
 from cadenza.rl.policy import HFPolicy
 from cadenza.rl.teacher import HintedTurn, SDResult, Teacher
 from cadenza.rl.tokens import TokenBatch
@@ -30,6 +30,9 @@ class LossConfig:
     lambda_sd: float = 1.0
     temperature: float = 1.0  # the sampling temperature: log-probs are computed under the same scaling
     chunk_size: int | None = 1024
+    # > 0: off-policy GRPO (decoupled PPO): ratios against the trainer's own log-probs, each token weighted
+    # by min(pi_trainer / mu_engine, is_cap). 0: ratios against the engine's log-probs (on-policy sampling).
+    is_cap: float = 0.0
 
     def __post_init__(self) -> None:
         if self.aggregation not in AGGREGATIONS:
@@ -51,6 +54,8 @@ class StepLosses:
     kl_unhinted: float  # mean k3 estimate of KL(behaviour || current) on those tokens
     clip_fraction: float
     num_model_tokens: int
+    mismatch_kl: float = 0.0  # mean k3 KL(engine || trainer) on all model tokens (staleness + kernel drift)
+    is_truncated: float = 0.0  # fraction of model tokens whose importance weight hit is_cap
 
 
 def hinted_mask(batch: TokenBatch, items: Sequence[HintedTurn]) -> torch.Tensor:
@@ -92,9 +97,13 @@ def rl_losses(
         chunk_size=cfg.chunk_size,
         temperature=cfg.temperature,
     )
+    behaviour, is_weights, truncated = batch.behaviour_logprobs, None, None
+    if cfg.is_cap > 0:  # the trainer's weights are the proximal policy; the engine's tokens get IS weights
+        is_weights, truncated = truncated_is_weights(logprobs, behaviour, cfg.is_cap)
+        behaviour = logprobs.detach()
     grpo = grpo_loss(
         logprobs,
-        batch.behaviour_logprobs,
+        behaviour,
         advantages,
         batch.loss_mask,
         cfg.clip_eps_low,
@@ -102,6 +111,7 @@ def rl_losses(
         ref_logprobs=ref_logprobs,
         kl_coef=cfg.kl_coef,
         aggregation=cfg.aggregation,
+        is_weights=is_weights,
     )
     if use_sd:
         sd = teacher.loss(hidden, policy.lm_head, items, cache)
@@ -125,4 +135,8 @@ def rl_losses(
                 )
             ),
             num_model_tokens=int(batch.loss_mask.sum()),
+            mismatch_kl=float(masked_mean(k3, batch.loss_mask)),
+            is_truncated=float(masked_mean(truncated.float(), batch.loss_mask))
+            if truncated is not None
+            else 0.0,
         )

@@ -32,7 +32,7 @@ from cadenza.rl.teacher import build_hinted_turns
 from cadenza.rl.tokens import collate
 from cadenza.rl.trainer import Trainer
 
-TIMING = {"tokens_per_s", "rollout_s", "step_s"}
+TIMING = {"tokens_per_s", "rollout_s", "step_s", "generate_s", "sync_s"}
 
 
 @pytest.fixture(autouse=True)

@@ -103,3 +103,16 @@ def test_eval_config_validation(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(CadenzaError, match="is a file"):
         EvalConfig(tasks_dir=tmp_path, out_dir=tmp_path / "file", llm=llm)
+
+
+def test_context_overflow_in_eval_is_a_graded_context_exhausted_episode(tmp_path):
+    """The served model's HTTP 400 'maximum context length' ends the task as "context", graded, not errored."""
+    from tests.unit.test_llm_loop import VLLM_CONTEXT_400
+
+    make_tasks(tmp_path / "set", ["t1"])
+    with serve(scripted([tool_call("add", n=5), (400, VLLM_CONTEXT_400)])) as srv:
+        cfg = EvalConfig(tasks_dir=tmp_path / "set", out_dir=tmp_path / "out", concurrency=1, max_turns=5,
+                         llm=LLMConfig(endpoint=srv.url, model="m", backoff_s=0.01))  # fmt: skip
+        report = evaluate(cfg, make_env=lambda _: SlowCounterEnv())
+    (res,) = report.results
+    assert res.error is None and res.stop_reason == "context" and res.resolved and report.errored == 0

@@ -225,3 +225,33 @@ def test_loop_monitors_trajectories_of_plain_envs():
         traj = run_agent(env, client(srv.url))
     assert traj.outcome["resolved"] and traj.reward == 0.0
     assert [(f.rule, f.turn) for f in traj.flags] == [("git_archaeology", 1)]
+
+
+VLLM_CONTEXT_400 = json.dumps(
+    {
+        "object": "error",
+        "message": "This model's maximum context length is 8192 tokens. However, you requested 8230 tokens "
+        "(8102 in the messages, 128 in the completion). Please reduce the length of the messages or completion.",
+        "type": "BadRequestError",
+        "param": None,
+        "code": 400,
+    }
+).encode()
+
+
+def test_context_overflow_ends_the_episode_as_context_and_grades_it():
+    """vLLM's HTTP 400 'maximum context length' is the end of the conversation, not an endpoint failure."""
+    script = [tool_call("add", n=5), (400, VLLM_CONTEXT_400)]
+    env = CounterEnv()
+    with serve(scripted(script)) as srv:
+        traj = run_agent(env, client(srv.url, max_retries=3), config=LoopConfig(max_turns=10))
+        assert len(srv.requests) == 2  # not retried
+    assert env.finished and traj.outcome == {"resolved": True, "reward": 1.0}  # graded like any other
+    assert traj.meta["stop_reason"] == "context" and "errored" not in traj.meta and len(traj.turns) == 1
+
+
+def test_other_400s_stay_errors():
+    env = CounterEnv()
+    with serve(scripted([(400, b'{"message": "bad tool schema"}')])) as srv:
+        traj = run_agent(env, client(srv.url), config=LoopConfig(max_turns=3))
+    assert traj.meta["errored"] and "bad tool schema" in traj.meta["error"] and "stop_reason" not in traj.meta

@@ -14,6 +14,7 @@ from cadenza.rl.losses import (
     grpo_loss,
     sampled_token_sd_loss,
     self_distillation_loss,
+    truncated_is_weights,
 )
 
 # ---------------------------------------------------------------- float64 reference
@@ -251,3 +252,69 @@ def test_grpo_rejects_bad_aggregation():
     z = torch.zeros(2, 3)
     with pytest.raises(CadenzaError, match="aggregation"):
         grpo_loss(z, z, torch.zeros(2), z, aggregation="mean")
+
+
+@pytest.mark.parametrize("cap", [1.0, 2.0, 5.0])
+def test_truncated_is_grpo_matches_float64_reference(cap):
+    """Decoupled off-policy GRPO: ratio against the proximal (trainer) policy, each token weighted by
+    ``min(pi_prox / mu, cap)`` against the engine's behaviour log-probs ``mu``; reference in float64 loops."""
+    rng = np.random.default_rng(11)
+    B, T = 3, 6
+    mu = -rng.random((B, T)) * 2
+    prox = mu + rng.normal(size=(B, T)) * 0.8  # stale engine: many weights above the cap
+    lp = prox + rng.normal(size=(B, T)) * 0.3
+    adv = rng.normal(size=B)
+    mask = rng.random((B, T)) < 0.8
+    mask[0, 0] = True
+
+    def reference(lp_: np.ndarray) -> float:
+        total, count = 0.0, 0
+        for b in range(B):
+            for t in range(T):
+                if mask[b, t]:
+                    r = math.exp(lp_[b, t] - prox[b, t])
+                    w = min(math.exp(prox[b, t] - mu[b, t]), cap)
+                    total += -w * min(r * adv[b], min(max(r, 0.8), 1.28) * adv[b])
+                    count += 1
+        return total / count
+
+    w, truncated = truncated_is_weights(
+        torch.tensor(prox, dtype=torch.float32), torch.tensor(mu, dtype=torch.float32), cap
+    )
+    want_trunc = np.exp(prox - mu) > cap
+    assert np.array_equal(truncated.numpy(), want_trunc)
+    assert cap == 5.0 or 0 < want_trunc.sum() < want_trunc.size  # the small caps really truncate some tokens
+    assert np.allclose(w.numpy(), np.minimum(np.exp(prox - mu), cap), rtol=1e-6)
+    x = torch.tensor(lp, dtype=torch.float32, requires_grad=True)
+    loss = grpo_loss(x, torch.tensor(prox, dtype=torch.float32), torch.tensor(adv), torch.tensor(mask),
+                     0.2, 0.28, is_weights=w)  # fmt: skip
+    assert loss.item() == pytest.approx(reference(lp), rel=1e-5)
+    loss.backward()
+    h = 1e-6
+    for b, t in zip(*np.nonzero(mask), strict=True):
+        plus, minus = lp.copy(), lp.copy()
+        plus[b, t] += h
+        minus[b, t] -= h
+        fd = (reference(plus) - reference(minus)) / (2 * h)
+        assert x.grad[b, t].item() == pytest.approx(fd, rel=1e-4, abs=1e-6)
+    with pytest.raises(CadenzaError, match="cap must be >= 1"):
+        truncated_is_weights(x, x, 0.5)
+
+
+def test_truncated_is_in_the_step_loss_is_the_capped_policy_gradient():
+    """With the trainer's weights as the proximal policy (one update per batch) the ratio is 1, so the
+    gradient per token is ``-min(exp(lp - mu), cap) * A / N``: checked against float64 by hand."""
+    rng = np.random.default_rng(3)
+    lp = -rng.random((2, 5))
+    mu = lp + rng.normal(size=(2, 5))
+    adv = np.array([1.5, -0.5])
+    mask = np.ones((2, 5), dtype=bool)
+    x = torch.tensor(lp, requires_grad=True)
+    w, _ = truncated_is_weights(x, torch.tensor(mu), 2.0)
+    loss = grpo_loss(x, x.detach(), torch.tensor(adv), torch.tensor(mask), 0.2, 0.28, is_weights=w)
+    loss.backward()
+    want = -np.minimum(np.exp(lp - mu), 2.0) * adv[:, None] / mask.sum()
+    assert np.allclose(x.grad.numpy(), want, rtol=1e-12, atol=1e-15)
+    assert loss.item() == pytest.approx(
+        float((-np.minimum(np.exp(lp - mu), 2.0) * adv[:, None]).mean()), rel=1e-12
+    )

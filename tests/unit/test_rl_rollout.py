@@ -131,3 +131,41 @@ def test_context_limit_truncates_turn_and_closes_it(tok):
     assert end - start == 5 and r.trajectory.turns[0].extra["truncated"] is True
     assert r.tokens.input_ids[end] == tok.eos_token_id and r.tokens.loss_mask[end] == 0  # closed, not trained
     assert r.tokens.metadata["stop_reason"] in ("context", "no_tool_call")
+
+
+class _WindowedEngine(ScriptedPolicy):
+    """A scripted engine whose weights move on every call (version = call count) and whose context
+    window is ``window`` tokens: longer prompts are refused the way a served engine refuses them."""
+
+    def __init__(self, tokenizer, turns, window: int) -> None:
+        super().__init__(tokenizer, turns)
+        self.window = window
+
+    def sample(self, prompts, params, *, generator=None):
+        from cadenza.errors import ContextLengthExceeded
+
+        if any(len(p) > self.window for p in prompts):
+            raise ContextLengthExceeded(f"maximum context length is {self.window} tokens")
+        version = self.calls
+        out = super().sample(prompts, params, generator=generator)
+        for s in out:
+            s.policy_version = version
+        return out
+
+
+def test_turns_record_their_policy_version_and_context_overflow_ends_as_context(tok):
+    call = '<tool_call>\n{"name": "add", "arguments": {"x": 1}}\n</tool_call>'
+    [probe] = rollout(
+        ScriptedPolicy(tok, [call]),
+        tok,
+        [RolloutTask(task_id="a", make_env=CounterEnv)],
+        RolloutConfig(group_size=1, max_turns=2),
+    )
+    second_prompt = probe.tokens.turn_spans[1][0]  # the context length at which turn 2 is asked for
+    engine = _WindowedEngine(tok, [call], window=second_prompt + 3)  # turn 2 fits, turn 3 does not
+    [r] = rollout(engine, tok, [RolloutTask(task_id="a", make_env=CounterEnv)], RolloutConfig(group_size=1))
+    _check_consistent(tok, r)
+    assert [t.extra["policy_version"] for t in r.trajectory.turns] == [0, 1]
+    assert r.trajectory.meta["policy_version"] == 0 and r.tokens.metadata["policy_version"] == 0
+    assert r.tokens.metadata["stop_reason"] == "context" and r.trajectory.meta["stop_reason"] == "context"
+    assert r.outcome == {"reward": 0.0, "resolved": False}  # finish() graded it like any other episode

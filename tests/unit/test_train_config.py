@@ -37,6 +37,14 @@ def write(tmp_path, text: str):
             r"unknown kinds \['vibes'\]",
         ),
         ('[feedback]\nplacement = "end"\n[model]\ntokenizer = "tok"', r"unknown hint placement 'end'"),
+        ('[rollout]\nmax_staleness = -1\n[model]\ntokenizer = "tok"', r"rollout.max_staleness must be >= 0"),
+        (
+            '[rollout]\nengine = "sglang"\n[model]\ntokenizer = "tok"',
+            r"rollout.engine = 'sglang' is not allowed",
+        ),
+        ('[rollout]\nengine = "openai"\n[model]\ntokenizer = "tok"', r"needs rollout.endpoint"),
+        ('[rollout]\nengine_timeout_s = 0\n[model]\ntokenizer = "tok"', r"engine_timeout_s must be > 0"),
+        ('[loss]\nis_cap = 0.5\n[model]\ntokenizer = "tok"', r"loss.is_cap must be 0 \(off\) or >= 1"),
         ("run = 3", r"run must be a table"),
         ("[run\n", r"invalid TOML"),
     ],
@@ -69,3 +77,27 @@ def test_monitor_hook_zeroes_reward_of_flagged_trajectories():
     clean = Trajectory(task_id="t")
     assert apply_monitor(lambda t: [], clean, 1.0) == (1.0, 0) and clean.flags == []
     assert apply_monitor(None, clean, 0.5) == (0.5, 0)
+
+
+@pytest.mark.parametrize(
+    ("argv", "match"),
+    [
+        (["train", "{cfg}", "--max-staleness", "-1"], "rollout.max_staleness must be >= 0"),
+        (["train", "{cfg}", "--engine", "sglang"], "rollout.engine = 'sglang' is not allowed"),
+        (["demo", "--engine", "openai", "--out", "{tmp}/demo"], "needs rollout.endpoint"),
+        (["demo", "--max-staleness", "-2", "--out", "{tmp}/demo"], "rollout.max_staleness must be >= 0"),
+    ],
+)
+def test_engine_flags_bad_values_are_one_line_before_work(tmp_path, argv, match):
+    import subprocess
+    import sys
+
+    cfg = write(tmp_path, '[model]\ntokenizer = "tok"')
+    args = [a.format(cfg=cfg, tmp=tmp_path) for a in argv]
+    proc = subprocess.run(
+        [sys.executable, "-m", "cadenza", *args], capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 2, proc.stderr[-500:]
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and match in lines[0], proc.stderr
+    assert not (tmp_path / "demo").exists()  # nothing was built

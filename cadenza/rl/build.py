@@ -1,0 +1,127 @@
+"""What the trainer is built from: the policy, the optimizer, the loss settings, and the resume check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cadenza.errors import CadenzaError
+from cadenza.rl.config import TrainConfig
+from cadenza.rl.step import LossConfig as StepLossConfig
+from cadenza.rl.teacher import SelfDistillConfig
+
+
+def build_policy(cfg: TrainConfig) -> tuple[Any, Any]:
+    """Tokenizer + :class:`HFPolicy` from ``[model]``: a local HF directory, or random init."""
+    from cadenza.rl.chat import load_tokenizer
+    from cadenza.rl.policy import HFPolicy, tiny_qwen3_config, tiny_qwen3_moe_config
+
+    m = cfg.model
+    tokenizer = load_tokenizer(m.tokenizer or m.path)
+    if m.path:
+        policy = HFPolicy.from_pretrained(m.path, dtype=m.dtype, device=m.device)
+    else:
+        common = dict(
+            hidden_size=m.hidden_size,
+            num_hidden_layers=m.num_layers,
+            num_attention_heads=m.num_heads,
+            num_key_value_heads=m.num_kv_heads,
+            head_dim=m.hidden_size // m.num_heads,
+        )
+        if m.arch == "qwen3_moe":
+            conf = tiny_qwen3_moe_config(
+                len(tokenizer),
+                moe_intermediate_size=m.intermediate_size,
+                num_experts=m.num_experts,
+                num_experts_per_tok=m.experts_per_token,
+                **common,
+            )
+        else:
+            conf = tiny_qwen3_config(len(tokenizer), intermediate_size=m.intermediate_size, **common)
+        policy = HFPolicy.from_config(conf, seed=cfg.run.seed, dtype=m.dtype, device=m.device)
+    if policy.vocab_size < len(tokenizer):
+        raise CadenzaError(
+            f"model vocab ({policy.vocab_size}) is smaller than the tokenizer's ({len(tokenizer)}); they do not belong together"
+        )
+    return tokenizer, policy
+
+
+# run options that may change between a run and its resumption
+_RESUMABLE_CHANGES = {
+    "steps",
+    "progress",
+    "tensorboard",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "out_dir",
+    "threads",
+    "measure_kl",
+}
+
+
+def check_same_run(path: Path, cfg: TrainConfig) -> None:
+    """Refuse to resume a checkpoint written under a different config (it would silently mix two runs)."""
+    if not path.exists():
+        return
+
+    old, new = json.loads(path.read_text()), cfg.to_dict()
+    diffs = [
+        f"{sec}.{k}"
+        for sec in new
+        for k in new[sec]
+        if old.get(sec, {}).get(k) != new[sec][k] and not (sec == "run" and k in _RESUMABLE_CHANGES)
+    ]
+    if diffs:
+        raise CadenzaError(
+            f"{path.parent} holds a run with a different config ({', '.join(diffs[:5])}); "
+            "use another run.out_dir, or --no-resume to start over"
+        )
+
+
+def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW, or cadenza's Muon (matrix groups at the model's granularity, AdamW for the rest)."""
+    o = cfg.optim
+    if o.name == "muon":
+        from cadenza.optim.groups import muon_param_groups
+        from cadenza.optim.muon import Muon
+
+        groups = muon_param_groups(model, adamw_lr=o.lr, adamw_weight_decay=o.weight_decay)
+        return Muon(groups, lr=o.muon_lr, weight_decay=o.weight_decay)
+    return torch.optim.AdamW(model.parameters(), lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+
+
+def sd_config(cfg: TrainConfig) -> SelfDistillConfig:
+    lc, tc = cfg.loss, cfg.teacher
+    return SelfDistillConfig(
+        placement=cfg.feedback.placement,
+        teacher=tc.weights,
+        ema_decay=tc.ema_decay,
+        reuse_prefix_cache=tc.reuse_prefix_cache,
+        divergence=lc.divergence,
+        beta=lc.beta,
+        top_k=lc.top_k or None,
+        temperature=lc.sd_temperature,
+        chunk_size=tc.chunk_size,
+        token_clip=lc.token_clip or None,
+    )
+
+
+def step_config(cfg: TrainConfig) -> StepLossConfig:
+    """The GRPO/SD loss settings. Truncated IS applies when the engine's weights can differ from the
+    trainer's (asynchronous rollouts, or another engine's kernels); the synchronous ``hf`` engine samples
+    with the trainer's own module, so its behaviour log-probs already are the trainer's."""
+    lc, r = cfg.loss, cfg.rollout
+    off_policy = r.max_staleness > 0 or r.engine != "hf"
+    return StepLossConfig(
+        clip_eps_low=lc.clip_eps,
+        clip_eps_high=lc.clip_eps_high,
+        kl_coef=lc.kl_ref,
+        aggregation=lc.aggregation,
+        lambda_sd=lc.lambda_sd,
+        temperature=r.temperature,
+        chunk_size=cfg.teacher.chunk_size,
+        is_cap=lc.is_cap if off_policy else 0.0,
+    )
