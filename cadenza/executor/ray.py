@@ -179,6 +179,13 @@ class RayExecutor:
         )
         return remote.remote(self._queue, unit, fn, *args).future()
 
+    def actor(self, cls: type, *args: Any, num_cpus: int = 1) -> Any:
+        """A Ray actor of ``cls(*args)``; not restarted by Ray (callers replace dead actors themselves,
+        so they know which unit was lost)."""
+        import ray
+
+        return ray.remote(cls).options(num_cpus=num_cpus, max_restarts=0).remote(*args)
+
     def events(self) -> EventQueue:
         return self._events
 
