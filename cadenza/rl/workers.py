@@ -159,6 +159,17 @@ class RayWorkers:
                 f"rollout workers did not finish a {what} within {self.timeout_s:g} s; check `ray status`"
             ) from None
 
+    # the engine face the trainer's pipeline sees: versions and weight pushes; sampling goes through units
+    @property
+    def version(self) -> int:
+        return -1 if self._weights is None else self._weights[1]
+
+    def sync_weights(self, named: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
+        self.sync(named, version)
+
+    def sample(self, *args: Any, **kwargs: Any) -> Any:
+        raise CadenzaError("Ray rollout workers sample inside their actors; call run(units)")
+
     def pids(self) -> list[int]:
         return self._get([s.actor.pid.remote() for s in self.slots], "pid query")
 
