@@ -30,6 +30,17 @@ _START = "__cadenza_unit_start__"
 LOST_ERRORS = ("WorkerCrashedError", "NodeDiedError", "ActorDiedError", "OwnerDiedError", "ObjectLostError")
 
 
+_TOKEN: list[str] = []
+
+
+def _process_token() -> str:
+    """One auth token per process: Ray caches the token it read first, so a second private cluster in
+    the same process must use the same one."""
+    if not _TOKEN:
+        _TOKEN.append(secrets.token_hex(16))
+    return _TOKEN[0]
+
+
 def _call(sink: Any, unit: int, fn: Callable[..., Any], *args: Any) -> Any:
     """Runs on the worker: connect the progress channel, announce the start, run the unit."""
     set_sink(sink)
@@ -135,7 +146,7 @@ class RayExecutor:
         env = {
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
             "RAY_AUTH_MODE": "token",  # a token in the environment: nothing is written to ~/.ray
-            "RAY_AUTH_TOKEN": secrets.token_hex(16),
+            "RAY_AUTH_TOKEN": _process_token(),
         }
         self._saved_env = {k: os.environ.get(k) for k in env}
         os.environ.update(env)
