@@ -57,3 +57,7 @@ def register(app: typer.Typer) -> None:
                 f"done: step {last['step']}, reward {last['reward']:.3f}, invalid-tool rate "
                 f"{last['invalid_tool_rate']:.3f}; metrics in {Path(cfg.run.out_dir) / 'metrics.jsonl'}"
             )
+            if "units_retried" in last:  # rollout actors: the run's faults, as counted by the workers
+                typer.echo(
+                    f"rollout units: {last['units_retried']} retried after a worker died, {last['units_lost']} lost"
+                )
