@@ -43,6 +43,14 @@ def register(app: typer.Typer) -> None:
             None, "--statement-llm", help="OpenAI-compatible URL for statements."
         ),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
+        executor: str = typer.Option(
+            "local", "--executor", help="Where sources are built: local (processes) or ray (a cluster)."
+        ),
+        ray_address: str = typer.Option(
+            "",
+            "--ray-address",
+            help="With --executor ray: host:port or auto (default: a private local cluster).",
+        ),
     ) -> None:
         """Build validated, leak-free tasks from SOURCEs into a task set."""
         from rich.console import Console
@@ -59,6 +67,8 @@ def register(app: typer.Typer) -> None:
             seed=seed,
             statement_llm=statement_llm,
             progress=not quiet,
+            executor=executor,
+            ray_address=ray_address,
         )
         summary = build_tasks(sources, cfg, console=console)
         print_summary(summary, out_console())

@@ -20,6 +20,15 @@ def register(app: typer.Typer) -> None:
         max_staleness: int | None = typer.Option(
             None, "--max-staleness", help="Override rollout.max_staleness (steps rollouts may run ahead)."
         ),
+        executor: str = typer.Option(
+            "", "--executor", help="Override rollout.executor: local (this process) or ray (rollout actors)."
+        ),
+        ray_address: str = typer.Option(
+            "",
+            "--ray-address",
+            help="Override rollout.ray_address (host:port or auto; default: private cluster).",
+        ),
+        workers: int = typer.Option(0, "--workers", help="Override rollout.workers (Ray rollout actors)."),
     ) -> None:
         """Train a policy with GRPO plus self-distillation from text hints; metrics, checkpoints, exact resume."""
         from cadenza import preflight
@@ -35,6 +44,9 @@ def register(app: typer.Typer) -> None:
             overrides["rollout.engine"] = engine
         if max_staleness is not None:
             overrides["rollout.max_staleness"] = max_staleness
+        for key, value in (("executor", executor), ("ray_address", ray_address), ("workers", workers)):
+            if value:
+                overrides[f"rollout.{key}"] = value
         cfg = load_config(config, overrides)  # every config error surfaces here, before torch is imported
         preflight.for_train(Path(cfg.run.out_dir), sandboxed=cfg.env.name in SANDBOXED_ENVS)
 
@@ -48,3 +60,7 @@ def register(app: typer.Typer) -> None:
                 f"done: step {last['step']}, reward {last['reward']:.3f}, invalid-tool rate "
                 f"{last['invalid_tool_rate']:.3f}; metrics in {Path(cfg.run.out_dir) / 'metrics.jsonl'}"
             )
+            if "units_retried" in last:  # rollout actors: the run's faults, as counted by the workers
+                typer.echo(
+                    f"rollout units: {last['units_retried']} retried after a worker died, {last['units_lost']} lost"
+                )

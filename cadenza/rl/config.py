@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cadenza.config_io import apply_overrides, from_dict, read_toml
-from cadenza.errors import ConfigError
+from cadenza.errors import CadenzaError, ConfigError
 from cadenza.feedback.generate import FeedbackConfig
 
 
@@ -72,6 +72,11 @@ class RolloutConfig:
     engine_timeout_s: float = 600.0  # longest one engine call (a generation or a weight sync) may take
     engine_options: dict[str, Any] = field(default_factory=dict)  # engine-specific knobs (see docs/async.md)
     max_staleness: int = 0  # K: rollouts of step n+1..n+K are sampled while step n trains (0 = synchronous)
+    executor: Literal["local", "ray"] = (
+        "local"  # where episodes run: this process, or Ray actors (docs/ray.md)
+    )
+    workers: int = 2  # executor = "ray": rollout actors (one CPU each), each owning its envs and sandboxes
+    ray_address: str = ""  # executor = "ray": "" = a private loopback cluster, else host:port or "auto"
 
 
 @dataclass(kw_only=True)
@@ -228,6 +233,22 @@ def validate_engine(r: RolloutConfig) -> None:
         raise ConfigError(f"rollout.max_staleness must be >= 0 (0 = synchronous), got {r.max_staleness}")
     if not r.engine_timeout_s > 0:
         raise ConfigError("rollout.engine_timeout_s must be > 0 (seconds)")
+    if r.executor not in ("local", "ray"):
+        raise ConfigError(f"rollout.executor = {r.executor!r} is not allowed; use 'local' or 'ray'")
+    if r.executor == "ray":
+        if r.workers < 1:
+            raise ConfigError(f"rollout.workers must be >= 1 with executor = 'ray', got {r.workers}")
+        if r.engine != "hf":
+            raise ConfigError(
+                "rollout.executor = 'ray' works with engine = 'hf' so far (actors with their own weight copy); "
+                "served engines behind Ray workers are not built yet"
+            )
+        from cadenza.executor import ExecutorConfig, preflight
+
+        try:
+            preflight(ExecutorConfig(kind="ray", ray_address=r.ray_address))
+        except CadenzaError as exc:  # the same one line, as a config error
+            raise ConfigError(str(exc)) from None
     if r.engine == "openai" and not r.endpoint.startswith(("http://", "https://")):
         raise ConfigError(
             "rollout.engine = 'openai' needs rollout.endpoint, an http(s) URL such as http://127.0.0.1:8000/v1"

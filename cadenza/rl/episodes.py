@@ -72,10 +72,21 @@ def sample_step_tasks(source: Any, cfg: Any, step: int) -> list[Any]:
 
 
 def collect_episodes(
-    engine: Any, tokenizer: Any, source: Any, cfg: Any, step: int, tasks: list[Any]
+    engine: Any,
+    tokenizer: Any,
+    source: Any,
+    cfg: Any,
+    step: int,
+    tasks: list[Any],
+    *,
+    seed: int | None = None,
+    group_offset: int = 0,
 ) -> list[Episode]:
     """Roll out ``tasks`` with ``engine``; read each episode's outcome (graded and monitored once, by the
-    episode itself) and annotate it with hints."""
+    episode itself) and annotate it with hints.
+
+    ``seed`` (default: the step's) and ``group_offset`` let a rollout worker run one task of a step
+    on its own (:mod:`cadenza.rl.workers`)."""
     made: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
 
     def factory(task: Any):
@@ -95,13 +106,14 @@ def collect_episodes(
         max_new_tokens=r.max_new_tokens,
         temperature=r.temperature,
         top_k=r.top_k,
-        seed=step_seed(cfg, step),
+        seed=step_seed(cfg, step) if seed is None else seed,
     )
     results = rollout(
         engine,
         tokenizer,
         [RolloutTask(task_id=str(getattr(t, "id", i)), make_env=factory(t)) for i, t in enumerate(tasks)],
         params,
+        group_offset=group_offset,
     )
 
     def count(text: str) -> int:

@@ -206,6 +206,12 @@ def build_engine(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) ->
     weights by the caller's first sync.
     """
     r = cfg.rollout
+    if r.executor == "ray":  # the actors hold the engines; they receive weights through sync_weights
+        from cadenza.executor import ExecutorConfig
+        from cadenza.rl.workers import RayWorkers
+
+        ex = ExecutorConfig(kind="ray", ray_address=r.ray_address, workers=r.workers, run_dir=None)
+        return RayWorkers(cfg, r.workers, ex, timeout_s=r.engine_timeout_s)
     if r.engine == "hf":
         if r.max_staleness == 0:
             return LocalHFEngine(policy, share=True, version=version)

@@ -114,10 +114,12 @@ def rollout(
     config: RolloutConfig,
     *,
     on_episode_done: Callable[[int, int], None] | None = None,
+    group_offset: int = 0,
 ) -> list[Rollout]:
     """Roll out ``config.group_size`` episodes per task; results are ordered task by task.
 
-    ``group_id`` of every sample of ``tasks[i]`` is ``f"{i}:{task_id}"`` (GRPO groups).
+    ``group_id`` of every sample of ``tasks[i]`` is ``f"{group_offset + i}:{task_id}"`` (GRPO groups;
+    the offset keeps ids unique when one step's tasks are rolled out in separate units).
     ``on_episode_done(finished, total)`` is called as episodes end (for progress bars).
     """
     require_chat_template(tokenizer)
@@ -128,7 +130,7 @@ def rollout(
         raise CadenzaError("no tasks to roll out")
     generator = torch.Generator().manual_seed(config.seed)
     episodes = [
-        _start(tokenizer, task, f"{i}:{task.task_id}")
+        _start(tokenizer, task, f"{group_offset + i}:{task.task_id}")
         for i, task in enumerate(tasks)
         for _ in range(config.group_size)
     ]

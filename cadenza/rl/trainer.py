@@ -45,6 +45,7 @@ from cadenza.rl.pipeline import RolloutPipeline, WatchedEngine
 from cadenza.rl.probe import HintFollowingEroded, schedule_for_run
 from cadenza.rl.teacher import Teacher
 from cadenza.rl.update import Learner, UpdateResult
+from cadenza.rl.workers import RayWorkers, Unit
 
 __all__ = ["Episode", "Trainer", "build_optimizer", "build_policy"]
 
@@ -124,6 +125,10 @@ class Trainer:
         return self._collect(step, tasks)
 
     def _collect(self, step: int, tasks: list[Any]) -> list[Episode]:
+        workers = self.engine.engine
+        if isinstance(workers, RayWorkers):  # one unit per task, run by the actors
+            units = [Unit(step=step, index=i, task=t) for i, t in enumerate(tasks)]
+            return [e for eps in workers.run(units) if eps for e in eps]
         return collect_episodes(self.engine, self.tokenizer, self.source, self.cfg, step, tasks)
 
     def _queue(self, step: int) -> None:
@@ -169,7 +174,10 @@ class Trainer:
             kept.append(e)
             staleness.append(lag)
         self.dropped_stale += dropped
+        counts = getattr(self._engine.engine, "counts", None) if self._engine is not None else None
+        units = {} if counts is None else {"units_retried": counts.retried, "units_lost": counts.lost}
         return kept, {
+            **units,
             "policy_version": step - 1,
             "staleness_mean": sum(staleness) / len(staleness) if staleness else 0.0,
             "staleness_max": max(staleness, default=0),

@@ -13,23 +13,21 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
-import multiprocessing as mp
-import os
 import queue as queue_mod
 import shutil
-import threading
 import time
 from collections.abc import Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cadenza.errors import CadenzaError
+from cadenza.executor import ExecutorConfig, emit, make_executor, preflight, set_sink
+from cadenza.tasks.progress import BuildProgress
 from cadenza.tasks.scan import Finding, scan_tasks
 from cadenza.tasks.scrub import scrub_env, scrub_workspace
 from cadenza.tasks.secret import derive_secret
-from cadenza.tasks.store import SourceReport, TaskStore, pid_alive
+from cadenza.tasks.store import SourceReport, TaskStore, owner_alive, owner_tag
 from cadenza.tasks.task import GOLD_PATCH, WORKSPACE, save_task
 
 if TYPE_CHECKING:
@@ -50,6 +48,8 @@ class BuildConfig:
     seed: int = 0
     statement_llm: str | None = None
     progress: bool = True
+    executor: str = "local"  # where sources are built: local processes or a Ray cluster (cadenza.executor)
+    ray_address: str = ""  # with executor "ray": "" = a private loopback cluster, else host:port or "auto"
 
     def params_key(self) -> str:
         key = {
@@ -68,6 +68,9 @@ class BuildSummary:
     tasks: list[dict[str, Any]]
     seconds: float
     rejections: list[dict[str, Any]] = field(default_factory=list)
+    executor: str = "local"
+    retried: int = 0  # units re-run after their worker died (Ray)
+    lost: int = 0  # units whose worker died on every try; their sources are reported failed
 
 
 @dataclass(kw_only=True)
@@ -133,9 +136,7 @@ def _new_stats(spec: str) -> Any:
     return BuildStats(source=spec)
 
 
-def build_source(
-    spec: str, cfg: BuildConfig, events: Any = None, build_id: int | None = None, workers: int = 1
-) -> SourceReport:
+def build_source(spec: str, cfg: BuildConfig, build_id: int | None = None, workers: int = 1) -> SourceReport:
     """Build the tasks of one source into the set; never raises for a bad source.
 
     The shared work runs once here; ``workers`` processes then validate candidates, and drafts
@@ -148,8 +149,7 @@ def build_source(
     t0 = time.monotonic()
     store = TaskStore(cfg.out)
     rep = SourceReport(source=spec, status="done")
-    work = cfg.out / WORK / f"{hashlib.sha256(spec.encode()).hexdigest()[:12]}.{os.getpid()}"
-    emit = events.put if events is not None else (lambda _msg: None)
+    work = cfg.out / WORK / f"{hashlib.sha256(spec.encode()).hexdigest()[:12]}.{owner_tag()}"
     attempts = None
     stats = _new_stats(spec)
     try:
@@ -207,19 +207,9 @@ def build_source(
     return rep
 
 
-_EVENTS: Any = None  # a source worker's progress queue, set once per process by _init_worker
-
-
-def _init_worker(events: Any, parent: int) -> None:
-    from cadenza.tasks.parallel import exit_with_parent
-
-    global _EVENTS
-    _EVENTS = events
-    exit_with_parent(parent)
-
-
-def _worker(spec: str, cfg: BuildConfig, events: Any, build_id: int, workers: int = 1) -> SourceReport:
-    rep = build_source(spec, cfg, events if events is not None else _EVENTS, build_id, workers)
+def _worker(spec: str, cfg: BuildConfig, build_id: int, workers: int = 1) -> SourceReport:
+    """One source, start to end, in whatever process the executor chose; records its report row."""
+    rep = build_source(spec, cfg, build_id, workers)
     TaskStore(cfg.out).record_source(build_id, cfg.params_key(), rep)
     return rep
 
@@ -232,8 +222,7 @@ def sweep_work(out: Path) -> None:
     work = Path(out) / WORK
     if work.is_dir():
         for d in work.iterdir():
-            pid = d.name.rsplit(".", 1)[-1]
-            if not (pid.isdigit() and pid_alive(int(pid))):
+            if not owner_alive(d.name.rsplit(".", 1)[-1]):
                 shutil.rmtree(d, ignore_errors=True)
 
 
@@ -250,6 +239,7 @@ def build_tasks(sources: Sequence[str], cfg: BuildConfig, *, console: Any = None
         )
     if cfg.max_tasks is not None and cfg.max_tasks < 1:
         raise CadenzaError(f"--max-tasks must be at least 1, got {cfg.max_tasks}")
+    preflight(ExecutorConfig(kind=cfg.executor, ray_address=cfg.ray_address))  # before any work
     t0 = time.monotonic()
     cfg.out = Path(cfg.out).resolve()
     store = TaskStore(cfg.out, create=True)
@@ -266,10 +256,14 @@ def build_tasks(sources: Sequence[str], cfg: BuildConfig, *, console: Any = None
                 key,
                 SourceReport(source=s, status="done", reason="resumed: finished in an earlier build"),
             )
+    retried = lost = 0
     if todo:
-        _run_parallel(todo, cfg, build_id, console)
+        retried, lost = _run_parallel(todo, cfg, build_id, console)
     store.finish_build(build_id)
     return BuildSummary(
+        executor=cfg.executor,
+        retried=retried,
+        lost=lost,
         out=cfg.out,
         reports=store.source_reports(build_id),
         tasks=store.rows(),
@@ -288,82 +282,73 @@ def split_workers(workers: int, n_sources: int) -> list[int]:
     return [workers // procs + (i < workers % procs) for i in range(procs)]
 
 
-def _run_parallel(todo: list[str], cfg: BuildConfig, build_id: int, console: Any) -> list[SourceReport]:
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    ctx = mp.get_context("spawn")
-    events = ctx.Queue()  # handed to source workers at start (no manager process to orphan on kill -9)
-    per_source = cfg.max_tasks
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[note]}"),
-        TimeElapsedColumn(),
-        console=console,
-        disable=not cfg.progress,
-        transient=False,
-    )
-    reports: list[SourceReport] = []
-    with progress:
-        overall = progress.add_task("sources", total=len(todo), note="")
-        bars = {s: progress.add_task(s[-40:], total=per_source, note="") for s in todo}
-        stop = threading.Event()
-
-        def drain() -> None:
-            while not stop.is_set():
+def _run_parallel(todo: list[str], cfg: BuildConfig, build_id: int, console: Any) -> tuple[int, int]:
+    """Every source in ``todo`` built through the configured executor; returns (retried, lost) units."""
+    per = split_workers(cfg.workers, len(todo))
+    inline = cfg.executor == "local" and len(per) == 1
+    ex = None
+    if inline:
+        events: Any = queue_mod.Queue()
+        set_sink(events)
+    else:
+        workers = len(per) if cfg.executor == "local" else cfg.workers
+        ex = make_executor(
+            ExecutorConfig(
+                kind=cfg.executor, ray_address=cfg.ray_address, workers=workers, run_dir=cfg.out / WORK
+            )
+        )
+        events = ex.events()
+    lost = 0
+    try:
+        if ex is not None and ex.name == "ray":
+            _require_bwrap_on_nodes(ex)
+        with BuildProgress(todo, cfg.max_tasks, events, console=console, show=cfg.progress):
+            if inline:
+                for s in todo:
+                    _worker(s, cfg, build_id, per[0])
+                return 0, 0
+            assert ex is not None
+            futures = {
+                s: ex.submit(_worker, s, cfg, build_id, per[i % len(per)], num_cpus=per[i % len(per)])
+                for i, s in enumerate(todo)
+            }
+            for spec, fut in futures.items():
                 try:
-                    msg = events.get(timeout=0.2)
-                except (queue_mod.Empty, EOFError, OSError):
-                    continue
-                kind, spec = msg[0], msg[1]
-                if kind == "task":
-                    progress.advance(bars[spec])
-                elif kind == "plan":
-                    skipped = f", {msg[3]} already in the set" if msg[3] else ""
-                    progress.update(bars[spec], note=f"{msg[2]} candidates{skipped}")
-                elif kind == "tried":
-                    progress.update(bars[spec], note=f"validated {msg[3]} of {msg[2]} tried")
-                elif kind == "leak":
-                    progress.update(bars[spec], note=f"[yellow]dropped {msg[2]} (leak)")
-                elif kind == "source":
-                    rep = msg[2]
-                    note = (
-                        f"[green]{rep['emitted']} tasks"
-                        if rep["status"] == "done"
-                        else f"[red]{rep['status']}: {rep['reason'][:60]}"
+                    fut.result()
+                except Exception as exc:
+                    if not _unit_lost(exc):
+                        raise
+                    lost += 1  # its worker died on every try: the source is reported, never half-published
+                    reason = f"lost: its worker died ({type(exc).__name__}); rerun the build to resume it"
+                    TaskStore(cfg.out).record_source(
+                        build_id, cfg.params_key(), SourceReport(source=spec, status="failed", reason=reason)
                     )
-                    progress.update(
-                        bars[spec],
-                        total=max(rep["emitted"], 1) if per_source is None else per_source,
-                        completed=rep["emitted"]
-                        if per_source is None or rep["status"] != "done"
-                        else per_source,
-                        note=note,
-                    )
-                    progress.advance(overall)
+        retried = ex.retries() if hasattr(ex, "retries") else 0
+        return retried, lost
+    finally:
+        if inline:
+            set_sink(None)
+        elif ex is not None:
+            ex.close()
 
-        drainer = threading.Thread(target=drain, daemon=True)
-        drainer.start()
-        try:
-            per = split_workers(cfg.workers, len(todo))
-            if len(per) == 1:
-                reports = [_worker(s, cfg, events, build_id, per[0]) for s in todo]
-            else:
-                with ProcessPoolExecutor(
-                    max_workers=len(per),
-                    mp_context=ctx,
-                    initializer=_init_worker,
-                    initargs=(events, os.getpid()),
-                ) as pool:
-                    futures = [
-                        pool.submit(_worker, s, cfg, None, build_id, per[i % len(per)])
-                        for i, s in enumerate(todo)
-                    ]
-                    reports = [f.result() for f in futures]
-        finally:
-            time.sleep(0.3)
-            stop.set()
-            drainer.join(timeout=5)
-            events.close()
-    return reports
+
+def _unit_lost(exc: BaseException) -> bool:
+    from concurrent.futures.process import BrokenProcessPool
+
+    if isinstance(exc, BrokenProcessPool):
+        return False  # a local worker died: the pool is gone, nothing else can run
+    from cadenza.executor.ray import is_lost
+
+    return is_lost(exc)
+
+
+def _require_bwrap_on_nodes(ex: Any) -> None:
+    from cadenza.sandbox.runner import bwrap_path
+
+    found = ex.run_on_every_node(bwrap_path)
+    missing = [node[:12] for node, res in found.items() if isinstance(res, BaseException)]
+    if missing:
+        raise CadenzaError(
+            f"{len(missing)} of {len(found)} Ray node(s) have no bubblewrap ({', '.join(missing)}); "
+            "install it there (apt-get install bubblewrap) or remove those nodes"
+        )

@@ -99,6 +99,12 @@ def print_summary(summary: Any, console: Console) -> None:
             console.print(
                 f"{r['status']} {r['source']}: {r['reason']}", soft_wrap=True, markup=False, highlight=False
             )
+    if summary.executor != "local":
+        console.print(
+            f"executor {summary.executor}: {summary.retried} unit(s) retried after a worker died, "
+            f"{summary.lost} lost",
+            soft_wrap=True,
+        )
     for rej in summary.rejections:
         console.print(
             f"not published {rej['task_id']}: {rej['reason']}", soft_wrap=True, markup=False, highlight=False

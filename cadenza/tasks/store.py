@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import shutil
+import socket
 import sqlite3
 import time
 import uuid
@@ -171,8 +172,8 @@ class TaskStore:
         if staging.is_dir():
             for leftover in staging.iterdir():
                 owner = leftover.name.rsplit(".", 2)
-                if len(owner) == 3 and owner[1].isdigit() and pid_alive(int(owner[1])):
-                    continue  # another live build is assembling this one
+                if len(owner) == 3 and owner_alive(owner[1]):
+                    continue  # another live build (on this host or another) is assembling this one
                 shutil.rmtree(leftover, ignore_errors=True)
         with self.db() as con:  # list dirs under the write lock: publish() renames under it too
             on_disk = {
@@ -223,7 +224,7 @@ class TaskStore:
     def staging(self, task_id: str) -> Iterator[Path]:
         """A fresh directory to assemble a task in; removed unless :meth:`publish` moved it."""
         _check_id(task_id)
-        tmp = self.root / STAGING / f"{task_id}.{os.getpid()}.{uuid.uuid4().hex[:8]}"
+        tmp = self.root / STAGING / f"{task_id}.{owner_tag()}.{uuid.uuid4().hex[:8]}"
         tmp.mkdir(parents=True)
         try:
             yield tmp
@@ -367,6 +368,24 @@ class TaskStore:
 def _check_id(task_id: str) -> None:
     if not task_id or "/" in task_id or task_id.startswith(".") or "\x00" in task_id:
         raise CadenzaError(f"invalid task id {task_id!r}: ids are plain names such as 'cachetools-0001'")
+
+
+def owner_tag() -> str:
+    """``pid@host`` of this process: names of staging and work dirs, which may sit on a filesystem
+    shared by several machines (a Ray build), where a bare pid says nothing."""
+    return f"{os.getpid()}@{socket.gethostname().replace('.', '_')}"
+
+
+def owner_alive(tag: str) -> bool:
+    """Whether the owner ``tag`` (see :func:`owner_tag`; a bare pid = this host) may still run.
+
+    Owners on another host are assumed alive: their directories are theirs to clean up."""
+    pid, _, host = tag.partition("@")
+    if not pid.isdigit():
+        return False
+    if host and host != socket.gethostname().replace(".", "_"):
+        return True
+    return pid_alive(int(pid))
 
 
 def pid_alive(pid: int) -> bool:

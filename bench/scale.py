@@ -1,0 +1,163 @@
+"""Scale-out throughput: task building and rollout episodes at 1 and 2 workers, local vs Ray, next to
+the capacity model.
+
+Builds the same sources (base envs warmed first: env cost is per requirement set) with the
+``local`` executor and with a private loopback Ray cluster, at 1 and 2 workers, and reports
+tasks/minute (wall clock), whether every build published the same task ids, and what
+:mod:`cadenza.scale` predicts from the core-seconds per task of the single-worker local build.
+On a machine with ``cores`` cores the prediction is capped at the idle cores (``loadavg`` is
+reported: other load makes every figure lower). Prints ONE JSON object.
+
+    python bench/scale.py [--packages pypi:a,pypi:b] [--max-tasks 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import sqlite3
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+PACKAGES = ["pypi:cachetools==8.0.2", "pypi:toolz==1.2.0"]
+
+
+def cpu_seconds() -> float:
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def build(sources: list[str], out: Path, executor: str, workers: int, max_tasks: int) -> dict:
+    from cadenza.tasks.factory import BuildConfig, build_tasks
+
+    cfg = BuildConfig(
+        out=out, workers=workers, max_tasks=max_tasks, levels=(1,), seed=1, progress=False, executor=executor
+    )
+    cpu0, wall0 = cpu_seconds(), time.monotonic()
+    summary = build_tasks(sources, cfg)
+    wall, cpu = time.monotonic() - wall0, cpu_seconds() - cpu0
+    with sqlite3.connect(out / "index.sqlite") as con:
+        ids = sorted(r[0] for r in con.execute("SELECT id FROM tasks"))
+    return {
+        "tasks": len(ids),
+        "wall_seconds": round(wall, 1),
+        "tasks_per_min": round(len(ids) / wall * 60, 2) if wall else None,
+        "driver_cpu_seconds": round(cpu, 1),  # local inline builds: all of it; others: the driver's share
+        "retried": summary.retried,
+        "lost": summary.lost,
+        "ids": ids,
+    }
+
+
+def bench_episodes(root: Path, n_units: int) -> dict:
+    """Episodes/minute of the same rollout units run locally and by 1 and 2 Ray actors."""
+    import torch
+
+    from cadenza.executor import ExecutorConfig
+    from cadenza.rl.build import build_policy
+    from cadenza.rl.chat import CHAT_TEMPLATE, train_tokenizer
+    from cadenza.rl.config import EnvConfig, ModelConfig, RolloutConfig, RunConfig, TrainConfig
+    from cadenza.rl.envs import load_source
+    from cadenza.rl.episodes import sample_step_tasks
+    from cadenza.rl.workers import LocalWorkers, RayWorkers, Unit
+
+    torch.set_num_threads(1)
+    tok = train_tokenizer(["view create ls rm path name arguments " * 20] * 50, vocab_size=300)
+    tok.chat_template = CHAT_TEMPLATE
+    tok.save_pretrained(str(root / "tok"))
+    cfg = TrainConfig(
+        run=RunConfig(out_dir=str(root / "run"), seed=0, progress=False, threads=1),
+        model=ModelConfig(tokenizer=str(root / "tok"), hidden_size=64, num_heads=4, num_kv_heads=2),
+        env=EnvConfig(name="toolworld", options={"min_steps": 2, "max_steps": 2}),
+        rollout=RolloutConfig(group_size=4, tasks_per_step=n_units, max_new_tokens=48, max_turns=3),
+    )
+    _, policy = build_policy(cfg)
+    weights = dict(policy.model.named_parameters())
+    source = load_source(cfg.env.name, cfg.env.options)
+    units = [Unit(step=1, index=i, task=t) for i, t in enumerate(sample_step_tasks(source, cfg, 1))]
+    episodes = len(units) * cfg.rollout.group_size
+    out: dict = {}
+    for name, make in (
+        ("local_1", lambda: LocalWorkers(cfg)),
+        ("ray_1", lambda: RayWorkers(cfg, 1, ExecutorConfig(kind="ray", workers=1))),
+        ("ray_2", lambda: RayWorkers(cfg, 2, ExecutorConfig(kind="ray", workers=2))),
+    ):
+        workers = make()
+        try:
+            workers.sync(weights.items(), 0)
+            workers.run(units[:1])  # warm: first forward, imports
+            t0 = time.monotonic()
+            workers.run(units)
+            wall = time.monotonic() - t0
+        finally:
+            workers.close()
+        out[name] = {
+            "episodes": episodes,
+            "wall_seconds": round(wall, 2),
+            "episodes_per_min": round(episodes / wall * 60, 1),
+        }
+    return out
+
+
+def main() -> None:
+    from cadenza.scale import UnitCosts, predict_episodes_per_min, predict_tasks_per_min
+    from cadenza.tasks.source import fetch_source
+    from cadenza.tasks.venv import ensure_base_env
+
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--packages", default=",".join(PACKAGES))
+    ap.add_argument("--max-tasks", type=int, default=3)
+    ap.add_argument(
+        "--units", type=int, default=8, help="rollout units (groups of 4 episodes) per measurement"
+    )
+    args = ap.parse_args()
+    sources = args.packages.split(",")
+    runs: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory(prefix="cadenza-scale-") as tmp:
+        for i, spec in enumerate(sources):
+            ensure_base_env(fetch_source(spec, Path(tmp) / f"warm{i}"))
+        for executor, workers in (("local", 1), ("local", 2), ("ray", 1), ("ray", 2)):
+            runs[f"{executor}_{workers}"] = build(
+                sources, Path(tmp) / f"{executor}{workers}", executor, workers, args.max_tasks
+            )
+    base = runs["local_1"]
+    core_s = base["driver_cpu_seconds"] / base["tasks"] if base["tasks"] else float("nan")
+    cores = os.cpu_count() or 1
+    load = os.getloadavg()[0]
+    costs = UnitCosts(build_core_s_per_task=core_s)
+    predicted = {str(k): round(predict_tasks_per_min(costs, min(k, cores)), 2) for k in (1, 2)}
+    ids = {k: v.pop("ids") for k, v in runs.items()}
+    with tempfile.TemporaryDirectory(prefix="cadenza-scale-ep-") as tmp:
+        episodes = bench_episodes(Path(tmp), args.units)
+    ep_s = (
+        60 / episodes["local_1"]["episodes_per_min"]
+    )  # worker seconds per episode, engine inside the worker
+    ep_costs = UnitCosts(sandbox_core_s_per_episode=ep_s, grade_core_s_per_episode=0.0)
+    ep_pred = {str(k): round(predict_episodes_per_min(ep_costs, min(k, cores), 0.0), 1) for k in (1, 2)}
+    print(
+        json.dumps(
+            {
+                "tasks_per_min": {k: v["tasks_per_min"] for k, v in runs.items()},
+                "predicted_tasks_per_min": predicted,
+                "build_core_s_per_task": round(core_s, 2),
+                "same_task_ids": all(v == ids["local_1"] for v in ids.values()),
+                "runs": runs,
+                "episodes_per_min": {k: v["episodes_per_min"] for k, v in episodes.items()},
+                "predicted_episodes_per_min": ep_pred,
+                "episode_runs": episodes,
+                "cores": cores,
+                "loadavg": round(load, 2),
+                "sources": sources,
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

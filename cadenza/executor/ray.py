@@ -1,0 +1,246 @@
+"""``ray`` executor: units of work as Ray tasks on a cluster (or a private loopback cluster).
+
+A private cluster (no ``ray_address``) is pinned to 127.0.0.1, keeps its session files under the
+run directory and gets its auth token through the environment, so nothing is written to ``~/.ray``
+and no listener leaves loopback. A unit whose worker process or node dies is re-run by Ray up to
+``max_retries`` times; every start is reported to the driver, so retries and losses are counted
+rather than guessed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import os
+import secrets
+import shutil
+import socket
+import sys
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+from cadenza.errors import CadenzaError
+from cadenza.executor.base import EventQueue, ExecutorConfig, emit, set_sink
+
+INSTALL_HINT = "pip install 'cadenza[ray]' (ray==2.60.0)"
+_START = "__cadenza_unit_start__"
+LOST_ERRORS = ("WorkerCrashedError", "NodeDiedError", "ActorDiedError", "OwnerDiedError", "ObjectLostError")
+
+
+_TOKEN: list[str] = []
+
+
+def _process_token() -> str:
+    """One auth token per process: Ray caches the token it read first, so a second private cluster in
+    the same process must use the same one."""
+    if not _TOKEN:
+        _TOKEN.append(secrets.token_hex(16))
+    return _TOKEN[0]
+
+
+def _call(sink: Any, unit: int, fn: Callable[..., Any], *args: Any) -> Any:
+    """Runs on the worker: connect the progress channel, announce the start, run the unit."""
+    set_sink(sink)
+    emit((_START, unit, os.getpid()))
+    return fn(*args)
+
+
+def _probe(fn: Callable[[], Any]) -> tuple[str, Any]:
+    import ray
+
+    try:
+        return ray.get_runtime_context().get_node_id(), fn()
+    except Exception as exc:
+        return ray.get_runtime_context().get_node_id(), exc
+
+
+def _check_answers(address: str, timeout_s: float) -> None:
+    """Fail in seconds, not minutes, when ``host:port`` has nobody listening."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not port.isdigit():
+        raise CadenzaError(f"--ray-address {address!r} is not host:port (or 'auto'); e.g. 127.0.0.1:6379")
+    try:
+        with socket.create_connection(
+            (host.strip("[]") or "127.0.0.1", int(port)), timeout=min(timeout_s, 5)
+        ):
+            pass
+    except OSError as exc:
+        raise CadenzaError(
+            f"Ray address {address} does not answer ({exc.strerror or exc}); start a cluster with "
+            "`ray start --head` there, or drop --ray-address to use a private local cluster"
+        ) from None
+
+
+def preflight(cfg: ExecutorConfig) -> None:
+    """The checks that need no cluster: Ray importable, the address answering. Run before any work."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("ray") is not None
+    except (ImportError, ValueError):  # ValueError: the module is blocked in sys.modules
+        found = False
+    if not found:
+        raise CadenzaError(f"--executor ray needs Ray, which is not installed; {INSTALL_HINT}")
+    if cfg.ray_address and cfg.ray_address != "auto":
+        _check_answers(cfg.ray_address, cfg.connect_timeout_s)
+
+
+class _Events:
+    """The driver's end: hides the unit-start messages and counts them."""
+
+    def __init__(self, q: Any, owner: RayExecutor) -> None:
+        self._q, self._owner = q, owner
+
+    def get(self, timeout: float) -> Any:
+        while True:
+            msg = self._q.get(timeout=timeout)
+            if isinstance(msg, tuple) and msg and msg[0] == _START:
+                self._owner.starts[msg[1]] = self._owner.starts.get(msg[1], 0) + 1
+                continue
+            return msg
+
+    def put(self, item: Any) -> None:
+        self._q.put(item)
+
+
+class RayExecutor:
+    name = "ray"
+
+    def __init__(self, cfg: ExecutorConfig) -> None:
+        self._saved_env: dict[str, str | None] = {}
+        if not cfg.ray_address:
+            self._private_env()  # before Ray is imported: it reads its auth mode once, at import
+        try:
+            import ray
+        except ImportError:
+            raise CadenzaError(f"--executor ray needs Ray, which is not installed; {INSTALL_HINT}") from None
+        self.cfg = cfg
+        self.starts: dict[int, int] = {}
+        self._units = itertools.count()
+        self._started = False
+        self._tmp: Path | None = None
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no telemetry leaves the machine
+        if ray.is_initialized():
+            raise CadenzaError("Ray is already initialised in this process; run one cadenza job per process")
+        if cfg.ray_address:
+            if cfg.ray_address != "auto":
+                _check_answers(cfg.ray_address, cfg.connect_timeout_s)
+            try:
+                ray.init(address=cfg.ray_address, log_to_driver=False, configure_logging=False)
+            except Exception as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                raise CadenzaError(
+                    f"cannot join the Ray cluster at {cfg.ray_address} ({first}); check `ray status` there"
+                ) from None
+        else:
+            self._start_private(ray)
+        from ray.util.queue import Queue
+
+        self._queue = Queue(actor_options={"num_cpus": 0})
+        self._events = _Events(self._queue, self)
+
+    def _private_env(self) -> None:
+        env = {
+            "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+            "RAY_AUTH_MODE": "token",  # a token in the environment: nothing is written to ~/.ray
+            "RAY_AUTH_TOKEN": _process_token(),
+        }
+        self._saved_env = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        if "ray" in sys.modules:  # imported earlier in this process: make it re-read its auth mode
+            with contextlib.suppress(Exception):
+                from ray._private.authentication.authentication_token_setup import _enable_token_auth
+
+                _enable_token_auth()
+
+    def _start_private(self, ray: Any) -> None:
+        base = Path(self.cfg.run_dir) if self.cfg.run_dir else None
+        # Ray puts unix sockets under its temp dir: keep the path short (AF_UNIX allows ~107 bytes).
+        if base is not None and len(str(base.resolve())) < 50:
+            tmp = base.resolve() / "ray"
+            tmp.mkdir(parents=True, exist_ok=True)
+        else:
+            tmp = Path(tempfile.mkdtemp(prefix="cadenza-ray-"))
+        self._tmp = tmp
+        try:
+            ray.init(
+                num_cpus=self.cfg.workers,
+                include_dashboard=False,
+                _node_ip_address="127.0.0.1",
+                _temp_dir=str(tmp),
+                log_to_driver=False,
+                configure_logging=False,
+            )
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise CadenzaError(f"cannot start a local Ray cluster ({first}); its logs are in {tmp}") from None
+        self._started = True
+
+    # ------------------------------------------------------------------ the seam
+
+    def submit(self, fn: Callable[..., Any], *args: Any, num_cpus: int = 1) -> Future[Any]:
+        import ray
+
+        unit = next(self._units)
+        remote = ray.remote(_call).options(
+            num_cpus=num_cpus, max_retries=self.cfg.max_retries, retry_exceptions=False
+        )
+        return remote.remote(self._queue, unit, fn, *args).future()
+
+    def actor(self, cls: type, *args: Any, num_cpus: int = 1) -> Any:
+        """A Ray actor of ``cls(*args)``; not restarted by Ray (callers replace dead actors themselves,
+        so they know which unit was lost)."""
+        import ray
+
+        return ray.remote(cls).options(num_cpus=num_cpus, max_restarts=0).remote(*args)
+
+    def events(self) -> EventQueue:
+        return self._events
+
+    def retries(self) -> int:
+        """Units re-run after their worker died (as far as their start messages arrived)."""
+        return sum(n - 1 for n in self.starts.values() if n > 1)
+
+    def run_on_every_node(self, fn: Callable[[], Any], timeout_s: float = 60.0) -> dict[str, Any]:
+        """``fn()`` once on each alive node: ``{node_id: result or exception}``."""
+        import ray
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        nodes = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+        refs = [
+            ray.remote(_probe)
+            .options(num_cpus=0, scheduling_strategy=NodeAffinitySchedulingStrategy(n, soft=False))
+            .remote(fn)
+            for n in nodes
+        ]
+        try:
+            return dict(ray.get(refs, timeout=timeout_s))
+        except ray.exceptions.GetTimeoutError:
+            raise CadenzaError(
+                f"Ray nodes did not answer a {timeout_s:.0f} s probe; check `ray status` on the cluster"
+            ) from None
+
+    def close(self) -> None:
+        import ray
+
+        if not ray.is_initialized():
+            return
+        with contextlib.suppress(Exception):
+            ray.kill(self._queue.actor)
+        ray.shutdown()
+        if self._started and self._tmp is not None:  # session files of a private cluster
+            shutil.rmtree(self._tmp, ignore_errors=True)
+        for key, old in self._saved_env.items():  # what _start_private changed in this process
+            if old is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = old
+        self._saved_env = {}
+
+
+def is_lost(exc: BaseException) -> bool:
+    """Whether a unit's failure means its worker or node died (after Ray's retries), not a bug in it."""
+    return any(type(exc).__name__ == name or name in type(exc).__name__ for name in LOST_ERRORS)

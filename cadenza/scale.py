@@ -1,0 +1,102 @@
+"""Capacity model: how many CPU cores of workers a run needs, from measured per-unit costs.
+
+The run is a pipeline of three stages that must keep up with each other: engines generate tokens,
+CPU workers run sandboxed tool calls and grade, the trainer consumes a batch per step. Each stage's
+throughput is a per-unit cost times a count; the slowest stage sets the run's pace, and the worker
+cores needed are what keeps the workers from being that stage. ``python -m cadenza.scale --help``.
+
+Per-unit costs default to figures measured on this project's reference machine (see docs/scale.md
+and ``bench/scale.py``, which also checks the model's predictions against a local Ray cluster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import asdict, dataclass, fields
+
+
+@dataclass(kw_only=True)
+class UnitCosts:
+    """Measured costs of one unit of work (defaults: the reference CPU machine; replace with yours)."""
+
+    build_core_s_per_task: float = 4.0
+    """Core-seconds to build one validated task (bench/tasks_build.py: ~15 tasks per core-minute)."""
+    sandbox_core_s_per_episode: float = 2.0
+    """Core-seconds of sandboxed tool execution per episode (tests run by the agent, shells)."""
+    grade_core_s_per_episode: float = 1.5
+    """Core-seconds to grade one episode (fresh copy + the task's test selection)."""
+    tokens_per_episode: int = 6000
+    """Generated tokens per episode (all turns)."""
+    engine_tokens_per_s: float = 2500.0
+    """Generated tokens per second of one engine GPU at the batch sizes of the run."""
+    trainer_s_per_step: float = 30.0
+    """Seconds one optimizer step takes on the trainer GPUs for ``episodes_per_step`` episodes."""
+
+
+@dataclass(kw_only=True)
+class Demand:
+    """The run being planned."""
+
+    trainer_gpus: int = 8
+    engine_gpus: int = 8
+    episodes_per_step: int = 256
+    new_tasks_per_hour: float = 0.0
+    """Tasks the factory must add per hour (curriculum refresh), built on the same worker pool."""
+
+
+def plan(costs: UnitCosts, demand: Demand) -> dict[str, float]:
+    """Episodes/minute each stage can sustain, the bottleneck, and the worker cores that match."""
+    for name, value in (*asdict(costs).items(), *asdict(demand).items()):
+        if value < 0 or (name in ("trainer_gpus", "engine_gpus", "episodes_per_step") and value < 1):
+            raise ValueError(f"{name} must be positive, got {value}")
+    trainer_epm = demand.episodes_per_step / costs.trainer_s_per_step * 60
+    engine_epm = demand.engine_gpus * costs.engine_tokens_per_s / costs.tokens_per_episode * 60
+    pace = min(trainer_epm, engine_epm)
+    core_s = costs.sandbox_core_s_per_episode + costs.grade_core_s_per_episode
+    rollout_cores = pace * core_s / 60
+    build_cores = demand.new_tasks_per_hour * costs.build_core_s_per_task / 3600
+    return {
+        "trainer_episodes_per_min": round(trainer_epm, 2),
+        "engine_episodes_per_min": round(engine_epm, 2),
+        "bottleneck": "trainer" if trainer_epm <= engine_epm else "engine",
+        "episodes_per_min": round(pace, 2),
+        "rollout_worker_cores": math.ceil(rollout_cores),
+        "task_build_cores": math.ceil(build_cores),
+        "worker_cores": math.ceil(rollout_cores + build_cores),
+    }
+
+
+def predict_tasks_per_min(costs: UnitCosts, workers: int) -> float:
+    """Task-building throughput of ``workers`` single-core workers (no other bottleneck)."""
+    return workers * 60 / costs.build_core_s_per_task
+
+
+def predict_episodes_per_min(costs: UnitCosts, workers: int, engine_s_per_episode: float) -> float:
+    """Episode throughput of ``workers`` single-core workers sharing an engine that needs
+    ``engine_s_per_episode`` of its time per episode: the slower of the two."""
+    worker = workers * 60 / (costs.sandbox_core_s_per_episode + costs.grade_core_s_per_episode)
+    engine = 60 / engine_s_per_episode if engine_s_per_episode > 0 else math.inf
+    return min(worker, engine)
+
+
+def _add(parser: argparse.ArgumentParser, cls: type) -> None:
+    for f in fields(cls):
+        parser.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m cadenza.scale", description=__doc__.splitlines()[0])
+    _add(parser, UnitCosts)
+    _add(parser, Demand)
+    args = vars(parser.parse_args(argv))
+    pick = lambda cls: cls(**{f.name: args[f.name] for f in fields(cls)})  # noqa: E731
+    try:
+        print(json.dumps(plan(pick(UnitCosts), pick(Demand))))
+    except ValueError as exc:
+        parser.exit(2, f"error: {exc}\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,59 @@
+"""The capacity model's arithmetic: stages scale with their counts, the slowest one sets the pace."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from cadenza.scale import Demand, UnitCosts, plan, predict_episodes_per_min, predict_tasks_per_min
+
+
+def test_engine_bound_run_needs_cores_in_proportion_to_engine_gpus():
+    costs = UnitCosts(trainer_s_per_step=1.0)  # a trainer this fast never limits
+    one = plan(costs, Demand(engine_gpus=4))
+    two = plan(costs, Demand(engine_gpus=8))
+    assert one["bottleneck"] == two["bottleneck"] == "engine"
+    assert two["episodes_per_min"] == pytest.approx(2 * one["episodes_per_min"], rel=1e-3)
+    per_episode = costs.sandbox_core_s_per_episode + costs.grade_core_s_per_episode
+    assert two["rollout_worker_cores"] >= two["episodes_per_min"] * per_episode / 60
+
+
+def test_trainer_bound_run_ignores_extra_engines_and_task_building_adds_cores():
+    costs = UnitCosts(trainer_s_per_step=600.0)
+    a = plan(costs, Demand(engine_gpus=8))
+    b = plan(costs, Demand(engine_gpus=64))
+    assert a["bottleneck"] == b["bottleneck"] == "trainer"
+    assert a["episodes_per_min"] == b["episodes_per_min"]
+    c = plan(costs, Demand(engine_gpus=8, new_tasks_per_hour=3600))
+    assert c["task_build_cores"] == round(costs.build_core_s_per_task)
+    assert c["worker_cores"] > a["worker_cores"]
+
+
+def test_worker_predictions_are_linear_until_the_engine_saturates():
+    costs = UnitCosts()
+    assert predict_tasks_per_min(costs, 2) == pytest.approx(2 * predict_tasks_per_min(costs, 1))
+    slow_engine = 10.0  # seconds of engine time per episode: 6 episodes/min at most
+    assert predict_episodes_per_min(costs, 1000, slow_engine) == pytest.approx(6.0)
+
+
+def test_bad_input_and_cli():
+    with pytest.raises(ValueError, match="engine_gpus"):
+        plan(UnitCosts(), Demand(engine_gpus=0))
+    res = subprocess.run(
+        [sys.executable, "-m", "cadenza.scale", "--engine-gpus", "16"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout) == plan(UnitCosts(), Demand(engine_gpus=16))
+    res = subprocess.run(
+        [sys.executable, "-m", "cadenza.scale", "--trainer-gpus", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 2 and "trainer_gpus must be positive" in res.stderr
