@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import threading
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
+from cadenza.executor.local import exit_with_parent
 from cadenza.tasks.pipeline import Attempt, SourcePlan, attempt_candidate
 
 _PLAN: SourcePlan | None = None
@@ -27,17 +26,6 @@ def _init(plan: SourcePlan, parent: int) -> None:
     global _PLAN
     _PLAN = plan
     exit_with_parent(parent)
-
-
-def exit_with_parent(parent: int) -> None:
-    """Make this worker exit once ``parent`` is gone (``kill -9`` of a build) instead of idling forever."""
-
-    def watch() -> None:
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        os._exit(1)
-
-    threading.Thread(target=watch, daemon=True).start()
 
 
 def _attempt(index: int, cand_dir: Path) -> Attempt:
