@@ -28,10 +28,8 @@ class ContextLengthExceeded(CadenzaError):
 
 
 _CONTEXT_MARKERS = (
-    "maximum context length",  # vLLM, OpenAI
-    "context_length_exceeded",  # OpenAI error code
-    "longer than the model's context length",  # SGLang
-    "exceeds the model's context",
+    "context length",  # vLLM and OpenAI ("maximum context length"), SGLang ("the model's context length")
+    "context_length_exceeded",  # OpenAI's error code
     "context window",
 )
 

@@ -202,8 +202,8 @@ def build_engine(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) ->
 
     ``hf`` shares the trainer's module when training is synchronous (``max_staleness = 0``: the old
     loop, bit for bit) and samples in a child process otherwise (on CPU; in-process copy on GPUs).
-    The served engines are built by ``cadenza.rl.engines.make_engine`` and brought to the trainer's
-    weights by the caller's first sync.
+    ``vllm`` is built by ``cadenza.rl.engines.make_engine`` (which starts the server) and brought to the
+    trainer's weights by the caller's first sync. (``openai`` cannot take weights: config rejects it.)
     """
     r = cfg.rollout
     if r.engine == "hf":
@@ -219,11 +219,7 @@ def build_engine(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) ->
             f"rollout.engine = {r.engine!r} needs the engine package (cadenza.rl.engines), which this build "
             "lacks; use engine = 'hf'"
         ) from None
-    return make_engine(
-        r.engine,
-        model=cfg.model,
-        tokenizer=tokenizer,
-        endpoint=r.endpoint,
-        timeout_s=r.engine_timeout_s,
-        options=dict(r.engine_options),
-    )
+    options = dict(r.engine_options)  # vllm: VLLMServerConfig / VLLMEngineConfig fields (port, log_path, ...)
+    options.setdefault("request_timeout_s", r.engine_timeout_s)
+    options.setdefault("sync_timeout_s", r.engine_timeout_s)
+    return make_engine("vllm", model=cfg.model.path, version=version, **options)
