@@ -22,6 +22,10 @@ class SandboxError(CadenzaError):
     """The sandbox cannot run (bubblewrap missing, workspace missing)."""
 
 
+class EngineError(CadenzaError):
+    """A rollout engine failed, died or did not answer in time: training stops with this one line."""
+
+
 class ContextLengthExceeded(CadenzaError):
     """A prompt no longer fits the model's context window: the episode ends as context-exhausted
     (``stop_reason = "context"``) and is graded like any other; it is not an engine failure."""

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from cadenza.errors import CadenzaError, ConfigError
+from cadenza.errors import CadenzaError, ConfigError, EngineError
 from cadenza.rl.policy import HFPolicy, Sample, SamplingParams
 
 
@@ -144,9 +144,9 @@ class ProcessHFEngine:
     def version(self) -> int:
         return self._version
 
-    def _dead(self) -> CadenzaError:
+    def _dead(self) -> EngineError:
         self._proc.join(1.0)
-        return CadenzaError(
+        return EngineError(
             f"engine 'hf' process (pid {self._proc.pid}) exited with code {self._proc.exitcode}"
         )
 
@@ -165,14 +165,14 @@ class ProcessHFEngine:
                 if not self._proc.is_alive():
                     raise self._dead()
                 if time.monotonic() > deadline:
-                    raise CadenzaError(
+                    raise EngineError(
                         f"engine 'hf' (pid {self._proc.pid}) did not answer within {self.timeout_s:g} s"
                     )
             reply = self._conn.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError):
             raise self._dead() from None
         if reply[0] == "error":
-            raise CadenzaError(f"engine 'hf' failed to sample: {reply[1]}")
+            raise EngineError(f"engine 'hf' failed to sample: {reply[1]}")
         _, out, new_state = reply
         if generator is not None:
             generator.set_state(new_state)
