@@ -22,16 +22,18 @@ class SandboxError(CadenzaError):
     """The sandbox cannot run (bubblewrap missing, workspace missing)."""
 
 
+class EngineError(CadenzaError):
+    """A rollout engine failed, died or did not answer in time: training stops with this one line."""
+
+
 class ContextLengthExceeded(CadenzaError):
     """A prompt no longer fits the model's context window: the episode ends as context-exhausted
     (``stop_reason = "context"``) and is graded like any other; it is not an engine failure."""
 
 
 _CONTEXT_MARKERS = (
-    "maximum context length",  # vLLM, OpenAI
-    "context_length_exceeded",  # OpenAI error code
-    "longer than the model's context length",  # SGLang
-    "exceeds the model's context",
+    "context length",  # vLLM and OpenAI ("maximum context length"), SGLang ("the model's context length")
+    "context_length_exceeded",  # OpenAI's error code
     "context window",
 )
 

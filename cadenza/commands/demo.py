@@ -39,10 +39,7 @@ def register(app: typer.Typer) -> None:
         group_size: int = typer.Option(4, "--group-size", help="Rollouts per task (a GRPO group)."),
         max_turns: int = typer.Option(3, "--max-turns", help="Tool calls per episode."),
         max_new_tokens: int = typer.Option(40, "--max-new-tokens", help="Tokens per model turn."),
-        engine: str = typer.Option(
-            "hf", "--engine", help="Rollout engine: hf, vllm or openai (docs/async.md)."
-        ),
-        endpoint: str = typer.Option("", "--endpoint", help="Base URL of the server for --engine openai."),
+        engine: str = typer.Option("hf", "--engine", help="Rollout engine: hf or vllm (docs/async.md)."),
         max_staleness: int = typer.Option(
             0, "--max-staleness", help="Steps rollouts may run ahead of training (0 = synchronous)."
         ),
@@ -90,7 +87,6 @@ def register(app: typer.Typer) -> None:
             max_turns=max_turns,
             max_new_tokens=max_new_tokens,
             engine=engine,
-            endpoint=endpoint,
             max_staleness=max_staleness,
             **({"max_tasks": max_tasks} if max_tasks else {}),
         )

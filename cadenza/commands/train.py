@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
         resume: bool = typer.Option(
             True, help="Continue from the newest checkpoint in out_dir if there is one."
         ),
-        engine: str = typer.Option("", "--engine", help="Override rollout.engine: hf, vllm or openai."),
+        engine: str = typer.Option("", "--engine", help="Override rollout.engine: hf or vllm."),
         max_staleness: int | None = typer.Option(
             None, "--max-staleness", help="Override rollout.max_staleness (steps rollouts may run ahead)."
         ),

@@ -68,7 +68,6 @@ class RolloutConfig:
     engine: Literal["hf", "vllm", "openai"] = (
         "hf"  # who samples: in-process HF, a vLLM server, any OpenAI API
     )
-    endpoint: str = ""  # engine = "openai": base URL of the server (e.g. http://127.0.0.1:8000/v1)
     engine_timeout_s: float = 600.0  # longest one engine call (a generation or a weight sync) may take
     engine_options: dict[str, Any] = field(default_factory=dict)  # engine-specific knobs (see docs/async.md)
     max_staleness: int = 0  # K: rollouts of step n+1..n+K are sampled while step n trains (0 = synchronous)
@@ -249,9 +248,10 @@ def validate_engine(r: RolloutConfig) -> None:
             preflight(ExecutorConfig(kind="ray", ray_address=r.ray_address))
         except CadenzaError as exc:  # the same one line, as a config error
             raise ConfigError(str(exc)) from None
-    if r.engine == "openai" and not r.endpoint.startswith(("http://", "https://")):
+    if r.engine == "openai":
         raise ConfigError(
-            "rollout.engine = 'openai' needs rollout.endpoint, an http(s) URL such as http://127.0.0.1:8000/v1"
+            "rollout.engine = 'openai' is an external server cadenza cannot load new weights into, so it "
+            "cannot train; use 'vllm' (started and synced by cadenza) or 'hf'; openai servers serve cadenza eval"
         )
 
 

@@ -52,8 +52,7 @@ class DemoConfig:
     seed: int = 0
     escalate: bool = True
     task_set: Path | None = None  # use this existing task set instead of building one
-    engine: str = "hf"  # rollout engine: hf (in-process), vllm (a served engine cadenza starts), openai
-    endpoint: str = ""  # engine = "openai": the server's base URL
+    engine: str = "hf"  # rollout engine: hf (in-process) or vllm (a served engine cadenza starts and syncs)
     max_staleness: int = 0  # rollouts of the next K steps overlap this step's update (docs/async.md)
 
     def __post_init__(self) -> None:
@@ -72,7 +71,7 @@ class DemoConfig:
         from cadenza.rl.config import RolloutConfig, validate_engine
 
         validate_engine(
-            RolloutConfig(engine=self.engine, endpoint=self.endpoint, max_staleness=self.max_staleness)  # type: ignore[arg-type]
+            RolloutConfig(engine=self.engine, max_staleness=self.max_staleness)  # type: ignore[arg-type]
         )
 
 
@@ -203,8 +202,7 @@ def train_config(cfg: DemoConfig, task_set: Path, model_dir: Path) -> Any:
             tasks_per_step=cfg.tasks_per_step,
             max_turns=cfg.max_turns,
             max_new_tokens=cfg.max_new_tokens,
-            engine=cfg.engine,
-            endpoint=cfg.endpoint,
+            engine=cfg.engine,  # type: ignore[arg-type]
             max_staleness=cfg.max_staleness,
         ),
         optim=OptimConfig(lr=1e-3, microbatch=4),

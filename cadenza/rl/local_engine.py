@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from cadenza.errors import CadenzaError, ConfigError
+from cadenza.errors import CadenzaError, ConfigError, EngineError
 from cadenza.rl.policy import HFPolicy, Sample, SamplingParams
 
 
@@ -144,9 +144,9 @@ class ProcessHFEngine:
     def version(self) -> int:
         return self._version
 
-    def _dead(self) -> CadenzaError:
+    def _dead(self) -> EngineError:
         self._proc.join(1.0)
-        return CadenzaError(
+        return EngineError(
             f"engine 'hf' process (pid {self._proc.pid}) exited with code {self._proc.exitcode}"
         )
 
@@ -165,14 +165,14 @@ class ProcessHFEngine:
                 if not self._proc.is_alive():
                     raise self._dead()
                 if time.monotonic() > deadline:
-                    raise CadenzaError(
+                    raise EngineError(
                         f"engine 'hf' (pid {self._proc.pid}) did not answer within {self.timeout_s:g} s"
                     )
             reply = self._conn.recv()
         except (EOFError, BrokenPipeError, ConnectionResetError):
             raise self._dead() from None
         if reply[0] == "error":
-            raise CadenzaError(f"engine 'hf' failed to sample: {reply[1]}")
+            raise EngineError(f"engine 'hf' failed to sample: {reply[1]}")
         _, out, new_state = reply
         if generator is not None:
             generator.set_state(new_state)
@@ -202,8 +202,8 @@ def build_engine(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) ->
 
     ``hf`` shares the trainer's module when training is synchronous (``max_staleness = 0``: the old
     loop, bit for bit) and samples in a child process otherwise (on CPU; in-process copy on GPUs).
-    The served engines are built by ``cadenza.rl.engines.make_engine`` and brought to the trainer's
-    weights by the caller's first sync.
+    ``vllm`` is built by ``cadenza.rl.engines.make_engine`` (which starts the server) and brought to the
+    trainer's weights by the caller's first sync. (``openai`` cannot take weights: config rejects it.)
     """
     r = cfg.rollout
     if r.executor == "ray":  # the actors hold the engines; they receive weights through sync_weights
@@ -225,11 +225,7 @@ def build_engine(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) ->
             f"rollout.engine = {r.engine!r} needs the engine package (cadenza.rl.engines), which this build "
             "lacks; use engine = 'hf'"
         ) from None
-    return make_engine(
-        r.engine,
-        model=cfg.model,
-        tokenizer=tokenizer,
-        endpoint=r.endpoint,
-        timeout_s=r.engine_timeout_s,
-        options=dict(r.engine_options),
-    )
+    options = dict(r.engine_options)  # vllm: VLLMServerConfig / VLLMEngineConfig fields (port, log_path, ...)
+    options.setdefault("request_timeout_s", r.engine_timeout_s)
+    options.setdefault("sync_timeout_s", r.engine_timeout_s)
+    return make_engine("vllm", model=cfg.model.path, version=version, **options)

@@ -21,14 +21,12 @@ from typing import Any
 
 import torch
 
-from cadenza.errors import CadenzaError, ContextLengthExceeded, is_context_overflow
+from cadenza.errors import CadenzaError, ContextLengthExceeded, EngineError, is_context_overflow
 
 _POLL_S = 0.05
 _JOIN_S = 10.0
 
-
-class EngineError(CadenzaError):
-    """The rollout engine failed or did not answer in time; training stops with this one line."""
+__all__ = ["EngineError", "RolloutPipeline", "WatchedEngine"]
 
 
 class WatchedEngine:

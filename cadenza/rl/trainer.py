@@ -261,6 +261,7 @@ class Trainer:
                                     modules=self._extra_modules(), keep=self.cfg.run.keep_checkpoints)  # fmt: skip
 
     def train_step(self, step: int) -> dict[str, Any]:
+        """Rollouts -> drop the stale -> update -> sync the engine -> record the pool -> queue ahead."""
         t0 = time.perf_counter()
         collected, generate_s = self._rollouts(step)
         wait_s = time.perf_counter() - t0
