@@ -22,7 +22,6 @@ from cadenza.rl.taskset import factory_for
 from cadenza.tasks.pool import AttemptResult, TaskPool
 from cadenza.tasks.store import TaskStore
 from cadenza.tasks.task import load_task, save_task
-from tests.sandbox_fixtures import task_env  # noqa: F401
 from tests.tasks_helpers import shared_env_cache
 
 
@@ -54,7 +53,7 @@ def assert_weights_moved(start: Path, run_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory, task_env: Path):  # noqa: F811
+def demo_run(tmp_path_factory, task_env: Path):
     base = tmp_path_factory.mktemp("pipeline")
     task_set = toy_task_set(base / "tasks", task_env, ["calc-a", "calc-b", "calc-c"])
     cfg = DemoConfig(
