@@ -204,7 +204,7 @@ def run_experiment(
     """Run everything and write ``results.json``, ``summary.md``, ``curves.png`` into ``out``."""
     import torch
 
-    from cadenza.rl.metrics import read_metrics
+    from cadenza.metrics import read_metrics
     from cadenza.rl.sft import encode_messages
     from cadenza.rl.trainer import Trainer
 

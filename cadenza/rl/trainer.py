@@ -33,6 +33,7 @@ from cadenza.errors import CadenzaError
 from cadenza.feedback.generate import generate_hints
 from cadenza.feedback.hints import Hint
 from cadenza.jsonio import atomic_write_json
+from cadenza.metrics import MetricsLogger, read_metrics
 from cadenza.optim.clip import clip_grad_norm_
 from cadenza.rl import checkpoint as ckpt
 from cadenza.rl.config import TrainConfig, validate
@@ -40,7 +41,6 @@ from cadenza.rl.curriculum import PoolExhausted, drop_zero_variance
 from cadenza.rl.envs import load_source
 from cadenza.rl.logprobs import sequence_logprobs
 from cadenza.rl.losses import group_advantages
-from cadenza.rl.metrics import MetricsLogger, read_metrics
 from cadenza.rl.monitor_hook import apply_monitor, find_monitor
 from cadenza.rl.rollout import Rollout, RolloutTask, rollout
 from cadenza.rl.rollout import RolloutConfig as RolloutParams

@@ -221,8 +221,8 @@ def test_train_cli_over_a_task_set(demo_run, tmp_path: Path) -> None:
     """`cadenza train CONFIG.toml` with ``[env] name = "taskset"``: the pool grows by one step's rollouts."""
     import tomli_w
 
+    from cadenza.metrics import read_metrics
     from cadenza.rl.demo import train_config
-    from cadenza.rl.metrics import read_metrics
 
     _, result = demo_run
     task_set = shutil.copytree(result.task_set, tmp_path / "set")  # the module's run stays as it was
