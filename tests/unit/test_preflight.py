@@ -90,3 +90,18 @@ def test_disk_check_names_the_space_and_the_fix(tmp_path: Path) -> None:
         preflight.check_disk(tmp_path / "not" / "yet", need_gib=1e9)
     preflight.check_disk(tmp_path / "not" / "yet", need_gib=0.001)
     assert preflight.free_gib(tmp_path / "a" / "b") > 0
+
+
+def test_training_commands_without_the_train_extra_say_what_to_install(tmp_path: Path) -> None:
+    from tests.torchless import cadenza_torchless
+
+    (tmp_path / "tok").mkdir()
+    cfg = tmp_path / "t.toml"
+    cfg.write_text(
+        f'[run]\nsteps = 1\nout_dir = "{tmp_path / "run"}"\n[model]\ntokenizer = "{tmp_path / "tok"}"\n'
+    )
+    for args in (["train", str(cfg)], ["pretrain", str(cfg)], ["demo", "--out", str(tmp_path / "demo")]):
+        proc = cadenza_torchless(*args, timeout=120)
+        lines = proc.stderr.strip().splitlines()
+        assert proc.returncode == 2 and len(lines) == 1, (args, proc.stderr[-2000:])
+        assert "pip install 'cadenza[train]'" in lines[0] and "Traceback" not in proc.stderr
