@@ -125,7 +125,8 @@ def _accumulate(pm, chunks: tuple[torch.Tensor, ...]) -> torch.Tensor:
 
 
 def run(cfg: PretrainConfig) -> dict:
-    """Train ``cfg.train.steps`` steps (resuming from the newest checkpoint); returns a summary on every rank."""
+    """Train ``cfg.train.steps`` steps (resuming from the newest checkpoint); returns a summary on every
+    rank."""
     created, device = init_distributed()
     try:
         return _run(cfg, device)

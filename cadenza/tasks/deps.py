@@ -100,7 +100,7 @@ def _keep(req: str, own: set[str]) -> bool:
 
 
 def _strip_extra_marker(req: str) -> str | None:
-    """Drop an ``extra == "x"`` marker (the caller already chose the extra); None if the marker is only that."""
+    """Drop an ``extra == "x"`` marker (the caller already chose the extra); None if it was the only one."""
     if ";" not in req:
         return req
     spec, marker = req.split(";", 1)
