@@ -26,9 +26,9 @@ demo: prereqs $(BIN)/.ready
 test: prereqs $(BIN)/.ready
 	$(BIN)/python -m pytest -q tests
 
-# Under 2 minutes: no PyPI builds, no distributed runs, no engines (see the markers in pyproject.toml).
+# About 2 minutes: the unit tests not marked slow (no PyPI builds, no distributed runs; see pyproject.toml).
 test-fast: prereqs $(BIN)/.ready
-	$(BIN)/python -m pytest -q tests -m "not slow and not distributed and not network"
+	$(BIN)/python -m pytest -q tests/unit -m "not slow and not distributed and not network"
 
 lint: $(BIN)/.ready
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cadenza.experiments.study import _corpus
 from cadenza.experiments.tool_hints import ExperimentConfig, build_tokenizer, sft_model, train_config
-from cadenza.rl.metrics import read_metrics
+from cadenza.metrics import read_metrics
 from cadenza.rl.sft import encode_messages
 
 TEACHERS = {"frozen": "grpo_sd", "ema": "sd_ema", "snapshot": "sd_snapshot", "live": "sd_live"}

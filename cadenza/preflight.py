@@ -6,6 +6,7 @@ Checks are plain functions so a command composes what it needs; an engine check 
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import sys
 import tempfile
@@ -21,6 +22,25 @@ def check_python() -> None:
     if sys.version_info < MIN_PYTHON:
         have = ".".join(map(str, sys.version_info[:3]))
         raise CadenzaError(f"cadenza needs Python >= 3.11, this is {have}; install a newer Python")
+
+
+TRAIN_PACKAGES = ("torch", "transformers", "tokenizers", "safetensors", "numpy")
+
+
+def check_train_extra() -> None:
+    """The ``train`` extra is installed (``pip install cadenza`` alone runs the task factory only)."""
+    missing = [name for name in TRAIN_PACKAGES if not _installed(name)]
+    if missing:
+        raise CadenzaError(
+            f"this command trains a model and needs {', '.join(missing)}; run: pip install 'cadenza[train]'"
+        )
+
+
+def _installed(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a broken or blocked install counts as missing
+        return False
 
 
 def check_sandbox() -> None:
@@ -57,17 +77,22 @@ def run_checks(checks: list[Callable[[], None]]) -> None:
 def for_demo(out: Path, *, sandboxed: bool = True) -> None:
     """``cadenza demo``: task environments, a policy and a run directory under ``out``; episodes sandboxed."""
     checks = [check_python, lambda: check_disk(out, DEMO_DISK_GIB)]
-    if sandboxed:
-        checks.insert(1, check_sandbox)
+    if sandboxed:  # the full demo trains a policy in sandboxed episodes; --tasks-only builds tasks only
+        checks[1:1] = [check_train_extra, check_sandbox]
     run_checks(checks)
 
 
 def for_train(out: Path, *, sandboxed: bool) -> None:
     """``cadenza train``: checkpoints under ``out``; the sandbox only when the environment uses it."""
-    checks = [check_python, lambda: check_disk(out, TRAIN_DISK_GIB)]
+    checks = [check_python, check_train_extra, lambda: check_disk(out, TRAIN_DISK_GIB)]
     if sandboxed:
-        checks.insert(1, check_sandbox)
+        checks.insert(2, check_sandbox)
     run_checks(checks)
+
+
+def for_pretrain(out: Path) -> None:
+    """``cadenza pretrain``: checkpoints and the tokenized corpus under ``out``."""
+    run_checks([check_python, check_train_extra, lambda: check_disk(out, TRAIN_DISK_GIB)])
 
 
 DEMO_DISK_GIB = 2.0  # task venvs (~0.3 GiB), the tiny policy and its checkpoints, with a margin

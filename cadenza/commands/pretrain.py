@@ -19,9 +19,14 @@ def register(app: typer.Typer) -> None:
         import json
         import os
 
+        from cadenza import preflight
+
+        preflight.check_train_extra()  # the config holds torch-side sections (parallel dims, Muon)
         from cadenza.pretrain.config import load_config
         from cadenza.pretrain.loop import run
 
-        summary = run(load_config(config))
+        cfg = load_config(config)
+        preflight.for_pretrain(Path(cfg.output.dir))
+        summary = run(cfg)
         if int(os.environ.get("RANK", "0")) == 0:
             typer.echo(json.dumps(summary))

@@ -1,4 +1,5 @@
-"""``cadenza tasks ...``: build, scan, list, show, verify, env, export, stats (see docs/tasks.md, docs/curriculum.md)."""
+"""``cadenza tasks ...``: build, scan, list, show, verify, env, export, stats (see docs/tasks.md,
+docs/curriculum.md)."""
 
 from __future__ import annotations
 
@@ -91,7 +92,8 @@ def register(app: typer.Typer) -> None:
         if findings:
             console.print(findings_table(findings))
             console.print(
-                f"[red]{len(findings)} finding(s) in {len({f.task_id for f in findings})} of {len(dirs)} task(s)"
+                f"[red]{len(findings)} finding(s) in {len({f.task_id for f in findings})} of "
+                f"{len(dirs)} task(s)"
             )
             raise typer.Exit(1)
         console.print(f"[green]clean: {len(dirs)} task(s), no remnants of deleted code")
@@ -127,7 +129,8 @@ def register(app: typer.Typer) -> None:
         path: Path = typer.Argument(..., help="Task set."),
         task: str | None = typer.Option(None, "--task", help="Only this task ID."),
     ) -> None:
-        """Re-validate tasks in clean copies (F2P fail, P2P pass, gold patch passes all) and leak-scan them."""
+        """Re-validate tasks in clean copies (F2P fail, P2P pass, gold patch passes all) and leak-scan
+        them."""
         from cadenza.tasks.report import out_console, verify_table
         from cadenza.tasks.store import TaskStore
         from cadenza.tasks.verify import verify_task
@@ -159,7 +162,8 @@ def register(app: typer.Typer) -> None:
         fmt: str = typer.Option("swebench", "--format", help="Only 'swebench' (JSONL)."),
         output: Path | None = typer.Option(None, "--output", "-o", help="Write here instead of stdout."),
     ) -> None:
-        """Export the set as SWE-bench-style JSONL (instance_id, problem_statement, patch, FAIL_TO_PASS, ...)."""
+        """Export the set as SWE-bench-style JSONL (instance_id, problem_statement, patch, FAIL_TO_PASS,
+        ...)."""
         from cadenza.jsonio import atomic_write_text
         from cadenza.tasks.export import export_swebench
 

@@ -58,9 +58,9 @@ class _SupervisedArm:
     def train_to(self, steps: int) -> Any:
         import torch
 
+        from cadenza.metrics import MetricsLogger, read_metrics
         from cadenza.rl import checkpoint as ckpt
         from cadenza.rl.chat import load_tokenizer
-        from cadenza.rl.metrics import MetricsLogger, read_metrics
         from cadenza.rl.policy import HFPolicy
         from cadenza.rl.probe import HintProbe, ProbeSchedule
 
@@ -174,7 +174,7 @@ def run_arm(
 def summarise(exp: Any, seed: int, evals: list[dict[str, Any]], run_dir: Path) -> dict[str, Any]:
     """The run's numbers (definitions in docs/experiments.md, section 4)."""
     from cadenza.experiments.report import summarise_run
-    from cadenza.rl.metrics import read_metrics
+    from cadenza.metrics import read_metrics
 
     rows = read_metrics(run_dir / "metrics.jsonl")
     batch = summarise_run(rows, seed, target=exp.target, window=exp.window)

@@ -31,11 +31,11 @@ CRITIC_PROMPT = (
 @dataclass(kw_only=True)
 class CriticConfig:
     base_url: str = ""  # e.g. http://localhost:8000/v1 ; empty disables the critic
-    model: str = ""
+    model: str = ""  # model name sent to the endpoint
     api_key_env: str = "OPENAI_API_KEY"  # name of the environment variable holding the key (if any)
-    timeout_s: float = 30.0
-    max_hints: int = 3
-    max_chars: int = 300
+    timeout_s: float = 30.0  # per request; a timeout gives no hints (recorded, never fatal)
+    max_hints: int = 3  # hints kept per trajectory
+    max_chars: int = 300  # each hint is capped at this length
 
     def validate(self) -> None:
         if self.base_url and not self.base_url.startswith(("http://", "https://")):

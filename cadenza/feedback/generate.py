@@ -37,14 +37,17 @@ class FeedbackConfig:
     """``kinds``: generators to run, in order. ``placebo``: replace every hint by uninformative text of
     the same length (a control for "any extra context helps"). ``max_hints``: per trajectory, 0 = all."""
 
+    # generators to run, in order (also: critic, an LLM behind an OpenAI-compatible endpoint)
     kinds: list[str] = field(
         default_factory=lambda: ["tool_not_found", "invalid_arguments", "style", "repeated_failure"]
     )
-    placement: str = "user_before_turn"
-    placebo: bool = False
-    repeat_min: int = 2
-    style_select: list[str] = field(default_factory=lambda: list(style.DEFAULT_SELECT))
-    max_hints: int = 0
+    placement: str = (
+        "user_before_turn"  # where the teacher sees a hint: user_before_turn | append_to_observation
+    )
+    placebo: bool = False  # replace every hint by neutral text of the same length (a control)
+    repeat_min: int = 2  # repeated_failure: same failing call and observation this many times
+    style_select: list[str] = field(default_factory=lambda: list(style.DEFAULT_SELECT))  # ruff rule prefixes
+    max_hints: int = 0  # per trajectory; 0 = all
     critic: critic_mod.CriticConfig = field(default_factory=critic_mod.CriticConfig)
 
     def validate(self) -> None:

@@ -42,7 +42,8 @@ class MuonConfig:
             raise ConfigError(f"{where}.ns_dtype must be float32, bfloat16 or float16, got {self.ns_dtype!r}")
         if not 0 <= self.momentum < 1 or self.ns_steps < 1 or self.adamw_lr < 0:
             raise ConfigError(
-                f"{where}.momentum must be in [0, 1), {where}.ns_steps >= 1 and {where}.adamw_lr >= 0 (0 = lr)"
+                f"{where}.momentum must be in [0, 1), {where}.ns_steps >= 1 and {where}.adamw_lr >= 0 "
+                "(0 = lr)"
             )
 
 

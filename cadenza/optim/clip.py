@@ -71,7 +71,8 @@ def total_grad_norm(parameters: Iterable[torch.Tensor], norm_type: float = 2.0) 
 def clip_grad_norm_(
     parameters: Iterable[torch.Tensor], max_norm: float, norm_type: float = 2.0
 ) -> torch.Tensor:
-    """Scale gradients in place so their global norm is at most ``max_norm``; returns the norm before clipping."""
+    """Scale gradients in place so their global norm is at most ``max_norm``; returns the norm before
+    clipping."""
     params = [p for p in parameters if p.grad is not None]
     norm = total_grad_norm(params, norm_type)
     coef = torch.clamp(max_norm / (norm + 1e-6), max=1.0)

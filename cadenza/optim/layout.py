@@ -141,9 +141,11 @@ class Layout:
             for sub, runs in self.runs(d).items():
                 if len(runs) > 1:
                     raise ConfigError(
-                        f"{name}: with placements {placements or self.shard_dims} on mesh {list(self.mesh_shape)}, "
+                        f"{name}: with placements {placements or self.shard_dims} on mesh "
+                        f"{list(self.mesh_shape)}, "
                         f"the shard at mesh coordinates {sub} holds ranges {runs} of tensor dim {d}, not one "
-                        "contiguous block; Muon needs every shard to be a box of the full tensor (FSDP2 / HSDP / "
+                        "contiguous block; Muon needs every shard to be a box of the full tensor (FSDP2 "
+                        "/ HSDP / "
                         "EP layouts); redistribute the parameter first"
                     )
 

@@ -3,7 +3,7 @@
 For one matrix (a whole 2-D weight, one head, one expert) the update matches ``torch.optim.Muon``::
 
     buf = μ·buf + (1−μ)·g;  u = (1−μ)·g + μ·buf  (nesterov) or buf;  ortho = NS(u)
-    W ← W·(1 − lr·wd) − lr·s·O,   s = sqrt(max(1, A/B)) ("original") or 0.2·sqrt(max(A, B)) ("match_rms_adamw")
+    W ← W·(1 − lr·wd) − lr·s·O,  s = sqrt(max(1, A/B)) ("original") or 0.2·sqrt(max(A, B)) ("match_rms_adamw")
 
 Momentum is elementwise, so it runs on local shards. Orthogonalisation needs whole matrices: the
 step is planned once (:mod:`cadenza.optim.plan`), then jobs gather shards with ``all_to_all_single``,

@@ -18,7 +18,8 @@ Coefficients = tuple[float, float, float] | Sequence[tuple[float, float, float]]
 
 
 def coefficient_schedule(coefficients: Coefficients, steps: int) -> list[tuple[float, float, float]]:
-    """One ``(a, b, c)`` per step: a single triple repeats; a schedule (Polar Express) repeats its last entry."""
+    """One ``(a, b, c)`` per step: a single triple repeats; a schedule (Polar Express) repeats its last
+    entry."""
     if steps < 1:
         raise ConfigError(f"ns_steps must be >= 1, got {steps}")
     coeffs = list(coefficients)

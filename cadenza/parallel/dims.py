@@ -44,7 +44,8 @@ class ParallelDims:
         if dp_shard == -1:
             if world_size % fixed:
                 raise ConfigError(
-                    f"world size {world_size} is not divisible by dp_replicate·cp = {self.dp_replicate}·{self.cp}"
+                    f"world size {world_size} is not divisible by dp_replicate·cp = "
+                    f"{self.dp_replicate}·{self.cp}"
                     f" = {fixed}; change the dims or the number of processes"
                 )
             dp_shard = world_size // fixed

@@ -8,7 +8,6 @@ instead of a hang.
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -20,7 +19,7 @@ import torch
 import torch.distributed as dist
 
 from cadenza.errors import CadenzaError, ConfigError
-from cadenza.jsonio import atomic_write_text
+from cadenza.metrics import MetricsLogger
 from cadenza.optim.build import build_optimizer
 from cadenza.optim.clip import clip_grad_norm_
 from cadenza.parallel import ParallelOptions, parallelize
@@ -91,28 +90,6 @@ def _load_model(cfg: PretrainConfig):
     return model, tokenizer
 
 
-class MetricsLog:
-    """``metrics.jsonl`` on rank 0; on resume, records past the checkpoint are dropped first."""
-
-    def __init__(self, path: Path, resume_step: int, enabled: bool) -> None:
-        self.path, self.enabled = path, enabled
-        if not enabled:
-            return
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if path.exists():
-            kept = [
-                line
-                for line in path.read_text().splitlines()
-                if line.strip() and json.loads(line).get("step", 0) <= resume_step
-            ]
-            atomic_write_text(path, "".join(line + "\n" for line in kept))
-
-    def write(self, record: dict) -> None:
-        if self.enabled:
-            with self.path.open("a") as fh:
-                fh.write(json.dumps(record) + "\n")
-
-
 @contextmanager
 def _progress(enabled: bool, total: int, start: int):
     """A rich progress bar on rank 0 (``None`` elsewhere)."""
@@ -148,7 +125,8 @@ def _accumulate(pm, chunks: tuple[torch.Tensor, ...]) -> torch.Tensor:
 
 
 def run(cfg: PretrainConfig) -> dict:
-    """Train ``cfg.train.steps`` steps (resuming from the newest checkpoint); returns a summary on every rank."""
+    """Train ``cfg.train.steps`` steps (resuming from the newest checkpoint); returns a summary on every
+    rank."""
     created, device = init_distributed()
     try:
         return _run(cfg, device)
@@ -211,7 +189,7 @@ def _run(cfg: PretrainConfig, device: str) -> dict:
         "global_batch": t.global_batch,
         "seq_len": cfg.data.seq_len,
     }
-    metrics = MetricsLog(out_dir / "metrics.jsonl", start, enabled=rank == 0)
+    metrics = MetricsLogger(out_dir, resume_step=start, enabled=rank == 0)
     dp_rank = dims.dp_rank(rank)
     sched = dict(
         steps=t.steps,
@@ -247,7 +225,7 @@ def _run(cfg: PretrainConfig, device: str) -> dict:
                 "seconds": time.perf_counter() - t0,
                 "world_size": world,
             }
-            metrics.write(last)
+            metrics.log(step, last)
             if progress is not None:
                 progress.update(progress.task_ids[0], completed=step, info=f"loss {last['loss']:.4f}")
             if step % cfg.checkpoint.every == 0 or step == t.steps:

@@ -15,7 +15,8 @@ def lr_at(
     min_lr_ratio: float = 0.1,
     decay_fraction: float = 0.2,
 ) -> float:
-    """LR for 1-based ``step``: linear warmup, then cosine decay, WSD (stable then linear decay) or constant."""
+    """LR for 1-based ``step``: linear warmup, then cosine decay, WSD (stable then linear decay) or
+    constant."""
     if warmup_steps and step <= warmup_steps:
         return lr * step / warmup_steps
     floor = lr * min_lr_ratio

@@ -18,13 +18,13 @@ from cadenza.feedback.generate import FeedbackConfig
 
 @dataclass(kw_only=True)
 class RunConfig:
-    out_dir: str = "runs/train"
-    steps: int = 10
-    seed: int = 0
+    out_dir: str = "runs/train"  # metrics.jsonl, config.json and checkpoints/ go here
+    steps: int = 10  # optimizer steps (each: rollouts, grading, feedback, one update)
+    seed: int = 0  # task and token sampling of step s are seeded from (seed, s): exact resume
     checkpoint_every: int = 0  # 0 = only at the end
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # newest checkpoints kept
     tensorboard: bool = False  # only used if the tensorboard package is installed
-    progress: bool = True
+    progress: bool = True  # a progress bar with reward, invalid-tool rate and SD loss
     monitor: Literal["auto", "off"] = "auto"  # auto: use cadenza.monitor when it is installed
     threads: int = 0  # torch intra-op threads (0 = torch's default); 1 suits tiny models on shared CPUs
     measure_kl: bool = True  # KL(before || after) of each update on un-hinted turns (one extra forward)
@@ -35,17 +35,17 @@ class ModelConfig:
     """``path``: an HF causal-LM directory. Empty ``path`` = random init from ``arch`` (tests, toy runs),
     which needs ``tokenizer`` (a directory saved with ``save_pretrained``, with a chat template)."""
 
-    path: str = ""
-    tokenizer: str = ""
-    arch: Literal["qwen3", "qwen3_moe"] = "qwen3"
-    hidden_size: int = 64
-    num_layers: int = 2
-    num_heads: int = 4
-    num_kv_heads: int = 2
-    intermediate_size: int = 128
-    num_experts: int = 8
-    experts_per_token: int = 2
-    dtype: Literal["float32", "bfloat16"] = "float32"
+    path: str = ""  # an HF causal-LM directory (save_pretrained); empty = random init from the fields below
+    tokenizer: str = ""  # tokenizer directory with a chat template; defaults to path
+    arch: Literal["qwen3", "qwen3_moe"] = "qwen3"  # random init only, as are the sizes below
+    hidden_size: int = 64  # model width
+    num_layers: int = 2  # decoder layers
+    num_heads: int = 4  # attention heads (divide hidden_size)
+    num_kv_heads: int = 2  # key/value heads (divide num_heads)
+    intermediate_size: int = 128  # MLP (or expert) hidden size
+    num_experts: int = 8  # qwen3_moe: routed experts
+    experts_per_token: int = 2  # qwen3_moe: experts each token is routed to
+    dtype: Literal["float32", "bfloat16"] = "float32"  # parameter dtype of the policy
     device: str = "cpu"  # e.g. "cuda" for real runs
 
 
@@ -53,18 +53,18 @@ class ModelConfig:
 class EnvConfig:
     """``name``: a registered environment (``toolworld``, ``taskset``) or ``package.module:factory``."""
 
-    name: str = "toolworld"
-    options: dict[str, Any] = field(default_factory=dict)
+    name: str = "toolworld"  # toolworld | taskset | package.module:factory
+    options: dict[str, Any] = field(default_factory=dict)  # passed to the environment factory
 
 
 @dataclass(kw_only=True)
 class RolloutConfig:
     group_size: int = 8  # G samples per task
-    tasks_per_step: int = 4
-    max_new_tokens: int = 64
-    temperature: float = 1.0
+    tasks_per_step: int = 4  # GRPO groups per step
+    max_new_tokens: int = 64  # tokens per model turn
+    temperature: float = 1.0  # sampling temperature of the rollouts
     top_k: int = 0  # 0 = off; keep 0 for on-policy GRPO ratios
-    max_turns: int = 8
+    max_turns: int = 8  # model turns (tool calls) per episode
     engine: Literal["hf", "vllm", "openai"] = (
         "hf"  # who samples: in-process HF, a vLLM server, any OpenAI API
     )
@@ -82,15 +82,15 @@ class RolloutConfig:
 class LossConfig:
     """``L = L_grpo + lambda_sd * L_sd``; SD is gated per turn to the hinted turns only."""
 
-    lambda_sd: float = 1.0
-    divergence: Literal["reverse_kl", "forward_kl", "jsd"] = "reverse_kl"
+    lambda_sd: float = 1.0  # weight of the self-distillation term (0 = GRPO only)
+    divergence: Literal["reverse_kl", "forward_kl", "jsd"] = "reverse_kl"  # student-teacher divergence of SD
     beta: float = 0.5  # jsd weight: 0 = forward KL, 1 = reverse KL
     top_k: int = 0  # 0 = full vocabulary; k = teacher's top-k tokens plus one tail bucket
-    sd_temperature: float = 1.0
+    sd_temperature: float = 1.0  # temperature of both distributions in the SD divergence
     token_clip: float = 0.0  # cap on each token's divergence (0 = off)
     clip_eps: float = 0.2  # PPO/GRPO ratio clip, lower side
     clip_eps_high: float = 0.28  # upper side (clip-higher)
-    aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"
+    aggregation: Literal["token_mean", "sequence_mean"] = "token_mean"  # how GRPO averages over tokens
     std_normalize: bool = True  # GRPO advantages divided by the group std (False = Dr. GRPO)
     kl_ref: float = 0.0  # coefficient of the k3 KL to the frozen initial policy (0 = off)
     drop_zero_variance: bool = (
@@ -129,8 +129,8 @@ class OptimConfig:
     name: Literal["adamw", "muon"] = "adamw"
     lr: float = 1e-3  # AdamW (and, with muon, the AdamW-handled embeddings/head/norms)
     muon_lr: float = 0.02  # learning rate of Muon's matrix groups
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    weight_decay: float = 0.0
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas (optim.name = "adamw")
+    weight_decay: float = 0.0  # decoupled weight decay on every parameter
     grad_clip: float = 1.0  # 0 = off
     microbatch: int = 8  # trajectories per forward/backward
 

@@ -33,6 +33,7 @@ import torch
 
 from cadenza.errors import CadenzaError
 from cadenza.jsonio import atomic_write_json
+from cadenza.metrics import MetricsLogger, read_metrics
 from cadenza.rl import checkpoint as ckpt
 from cadenza.rl.build import build_optimizer, build_policy, check_same_run, sd_config, step_config
 from cadenza.rl.config import TrainConfig, validate
@@ -40,7 +41,6 @@ from cadenza.rl.curriculum import PoolExhausted
 from cadenza.rl.envs import load_source
 from cadenza.rl.episodes import Episode, collect_episodes, record_pool, sample_step_tasks, signal_rows
 from cadenza.rl.local_engine import build_engine
-from cadenza.rl.metrics import MetricsLogger, read_metrics
 from cadenza.rl.pipeline import RolloutPipeline, WatchedEngine
 from cadenza.rl.probe import HintFollowingEroded, schedule_for_run
 from cadenza.rl.teacher import Teacher

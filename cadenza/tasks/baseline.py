@@ -19,7 +19,8 @@ from cadenza.tasks.source import SourceInfo
 
 @dataclass(kw_only=True)
 class Baseline:
-    """``passing``: passed in both runs; ``excluded``: failed/errored in a run or flipped; ``skipped``: never ran."""
+    """``passing``: passed in both runs; ``excluded``: failed/errored in a run or flipped; ``skipped``:
+    never ran."""
 
     passing: list[str]
     excluded: list[str]
@@ -51,7 +52,8 @@ def _raise_if_unimportable(source: SourceInfo, python: Path, workspace: Path) ->
     if proc.returncode != 0:
         err = (proc.stderr.strip().splitlines() or ["?"])[-1][:160]
         raise SourceError(
-            f"{source.spec}: no test can pass because the package does not import from its source tree ({err}); "
+            f"{source.spec}: no test can pass because the package does not import from its source tree "
+            f"({err}); "
             "sources needing a build step (C extensions, generated files) are not supported"
         )
 
@@ -78,7 +80,8 @@ def run_baseline(
     )
     if plain.timed_out:
         raise SourceError(
-            f"{source.spec}: the test suite did not finish within {timeout_s:g}s; raise the suite timeout or pick a faster suite"
+            f"{source.spec}: the test suite did not finish within {timeout_s:g}s; raise the suite "
+            "timeout or pick a faster suite"
         )
     if not plain.outcomes:
         _raise_if_unimportable(source, python, workspace)

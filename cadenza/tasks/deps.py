@@ -100,12 +100,27 @@ def _keep(req: str, own: set[str]) -> bool:
 
 
 def _strip_extra_marker(req: str) -> str | None:
-    """Drop an ``extra == "x"`` marker (the caller already chose the extra); None if the marker is only that."""
+    """Drop an ``extra == "x"`` marker (the caller already chose the extra); None if it was the only one."""
     if ";" not in req:
         return req
     spec, marker = req.split(";", 1)
     cleaned = re.sub(r"""(and\s+)?extra\s*==\s*['"][^'"]+['"](\s+and)?""", "", marker).strip()
     return spec.strip() if not cleaned else f"{spec.strip()}; {cleaned}"
+
+
+def split_requires(requires: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """``Requires-Dist`` lines split into runtime requirements and ``{extra: requirements}``."""
+    runtime: list[str] = []
+    extras: dict[str, list[str]] = {}
+    for req in requires:
+        m = re.search(r"""extra\s*==\s*['"]([^'"]+)['"]""", req)
+        if m:
+            stripped = _strip_extra_marker(req)
+            if stripped:
+                extras.setdefault(m.group(1), []).append(stripped)
+        else:
+            runtime.append(req)
+    return runtime, extras
 
 
 def _from_pkg_info(root: Path) -> tuple[list[str], dict[str, list[str]], bool] | None:
@@ -116,17 +131,7 @@ def _from_pkg_info(root: Path) -> tuple[list[str], dict[str, list[str]], bool] |
     version = tuple(int(x) for x in re.findall(r"\d+", msg.get("Metadata-Version", "1.0"))[:2])
     dynamic = {d.lower() for d in msg.get_all("Dynamic") or []}
     reliable = version >= (2, 2) and "requires-dist" not in dynamic
-    runtime: list[str] = []
-    extras: dict[str, list[str]] = {}
-    for req in msg.get_all("Requires-Dist") or []:
-        m = re.search(r"""extra\s*==\s*['"]([^'"]+)['"]""", req)
-        if m:
-            stripped = _strip_extra_marker(req)
-            if stripped:
-                extras.setdefault(m.group(1), []).append(stripped)
-        else:
-            runtime.append(req)
-    return runtime, extras, reliable
+    return (*split_requires(msg.get_all("Requires-Dist") or []), reliable)
 
 
 def _from_pyproject(root: Path) -> tuple[list[str] | None, dict[str, list[str]], dict[str, list[str]]]:
@@ -255,17 +260,7 @@ def _pip_report(root: Path) -> tuple[list[str], dict[str, list[str]]]:
         items = json.loads(report.read_text()).get("install", [])
     if not items:
         return [], {}
-    runtime: list[str] = []
-    extras: dict[str, list[str]] = {}
-    for req in items[0].get("metadata", {}).get("requires_dist", []) or []:
-        m = re.search(r"""extra\s*==\s*['"]([^'"]+)['"]""", req)
-        if m:
-            stripped = _strip_extra_marker(req)
-            if stripped:
-                extras.setdefault(m.group(1), []).append(stripped)
-        else:
-            runtime.append(req)
-    return runtime, extras
+    return split_requires(items[0].get("metadata", {}).get("requires_dist", []) or [])
 
 
 #: Evidence in test code (fixture argument, marker, import) -> the distribution that provides it.

@@ -59,7 +59,8 @@ def _fetch_git(src: Path, dest: Path) -> None:
     if proc.returncode != 0:
         msg = proc.stderr.decode(errors="replace").strip().splitlines()
         raise SourceError(
-            f"git source {src}: cannot read HEAD ({msg[-1] if msg else 'git archive failed'}); commit the tree first"
+            f"git source {src}: cannot read HEAD ({msg[-1] if msg else 'git archive failed'}); commit "
+            "the tree first"
         )
     dest.mkdir()
     with tempfile.TemporaryFile() as fh:
@@ -85,7 +86,8 @@ def _fetch_pypi(req: str, dest: Path) -> None:
 
 
 def _unpack(archive: Path, dest: Path, label: str) -> None:
-    """Extract an sdist (``.tar.gz``/``.tgz``/``.tar.bz2``/``.zip``) safely; copy its single top dir to ``dest``."""
+    """Extract an sdist (``.tar.gz``/``.tgz``/``.tar.bz2``/``.zip``) safely; copy its single top dir to
+    ``dest``."""
     with tempfile.TemporaryDirectory(prefix="cadenza-unpack-") as tmp:
         unpack = Path(tmp)
         if archive.name.endswith(".zip"):

@@ -3,9 +3,9 @@
 :func:`iter_task_drafts` is sequential and yields :class:`TaskDraft` objects as they validate; the
 caller (the store) scrubs, leak-scans and writes each task directory. It is two halves that also
 run apart: :func:`prepare_source` (the shared work, once) and :func:`attempt_candidate` (one
-candidate, self-contained so worker processes can run it, see :mod:`cadenza.tasks.parallel`). Work amortised per source:
-two full runs (baseline + coverage, see :mod:`cadenza.tasks.baseline`); per validated task about
-one full run (plus partial runs of covering tests and of F2P on the gold copy).
+candidate, self-contained so worker processes can run it, see :mod:`cadenza.tasks.parallel`). Work
+amortised per source: two full runs (baseline + coverage, see :mod:`cadenza.tasks.baseline`); per
+validated task about one full run (plus partial runs of covering tests and of F2P on the gold copy).
 """
 
 from __future__ import annotations

@@ -125,7 +125,8 @@ class TaskPool:
             path = path / INDEX_NAME
         if not path.parent.is_dir():
             raise CadenzaError(
-                f"task set directory {path.parent} does not exist; build tasks first with 'cadenza tasks build'"
+                f"task set directory {path.parent} does not exist; build tasks first with 'cadenza "
+                "tasks build'"
             )
         self.path = path
         self.config = config or PoolConfig()
@@ -155,7 +156,8 @@ class TaskPool:
 
     # -- membership -------------------------------------------------------------------------
     def add_tasks(self, tasks: Iterable[tuple[str, str, int]], step: int = 0) -> int:
-        """Add ``(task_id, source, level)`` rows; existing ids are left as they are. Returns how many were new."""
+        """Add ``(task_id, source, level)`` rows; existing ids are left as they are. Returns how many were
+        new."""
         with self._tx() as db:
             before = db.total_changes
             db.executemany(
@@ -187,7 +189,8 @@ class TaskPool:
             if db.execute("SELECT 1 FROM pool_groups WHERE group_id = ?", (group_id,)).fetchone():
                 return False
             db.execute(
-                "INSERT INTO pool_groups(group_id, task_id, step, n, successes, flagged, ts) VALUES (?,?,?,?,?,?,?)",
+                "INSERT INTO pool_groups(group_id, task_id, step, n, successes, flagged, ts) VALUES "
+                "(?,?,?,?,?,?,?)",
                 (
                     group_id,
                     task_id,
@@ -199,7 +202,8 @@ class TaskPool:
                 ),
             )
             db.executemany(
-                "INSERT INTO pool_attempts(group_id, task_id, step, success, reward, flagged, ts) VALUES (?,?,?,?,?,?,?)",
+                "INSERT INTO pool_attempts(group_id, task_id, step, success, reward, flagged, ts) "
+                "VALUES (?,?,?,?,?,?,?)",
                 [
                     (group_id, task_id, step, int(r.success), float(r.reward), int(r.flagged), now)
                     for r in rollouts

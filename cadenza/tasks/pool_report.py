@@ -1,4 +1,5 @@
-"""Human views of the task pool: a table by state and level with pass-rate histograms, and a PNG over training."""
+"""Human views of the task pool: a table by state and level with pass-rate histograms, and a PNG over
+training."""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def sparkline(counts: list[int]) -> str:
 
 
 def stats_table(pool: TaskPool) -> Table:
-    """Rows: (state, level); columns: tasks, attempts, mean pass rate, histogram of posterior means over [0, 1]."""
+    """Rows: (state, level); columns: tasks, attempts, mean pass rate, histogram of posterior means over
+    [0, 1]."""
     table = Table(title=f"task pool ({pool.path})")
     for col in ("state", "level", "tasks", "attempts", "mean pass", "pass-rate histogram 0→1"):
         table.add_column(

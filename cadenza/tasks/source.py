@@ -132,7 +132,8 @@ def _is_test_file(rel: Path) -> bool:
 
 
 def find_test_paths(root: Path) -> list[str]:
-    """Root-relative test files (``test_*.py``, ``*_test.py``, files in test dirs, conftests) and pytest config."""
+    """Root-relative test files (``test_*.py``, ``*_test.py``, files in test dirs, conftests) and pytest
+    config."""
     out: list[str] = []
     for path in sorted(root.rglob("*")):
         rel = path.relative_to(root)
@@ -242,7 +243,8 @@ def describe_source(spec: str, root: Path) -> SourceInfo:
         import_root, found = ".", _candidates(root)
     if not found:
         raise SourceError(
-            f"source {spec} has no importable package (no dir with __init__.py or module at top level or in src/)"
+            f"source {spec} has no importable package (no dir with __init__.py or module at top level "
+            "or in src/)"
         )
     # Prefer names matching the distribution; otherwise keep every package-like name.
     if dist and _norm(dist) in {_norm(k) for k in found}:

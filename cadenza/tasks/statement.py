@@ -36,7 +36,8 @@ def template_statement(deletion: Deletion, fail_to_pass: list[str]) -> str:
     elif cand.kind == "module":
         lines.append(
             f"The module `{cand.qualname}` (file `{cand.path}`) is missing from the package. "
-            "Recreate it, and wire it back into the package wherever it is imported, so the failing tests pass."
+            "Recreate it, and wire it back into the package wherever it is imported, so the failing "
+            "tests pass."
         )
     elif cand.kind == "method":
         lines.append(

@@ -106,7 +106,8 @@ class TaskStore:
         if not self.root.exists():
             if not create:
                 raise CadenzaError(
-                    f"{self.root} does not exist; build a task set with 'cadenza tasks build SOURCE --out {self.root}'"
+                    f"{self.root} does not exist; build a task set with 'cadenza tasks build SOURCE "
+                    f"--out {self.root}'"
                 )
             self.root.mkdir(parents=True)
         if not self.root.is_dir():
@@ -117,7 +118,8 @@ class TaskStore:
             )
         if not create and not (self.root / INDEX).is_file():
             raise CadenzaError(
-                f"{self.root} is not a task set (no {INDEX}); build one with 'cadenza tasks build SOURCE --out {self.root}'"
+                f"{self.root} is not a task set (no {INDEX}); build one with 'cadenza tasks build "
+                f"SOURCE --out {self.root}'"
             )
         self._migrate()
         self.recover()
@@ -148,7 +150,8 @@ class TaskStore:
                 version = row[0] or 0
                 if version > len(MIGRATIONS):
                     raise CadenzaError(
-                        f"{self.root / INDEX} has schema version {version}, newer than this cadenza; upgrade cadenza"
+                        f"{self.root / INDEX} has schema version {version}, newer than this cadenza; "
+                        "upgrade cadenza"
                     )
                 for n in range(version, len(MIGRATIONS)):
                     for stmt in MIGRATIONS[n].split(";"):
@@ -195,7 +198,8 @@ class TaskStore:
     @staticmethod
     def _insert(con: sqlite3.Connection, task: Task) -> bool:
         cur = con.execute(
-            "INSERT OR IGNORE INTO tasks (id, spec, source, level, qualname, kind, path, f2p, p2p, state, created)"
+            "INSERT OR IGNORE INTO tasks (id, spec, source, level, qualname, kind, path, f2p, p2p, "
+            "state, created)"
             " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'ready', ?)",
             (
                 task.id,
@@ -273,8 +277,10 @@ class TaskStore:
     def record_source(self, build_id: int, params_key: str, rep: SourceReport) -> None:
         with self.db() as con:
             con.execute(
-                "INSERT OR REPLACE INTO build_sources (build_id, source, params_key, status, reason, candidates, validated,"
-                " emitted, rejected, skipped, suite_runs, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT OR REPLACE INTO build_sources (build_id, source, params_key, status, reason, "
+                "candidates, validated,"
+                " emitted, rejected, skipped, suite_runs, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
+                "?, ?, ?)",
                 (
                     build_id,
                     rep.source,
@@ -311,7 +317,8 @@ class TaskStore:
             ]
 
     def source_done(self, source: str, params_key: str) -> SourceReport | None:
-        """The report of an earlier build that finished ``source`` with the same parameters (resume skips it)."""
+        """The report of an earlier build that finished ``source`` with the same parameters (resume skips
+        it)."""
         with self.db() as con:
             row = con.execute(
                 "SELECT * FROM build_sources WHERE source = ? AND params_key = ? AND status = 'done'"

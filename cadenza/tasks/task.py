@@ -23,7 +23,8 @@ GOLD_PATCH = "gold.patch"
 
 @dataclass(kw_only=True)
 class Feature:
-    """What was deleted: ``qualname`` (e.g. ``pkg.mod.Class.method``), file ``path`` relative to the workspace."""
+    """What was deleted: ``qualname`` (e.g. ``pkg.mod.Class.method``), file ``path`` relative to the
+    workspace."""
 
     qualname: str
     path: str
@@ -87,7 +88,8 @@ def load_task(task_dir: str | Path) -> Task:
     path = Path(task_dir) / TASK_JSON
     if not path.is_file():
         raise CadenzaError(
-            f"{task_dir} is not a task directory (no {TASK_JSON}); pass a directory made by 'cadenza tasks build'"
+            f"{task_dir} is not a task directory (no {TASK_JSON}); pass a directory made by 'cadenza "
+            "tasks build'"
         )
     try:
         return Task.from_dict(json.loads(path.read_text()))

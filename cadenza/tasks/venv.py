@@ -90,7 +90,8 @@ def _install(python: Path, reqs: Requirements) -> list[str]:
     proc = _pip(python, "install", "--no-cache-dir", "-q", *TOOLING, *reqs.runtime)
     if proc.returncode != 0:
         raise SourceError(
-            f"cannot install the dependencies ({_pip_error(proc)}); fix the requirement or pin a working version"
+            f"cannot install the dependencies ({_pip_error(proc)}); fix the requirement or pin a "
+            "working version"
         )
     if not reqs.test:
         return []

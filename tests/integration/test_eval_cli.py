@@ -13,8 +13,7 @@ from cadenza.agent.replay import patch_actions
 from cadenza.agent.trajectory import Trajectory
 from cadenza.tasks.task import load_task, save_task
 from tests.chat_server import closed_port_url, serve, tool_call
-from tests.monitor_fixtures import task_env  # noqa: F401 - fixture
-from tests.sandbox_fixtures import GOLD_PATCH, taskset  # noqa: F401 - fixture
+from tests.sandbox_fixtures import GOLD_PATCH
 
 ROOT = Path(__file__).resolve().parents[2]
 SOLVER = [tool_call("view", path="calc/ops.py"), *[tool_call(a["tool"], **a["args"]) for a in patch_actions(GOLD_PATCH)],
@@ -43,7 +42,7 @@ def _eval(*args: str) -> subprocess.CompletedProcess:
                           timeout=300, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
 
 
-def test_eval_runs_model_over_task_set(taskset, tmp_path):  # noqa: F811
+def test_eval_runs_model_over_task_set(taskset, tmp_path):
     hack = load_task(taskset / "calc-other")
     hack.statement += " [hack]"
     save_task(taskset / "calc-other", hack)
@@ -80,7 +79,7 @@ def test_eval_runs_model_over_task_set(taskset, tmp_path):  # noqa: F811
     )  # one request per assistant turn and one judge call per task, no retries
 
 
-def test_eval_with_endpoint_down_or_garbage_reports_errored_tasks(taskset, tmp_path):  # noqa: F811
+def test_eval_with_endpoint_down_or_garbage_reports_errored_tasks(taskset, tmp_path):
     res = _eval(
         str(taskset),
         "--endpoint",

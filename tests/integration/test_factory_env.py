@@ -7,10 +7,10 @@ from pathlib import Path
 from cadenza.agent.env import ToolCall
 from cadenza.agent.episode import Episode
 from cadenza.agent.replay import patch_actions, replay
-from tests.sandbox_fixtures import GOLD_PATCH, chained_task_dir, task_env, taskset  # noqa: F401
+from tests.sandbox_fixtures import GOLD_PATCH
 
 
-def test_imports_follow_the_workspace_copy(chained_task_dir: Path):  # noqa: F811
+def test_imports_follow_the_workspace_copy(chained_task_dir: Path):
     with Episode(chained_task_dir) as ep:
         ep.reset()
         res = ep.step(
@@ -27,7 +27,7 @@ def test_imports_follow_the_workspace_copy(chained_task_dir: Path):  # noqa: F81
         assert lines[1:-1] == ["env"]  # the bound env is all there is of the task directory
 
 
-def test_gold_replay_resolves_with_the_chained_env(chained_task_dir: Path):  # noqa: F811
+def test_gold_replay_resolves_with_the_chained_env(chained_task_dir: Path):
     calls = [ToolCall(name=a["tool"], arguments=a["args"]) for a in patch_actions(GOLD_PATCH)]
     outcome, _ = replay(chained_task_dir, [*calls, ToolCall(name="submit", arguments={})])
     assert outcome["resolved"] is True and outcome["flags"] == []
@@ -35,7 +35,7 @@ def test_gold_replay_resolves_with_the_chained_env(chained_task_dir: Path):  # n
     assert outcome["resolved"] is False and outcome["p2p"]["passed"] == 3
 
 
-def test_doctest_nodes_grade_the_agents_module(taskset: Path):  # noqa: F811
+def test_doctest_nodes_grade_the_agents_module(taskset: Path):
     """F2P doctest items live in the source file the agent edits: its edits there must count."""
     import difflib
     import json

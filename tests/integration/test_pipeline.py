@@ -22,7 +22,6 @@ from cadenza.rl.taskset import factory_for
 from cadenza.tasks.pool import AttemptResult, TaskPool
 from cadenza.tasks.store import TaskStore
 from cadenza.tasks.task import load_task, save_task
-from tests.sandbox_fixtures import task_env  # noqa: F401
 from tests.tasks_helpers import shared_env_cache
 
 
@@ -54,7 +53,7 @@ def assert_weights_moved(start: Path, run_dir: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def demo_run(tmp_path_factory, task_env: Path):  # noqa: F811
+def demo_run(tmp_path_factory, task_env: Path):
     base = tmp_path_factory.mktemp("pipeline")
     task_set = toy_task_set(base / "tasks", task_env, ["calc-a", "calc-b", "calc-c"])
     cfg = DemoConfig(
@@ -103,7 +102,7 @@ def test_pipeline_records_every_rollout_and_logs_pool_metrics(demo_run) -> None:
     assert rows[-1]["zero_variance_groups_total"] == sum(r["zero_variance_groups"] for r in rows)
     # The run really trained: every step took an optimizer step, SD on the tokens of hinted turns, and the
     # weights moved away from the warm-started policy. (GRPO has no signal at this scale: the warm-up
-    # transcripts never edit, so every group's rewards tie; GRPO updates are asserted on toolworld.)
+    # transcripts never edit, so every group's rewards tie.)
     assert not any(r["skipped_update"] for r in rows) and all(r["grad_norm"] > 0 for r in rows), rows
     assert all(r["sd_tokens"] > 0 and r["hinted_turns"] > 0 and r["sd_loss"] > 0 for r in rows), rows
     assert_weights_moved(result.model_dir, result.run_dir)
@@ -222,8 +221,8 @@ def test_train_cli_over_a_task_set(demo_run, tmp_path: Path) -> None:
     """`cadenza train CONFIG.toml` with ``[env] name = "taskset"``: the pool grows by one step's rollouts."""
     import tomli_w
 
+    from cadenza.metrics import read_metrics
     from cadenza.rl.demo import train_config
-    from cadenza.rl.metrics import read_metrics
 
     _, result = demo_run
     task_set = shutil.copytree(result.task_set, tmp_path / "set")  # the module's run stays as it was

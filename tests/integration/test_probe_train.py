@@ -10,6 +10,7 @@ import torch
 from cadenza.experiments.corpus import corpus
 from cadenza.experiments.tool_hints import CALL_PIECES, _plain_text
 from cadenza.feedback.generate import FeedbackConfig
+from cadenza.metrics import read_metrics
 from cadenza.rl.chat import CHAT_TEMPLATE, train_tokenizer
 from cadenza.rl.checkpoint import latest_checkpoint
 from cadenza.rl.config import (
@@ -23,7 +24,6 @@ from cadenza.rl.config import (
     TeacherConfig,
     TrainConfig,
 )
-from cadenza.rl.metrics import read_metrics
 from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
 from cadenza.rl.probe import KEYS, HintFollowingEroded
 from cadenza.rl.sft import SFTConfig, encode_messages, supervised_finetune

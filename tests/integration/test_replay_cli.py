@@ -10,7 +10,7 @@ from pathlib import Path
 from cadenza.agent.miniswe import to_mini_swe_agent
 from cadenza.agent.replay import patch_actions
 from cadenza.agent.trajectory import Trajectory
-from tests.sandbox_fixtures import GOLD_PATCH, task_dir, task_env, taskset  # noqa: F401
+from tests.sandbox_fixtures import GOLD_PATCH
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -26,7 +26,7 @@ def write_actions(path: Path, actions: list) -> Path:
     return path
 
 
-def test_replay_json_gold_and_bad_calls(task_dir: Path, tmp_path: Path):  # noqa: F811
+def test_replay_json_gold_and_bad_calls(task_dir: Path, tmp_path: Path):
     actions = [
         {"tool": "frobnicate", "args": {}},
         {"tool": "view", "args": "{not json"},
@@ -88,7 +88,7 @@ def first_index(traj: Trajectory) -> int:
     return traj.turns[0].message_index
 
 
-def test_replay_text_output_and_no_sandbox(task_dir: Path, tmp_path: Path):  # noqa: F811
+def test_replay_text_output_and_no_sandbox(task_dir: Path, tmp_path: Path):
     actions = write_actions(
         tmp_path / "a.jsonl",
         [{"tool": "create", "path": "x"}, {"tool": "create", "args": {"path": "conftest.py", "content": ""}}],
@@ -100,7 +100,7 @@ def test_replay_text_output_and_no_sandbox(task_dir: Path, tmp_path: Path):  # n
     assert Trajectory.load(saved).sandboxed is False
 
 
-def test_replay_bad_input_is_one_line_error(task_dir: Path, tmp_path: Path):  # noqa: F811
+def test_replay_bad_input_is_one_line_error(task_dir: Path, tmp_path: Path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"tool": "bash", "args": {}}\nnot json\n')
     for args, needle in [

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from cadenza.errors import CadenzaError
+from cadenza.metrics import read_metrics
 from cadenza.rl import trainer as trainer_mod
 from cadenza.rl.episodes import collect_episodes
 from cadenza.rl.local_engine import LocalHFEngine
-from cadenza.rl.metrics import read_metrics
 from cadenza.rl.pipeline import EngineError
 from cadenza.rl.trainer import Trainer
 from tests.integration.test_rl_trainer import TIMING, config, sft_model  # noqa: F401

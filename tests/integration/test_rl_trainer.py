@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from cadenza.errors import CadenzaError
 from cadenza.experiments.corpus import corpus
 from cadenza.experiments.tool_hints import CALL_PIECES, _plain_text
+from cadenza.metrics import read_metrics
 from cadenza.rl.chat import CHAT_TEMPLATE, train_tokenizer
 from cadenza.rl.config import (
     EnvConfig,
@@ -24,7 +25,6 @@ from cadenza.rl.config import (
     RunConfig,
     TrainConfig,
 )
-from cadenza.rl.metrics import read_metrics
 from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
 from cadenza.rl.sft import SFTConfig, encode_messages, supervised_finetune
 from cadenza.rl.step import rl_losses

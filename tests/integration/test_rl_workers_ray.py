@@ -88,8 +88,8 @@ def test_trainer_on_ray_actors_trains_exactly_like_units_in_process(sft_model, t
     same metrics, bit for bit, as the same units rolled out in the trainer's process."""
     import dataclasses
 
+    from cadenza.metrics import read_metrics
     from cadenza.rl.episodes import collect_episodes
-    from cadenza.rl.metrics import read_metrics
     from cadenza.rl.trainer import Trainer
     from cadenza.rl.workers import unit_seed
     from tests.integration.test_rl_trainer import TIMING

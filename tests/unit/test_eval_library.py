@@ -15,7 +15,7 @@ from cadenza.agent.llm import LLMConfig
 from cadenza.errors import CadenzaError
 from cadenza.tasks.task import Feature, Task, save_task
 from tests.chat_server import scripted, serve, tool_call
-from tests.unit.test_llm_loop import CounterEnv
+from tests.unit.llm_helpers import ReachFiveEnv
 
 
 def make_tasks(root: Path, names: list[str]) -> None:
@@ -47,7 +47,7 @@ def test_discover_tasks(tmp_path):
         discover_tasks(tmp_path / "missing")
 
 
-class SlowCounterEnv(CounterEnv):
+class SlowCounterEnv(ReachFiveEnv):
     active = 0
     peak = 0
     lock = threading.Lock()

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
-from cadenza.agent.env import StepResult, ToolCall
 from cadenza.agent.llm import ChatClient, LLMConfig, LLMError, parse_reply
 from cadenza.agent.loop import LoopConfig, run_agent
 from cadenza.errors import CadenzaError
 from tests.chat_server import closed_port_url, scripted, serve, tool_call
+from tests.unit.llm_helpers import ReachFiveEnv
 
 
 def client(url: str, **kw: Any) -> ChatClient:
@@ -124,45 +124,6 @@ def test_parse_reply_accepts_object_arguments():
     assert json.loads(msg["tool_calls"][0]["function"]["arguments"]) == {"path": "a"}
 
 
-class CounterEnv:
-    """A tiny Env: ``add(n)`` adds to a counter, ``bash`` echoes, ``submit`` ends; reward 1 when the counter hits 5."""
-
-    def __init__(self) -> None:
-        self.total = 0
-        self.calls: list[ToolCall] = []
-        self.finished = False
-
-    def reset(self) -> list[dict[str, Any]]:
-        return [{"role": "system", "content": "count"}, {"role": "user", "content": "reach 5"}]
-
-    def tools(self) -> list[dict[str, Any]]:
-        return [
-            {"type": "function", "function": {"name": n, "parameters": {"type": "object"}}}
-            for n in ("add", "bash", "submit")
-        ]
-
-    def step(self, call: ToolCall) -> StepResult:
-        self.calls.append(call)
-        if call.name == "add":
-            if not isinstance(call.arguments, dict) or not isinstance(call.arguments.get("n"), int):
-                return StepResult(
-                    observation="Error: add needs an integer n", done=False, error_kind="invalid_arguments"
-                )
-            self.total += call.arguments["n"]
-            return StepResult(observation=str(self.total), done=False)
-        if call.name == "bash":
-            return StepResult(observation="(not executed)", done=False, info={"exit_code": 0})
-        if call.name == "submit":
-            return StepResult(observation="submitted", done=True)
-        return StepResult(
-            observation=f"Error: tool '{call.name}' not found", done=False, error_kind="tool_not_found"
-        )
-
-    def finish(self) -> dict[str, Any]:
-        self.finished = True
-        return {"resolved": self.total == 5, "reward": float(self.total == 5)}
-
-
 def test_agent_loop_solves_counter_env():
     bad_args = {
         "role": "assistant",
@@ -179,7 +140,7 @@ def test_agent_loop_solves_counter_env():
         tool_call("add", n=3),
         tool_call("submit"),
     ]
-    env = CounterEnv()
+    env = ReachFiveEnv()
     with serve(scripted(script)) as srv:
         traj = run_agent(env, client(srv.url), config=LoopConfig(max_turns=10), task_id="counter")
     assert env.finished and traj.reward == 1.0 and traj.outcome["resolved"]
@@ -203,7 +164,7 @@ def test_agent_loop_solves_counter_env():
 
 
 def test_agent_loop_stops_at_max_turns():
-    env = CounterEnv()
+    env = ReachFiveEnv()
     with serve(scripted([tool_call("add", n=1)])) as srv:
         traj = run_agent(env, client(srv.url), config=LoopConfig(max_turns=3))
     assert len(traj.turns) == 3 and env.finished and traj.reward == 0.0 and traj.meta["finished"] is False
@@ -211,7 +172,7 @@ def test_agent_loop_stops_at_max_turns():
 
 def test_endpoint_garbage_mid_episode_marks_errored_and_finishes():
     script = [tool_call("add", n=5), (200, b"not json at all")]
-    env = CounterEnv()
+    env = ReachFiveEnv()
     with serve(scripted(script)) as srv:
         traj = run_agent(env, client(srv.url, max_retries=1), config=LoopConfig(max_turns=10))
     assert env.finished and traj.meta["errored"] and "did not return JSON" in traj.meta["error"]
@@ -219,7 +180,7 @@ def test_endpoint_garbage_mid_episode_marks_errored_and_finishes():
 
 
 def test_loop_monitors_trajectories_of_plain_envs():
-    env = CounterEnv()
+    env = ReachFiveEnv()
     script = [tool_call("add", n=5), tool_call("bash", command="git log -p"), tool_call("submit")]
     with serve(scripted(script)) as srv:
         traj = run_agent(env, client(srv.url))
@@ -242,7 +203,7 @@ VLLM_CONTEXT_400 = json.dumps(
 def test_context_overflow_ends_the_episode_as_context_and_grades_it():
     """vLLM's HTTP 400 'maximum context length' is the end of the conversation, not an endpoint failure."""
     script = [tool_call("add", n=5), (400, VLLM_CONTEXT_400)]
-    env = CounterEnv()
+    env = ReachFiveEnv()
     with serve(scripted(script)) as srv:
         traj = run_agent(env, client(srv.url, max_retries=3), config=LoopConfig(max_turns=10))
         assert len(srv.requests) == 2  # not retried
@@ -251,7 +212,7 @@ def test_context_overflow_ends_the_episode_as_context_and_grades_it():
 
 
 def test_other_400s_stay_errors():
-    env = CounterEnv()
+    env = ReachFiveEnv()
     with serve(scripted([(400, b'{"message": "bad tool schema"}')])) as srv:
         traj = run_agent(env, client(srv.url), config=LoopConfig(max_turns=3))
     assert traj.meta["errored"] and "bad tool schema" in traj.meta["error"] and "stop_reason" not in traj.meta

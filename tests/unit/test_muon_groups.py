@@ -75,7 +75,7 @@ EXPECT = {
 }
 
 
-@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe", "deepseek_v3"])
+@pytest.mark.parametrize("kind", ["qwen3", "qwen3_moe", pytest.param("deepseek_v3", marks=pytest.mark.slow)])
 def test_assignment_and_training(kind, capsys):
     model = _model(kind)
     rules = assign(model)

@@ -103,6 +103,7 @@ def test_kv_cache_teacher_equals_no_cache_and_unbatched_reference(tok, trajector
     assert all(it.shared_prefix > 0 for it in items)
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: in make test, not make test-fast
 def test_sd_loss_matches_public_loss_and_gradients_stay_in_target_turns(tok, trajectories):
     pol = _policy(tok, dtype="float64")
     batch = collate(trajectories, tok.pad_token_id)
@@ -157,6 +158,7 @@ def test_sd_loss_matches_public_loss_and_gradients_stay_in_target_turns(tok, tra
         assert g[b, t, d].item() == pytest.approx(fd, rel=1e-5, abs=1e-9)
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: in make test, not make test-fast
 def test_teacher_gets_no_gradient_and_weight_modes(tok, trajectories):
     pol = _policy(tok)
     batch = collate(trajectories, tok.pad_token_id)

@@ -228,6 +228,7 @@ def test_scan_finds_planted_channel(task, tmp_path, name):
         assert channel in {f.channel for f in findings}, findings
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: in make test, not make test-fast
 def test_cli_scan_exit_codes(task, tmp_path):
     cmd = [sys.executable, "-m", "cadenza", "tasks", "scan", str(task)]
     clean = subprocess.run(cmd, capture_output=True, text=True)

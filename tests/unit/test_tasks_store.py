@@ -161,6 +161,7 @@ def test_list_show_env_export(task_set):
     assert cli("export", str(task_set), "--format", "csv").returncode == 2
 
 
+@pytest.mark.slow  # over 10 s on 2 cores: in make test, not make test-fast
 def test_verify_passes_and_catches_broken_tasks(task_set, tmp_path):
     ok = cli("verify", str(task_set), "--task", "minipkg-a")
     assert ok.returncode == 0, ok.stdout + ok.stderr

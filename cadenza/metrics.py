@@ -1,7 +1,9 @@
-"""Per-step metrics: one JSON object per line in ``metrics.jsonl``, optionally mirrored to TensorBoard.
+"""Per-step metrics of every trainer (RL and pretraining): one JSON object per line in ``metrics.jsonl``,
+optionally mirrored to TensorBoard.
 
 On resume the file is cut back to the resumed step, so a run that crashed after logging step 7 but
-checkpointing step 6 does not end up with two step-7 rows.
+checkpointing step 6 does not end up with two step-7 rows. Non-finite numbers are written as ``null``
+(JSON has no NaN).
 """
 
 from __future__ import annotations
@@ -22,12 +24,19 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
 
 
 class MetricsLogger:
-    def __init__(self, out_dir: str | Path, *, resume_step: int = 0, tensorboard: bool = False):
+    """``enabled=False`` (ranks other than 0 of a distributed run) writes nothing."""
+
+    def __init__(
+        self, out_dir: str | Path, *, resume_step: int = 0, tensorboard: bool = False, enabled: bool = True
+    ):
         self.path = Path(out_dir) / "metrics.jsonl"
+        self.enabled = enabled
+        self._tb = None
+        if not enabled:
+            return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
         atomic_write_text(self.path, "".join(json.dumps(r) + "\n" for r in kept))
-        self._tb = None
         if tensorboard:
             try:
                 from torch.utils.tensorboard import SummaryWriter
@@ -41,7 +50,9 @@ class MetricsLogger:
         return self._tb is not None
 
     def log(self, step: int, metrics: dict[str, Any]) -> None:
-        row = {"step": step, **{k: _clean(v) for k, v in metrics.items()}}
+        if not self.enabled:
+            return
+        row = {"step": step, **{k: _clean(v) for k, v in metrics.items() if k != "step"}}
         with self.path.open("a") as fh:
             fh.write(json.dumps(row) + "\n")
             fh.flush()

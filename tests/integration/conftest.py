@@ -1,0 +1,10 @@
+"""Fixtures of the integration tests, found by name (no imports in the test modules).
+
+``task_env``: a real venv with pytest, built once per session by copying pytest's files (fast, no pip);
+``taskset`` / ``task_dir`` / ``chained_task_dir``: the built-in toy task in a task set using it.
+"""
+
+from tests.monitor_fixtures import task_env
+from tests.sandbox_fixtures import chained_task_dir, task_dir, taskset
+
+__all__ = ["chained_task_dir", "task_dir", "task_env", "taskset"]
