@@ -79,7 +79,10 @@ def summary_table(results: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _band(ax: Any, runs: list[dict[str, Any]], key: str, col: int, label: str, transform: Any = None) -> None:
+def _band(
+    ax: Any, runs: list[dict[str, Any]], key: str, col: int, label: str, color: str, transform: Any = None
+) -> None:
+    """Mean over seeds (line) and min-max band; ``transform(value, curve)`` maps each point."""
     import numpy as np
 
     curves = [r[key] for r in runs if r.get(key)]
@@ -87,25 +90,27 @@ def _band(ax: Any, runs: list[dict[str, Any]], key: str, col: int, label: str, t
         return
     n = min(len(c) for c in curves)
     x = np.array([c[0] for c in curves[0][:n]])
-    ys = np.array([[transform(p[col]) if transform else p[col] for p in c[:n]] for c in curves])
-    (line,) = ax.plot(x, ys.mean(0), label=label)
-    ax.fill_between(x, ys.min(0), ys.max(0), color=line.get_color(), alpha=0.15)
+    ys = np.array([[transform(p[col], c) if transform else p[col] for p in c[:n]] for c in curves])
+    ax.plot(x, ys.mean(0), label=label, color=color)
+    ax.fill_between(x, ys.min(0), ys.max(0), color=color, alpha=0.12)
 
 
 def plot_curves(results: dict[str, Any], path: str | Path) -> None:
-    """Held-out valid rate, held-out success, teacher P(correct | hint): mean (line) and min-max band over seeds."""
+    """Held-out valid rate, held-out success, teacher P(correct | hint) relative to its first value:
+    mean (line) and min-max band over seeds, one colour per arm in every panel."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(16, 5.5), constrained_layout=True)
+    colors = dict(zip(ARM_LABELS, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
     for arm, runs in results["arms"].items():
-        label = ARM_LABELS.get(arm, arm)
-        _band(axes[0], runs, "heldout_curve", 1, label, lambda v: 1 - v)
-        _band(axes[1], runs, "heldout_curve", 2, label)
-        if arm != "supervised":
-            _band(axes[2], runs, "probe_curve", 1, label)
+        label, color = ARM_LABELS.get(arm, arm), colors.get(arm, "black")
+        _band(axes[0], runs, "heldout_curve", 1, label, color, lambda v, c: 1 - v)
+        _band(axes[1], runs, "heldout_curve", 2, label, color)
+        if arm != "supervised":  # relative to the first value, as probe.stop_ratio reads it
+            _band(axes[2], runs, "probe_curve", 1, label, color, lambda v, c: v / c[0][1] if c[0][1] else 0.0)
     budget = results.get("budget", {}).get("episodes")
     for ax in axes:
         if budget:
@@ -120,9 +125,9 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> None:
     axes[1].set(xlabel="training episodes", ylabel="success rate", title="Held-out success", ylim=(0, 1.02))
     axes[2].set(
         xlabel="training episodes",
-        ylabel="P(correct call | hint)",
+        ylabel="teacher P(correct call | hint) / first value",
         title="Teacher hint-following (probe)",
-        ylim=(0, 1.02),
+        ylim=(0, 1.1),
     )
     fig.legend(*axes[0].get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=4)
     fig.savefig(path, dpi=110)
