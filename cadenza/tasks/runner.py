@@ -258,8 +258,12 @@ def run_pytest(
     extra_args: list[str] | None = None,
     coverage_rc: Path | None = None,
     counter: RunCounter | None = None,
+    plugins: list[str] | None = None,
 ) -> TestReport:
     """Run pytest with ``python`` in ``workspace`` through :func:`cadenza.testrun.run_tests` (on the host).
+
+    ``plugins``: the environment's pytest plugins (see :func:`cadenza.testrun.env_plugins`); by default
+    found from the environment's ``sys.path`` (one interpreter probe per environment, cached).
 
     ``node_ids=None`` runs the configured suite; with ``node_ids`` only those tests run and IDs that
     never report count as failed. ``coverage_rc`` runs under ``coverage run`` with one coverage
@@ -267,7 +271,8 @@ def run_pytest(
     """
     workspace = Path(workspace)
     counter = counter if counter is not None else COUNTER
-    info = env_info(Path(python).parent.parent)
+    if plugins is None:
+        plugins = env_plugins(env_info(Path(python).parent.parent).sys_path, [workspace])
     with tempfile.TemporaryDirectory(prefix="cadenza-run-") as tmp:
         report = run_tests(
             python=python,
@@ -275,7 +280,7 @@ def run_pytest(
             node_ids=node_ids,
             executor=HostExecutor(),
             channel_dir=Path(tmp) / "channel",
-            plugins=env_plugins(info.sys_path, [workspace]),
+            plugins=plugins,
             extra_args=extra_args,
             timeout_s=timeout_s,
             per_test_timeout_s=per_test_timeout_s,

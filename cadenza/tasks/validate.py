@@ -32,6 +32,7 @@ from cadenza.tasks.delete import Deletion, apply_deletion, resolve_import
 from cadenza.tasks.runner import RunCounter, run_pytest, run_python
 from cadenza.tasks.source import copy_tree
 from cadenza.tasks.venv import BaseEnv, make_task_env
+from cadenza.testrun import env_plugins
 
 GoldCheck = Literal["f2p", "full"]
 
@@ -189,6 +190,8 @@ def validate(ctx: ValidationContext, deletion: Deletion, workspace: Path, scratc
         per_test_timeout_s=ctx.per_test_timeout_s,
         extra_args=ctx.pytest_args,
         counter=ctx.counter,
+        # a candidate env only adds the workspace to the base env: the same plugins, found without a probe
+        plugins=env_plugins([str(ctx.base_env.site_packages)], [workspace]),
     )
     if ctx.probe and len(covering) * 2 <= len(passing):
         # Cheap rejection first: stop at the first failing covering test (-x).

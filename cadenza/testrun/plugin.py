@@ -79,6 +79,23 @@ def _callables(ns: dict) -> dict[str, object]:
     }
 
 
+#: Checked after every test (cheap); the whole snapshot is checked once, at the end of the session.
+CRITICAL = frozenset(
+    {
+        "_pytest.runner",
+        "_pytest.runner.CallInfo",
+        "_pytest.reports.TestReport",
+        "_pytest.python.Function",
+        "pluggy._callers",
+        "pluggy._hooks.HookCaller",
+        "pluggy._hooks._HookCaller",
+        "pluggy._result.Result",
+        "pluggy._result._Result",
+        __name__,
+    }
+)
+
+
 def snapshot() -> list[tuple[str, object, dict[str, object]]]:
     """(name, owner, its callables) for every watched module and every class defined in one."""
     out = []
@@ -227,7 +244,7 @@ def pytest_runtest_makereport(item, call):
     _state[nid] = out
     if call.when == "teardown":
         if _CHECKS.get("integrity", True):
-            for evidence in changed(_SNAPSHOT):
+            for evidence in changed(_CRITICAL_SNAPSHOT):
                 _note(f"{evidence} (during {nid})")
         _emit({"kind": "test", "nodeid": nid, "outcome": out})
 
@@ -258,4 +275,5 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 _SNAPSHOT = snapshot()  # last, so that this module's own functions are in it
+_CRITICAL_SNAPSHOT = [entry for entry in _SNAPSHOT if entry[0] in CRITICAL]
 _emit({"kind": "start", "pid": os.getpid()})
