@@ -14,11 +14,12 @@ import shlex
 import subprocess
 import tempfile
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from cadenza.sandbox import Sandbox, SandboxConfig
 from cadenza.sandbox.envinfo import env_info
-from cadenza.testrun import HostExecutor, TestReport, env_plugins, run_tests
+from cadenza.testrun import HostExecutor, SandboxExecutor, TestReport, env_plugins, run_tests
 from cadenza.testrun.run import clean_env, kill_group
 
 __all__ = [
@@ -259,11 +260,14 @@ def run_pytest(
     coverage_rc: Path | None = None,
     counter: RunCounter | None = None,
     plugins: list[str] | None = None,
+    sandbox: SandboxConfig | None = None,
 ) -> TestReport:
-    """Run pytest with ``python`` in ``workspace`` through :func:`cadenza.testrun.run_tests` (on the host).
+    """Run pytest with ``python`` in ``workspace`` through :func:`cadenza.testrun.run_tests`.
 
-    ``plugins``: the environment's pytest plugins (see :func:`cadenza.testrun.env_plugins`); by default
-    found from the environment's ``sys.path`` (one interpreter probe per environment, cached).
+    On the host by default; with ``sandbox`` inside a one-shot bubblewrap sandbox (the environment
+    read-only, only the workspace and the result channel writable, no network), as ``tasks verify``
+    runs published tasks. ``plugins``: the environment's pytest plugins (see
+    :func:`cadenza.testrun.env_plugins`); by default found from the environment's ``sys.path``.
 
     ``node_ids=None`` runs the configured suite; with ``node_ids`` only those tests run and IDs that
     never report count as failed. ``coverage_rc`` runs under ``coverage run`` with one coverage
@@ -271,21 +275,34 @@ def run_pytest(
     """
     workspace = Path(workspace)
     counter = counter if counter is not None else COUNTER
+    env_dir = Path(python).parent.parent
     if plugins is None:
-        plugins = env_plugins(env_info(Path(python).parent.parent).sys_path, [workspace])
+        plugins = env_plugins(env_info(env_dir).sys_path, [workspace])
     with tempfile.TemporaryDirectory(prefix="cadenza-run-") as tmp:
-        report = run_tests(
-            python=python,
-            workspace=workspace,
-            node_ids=node_ids,
-            executor=HostExecutor(),
-            channel_dir=Path(tmp) / "channel",
-            plugins=plugins,
-            extra_args=extra_args,
-            timeout_s=timeout_s,
-            per_test_timeout_s=per_test_timeout_s,
-            coverage_rc=coverage_rc,
-        )
+        channel = Path(tmp) / "channel"
+        channel.mkdir()
+        box = None
+        if sandbox is not None:
+            box = Sandbox(
+                workspace, env_dir=env_dir, config=replace(sandbox, persistent=False), rw_extra=[channel]
+            )
+        try:
+            report = run_tests(
+                python=python,
+                workspace=workspace,
+                node_ids=node_ids,
+                executor=HostExecutor() if box is None else SandboxExecutor(box),
+                channel_dir=channel,
+                plugins=plugins,
+                extra_args=extra_args,
+                pythonpath=box.plan.pythonpath if box is not None else None,
+                timeout_s=timeout_s,
+                per_test_timeout_s=per_test_timeout_s,
+                coverage_rc=coverage_rc,
+            )
+        finally:
+            if box is not None:
+                box.close()
     if node_ids is None:
         counter.full_runs += 1
     else:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from cadenza.sandbox import SandboxConfig
 from cadenza.tasks.baseline import Baseline
 from cadenza.tasks.delete import Deletion, apply_deletion, resolve_import
 from cadenza.tasks.runner import RunCounter, run_pytest, run_python
@@ -237,8 +238,11 @@ def recheck(
     timeout_s: float = 600.0,
     per_test_timeout_s: float | None = 60.0,
     counter: RunCounter | None = None,
+    sandbox: SandboxConfig | None = None,
 ) -> Validation:
     """Re-validate an emitted task in clean copies (for ``verify``): never touches ``workspace``.
+
+    With ``sandbox`` the test runs execute in bubblewrap (see :func:`cadenza.tasks.runner.run_pytest`).
 
     On a copy of the workspace every F2P test must not pass and every P2P test must pass; on a
     second copy with ``gold_patch`` applied (``git apply``) all of them must pass.
@@ -246,7 +250,11 @@ def recheck(
     """
     scratch.mkdir(parents=True, exist_ok=True)
     kw = dict(
-        timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s, extra_args=pytest_args, counter=counter
+        timeout_s=timeout_s,
+        per_test_timeout_s=per_test_timeout_s,
+        extra_args=pytest_args,
+        counter=counter,
+        sandbox=sandbox,
     )
     broken = scratch / "broken"
     shutil.copytree(workspace, broken, symlinks=True)
