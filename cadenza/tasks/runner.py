@@ -55,6 +55,9 @@ class RunCounter:
     subset_runs: int = 0
     subset_tests: int = 0
     seconds: float = 0.0
+    sandbox_cpu_s: float = (
+        0.0  # CPU of sandboxed runs: invisible to the host's rusage, reported by the plugin
+    )
 
     def equivalents(self, suite_size: int) -> float:
         """Full-suite-equivalent runs: full runs plus subset tests as a fraction of the suite."""
@@ -62,6 +65,17 @@ class RunCounter:
 
 
 COUNTER = RunCounter()
+
+
+@dataclass
+class SandboxCPU:
+    """CPU seconds of sandboxed runs in this process: a bubblewrap run's processes are not the host's
+    rusage children, so the benchmark adds what the runner's plugin reported."""
+
+    seconds: float = 0.0
+
+
+SANDBOX_CPU = SandboxCPU()
 
 
 def read_addopts(root: Path) -> list[str]:
@@ -261,6 +275,7 @@ def run_pytest(
     counter: RunCounter | None = None,
     plugins: list[str] | None = None,
     sandbox: SandboxConfig | None = None,
+    bind_env: Path | None = None,
 ) -> TestReport:
     """Run pytest with ``python`` in ``workspace`` through :func:`cadenza.testrun.run_tests`.
 
@@ -268,6 +283,8 @@ def run_pytest(
     read-only, only the workspace and the result channel writable, no network), as ``tasks verify``
     runs published tasks. ``plugins``: the environment's pytest plugins (see
     :func:`cadenza.testrun.env_plugins`); by default found from the environment's ``sys.path``.
+    ``bind_env``: for a light env chained on a base env, the base env (probed once, cached) whose
+    directories the sandbox binds; the light env's own directory is added read-only.
 
     ``node_ids=None`` runs the configured suite; with ``node_ids`` only those tests run and IDs that
     never report count as failed. ``coverage_rc`` runs under ``coverage run`` with one coverage
@@ -283,9 +300,10 @@ def run_pytest(
         channel.mkdir()
         box = None
         if sandbox is not None:
-            box = Sandbox(
-                workspace, env_dir=env_dir, config=replace(sandbox, persistent=False), rw_extra=[channel]
-            )
+            config = replace(sandbox, persistent=False)
+            if bind_env is not None:
+                config = replace(config, extra_ro_binds=[*config.extra_ro_binds, str(env_dir)])
+            box = Sandbox(workspace, env_dir=bind_env or env_dir, config=config, rw_extra=[channel])
         try:
             report = run_tests(
                 python=python,
@@ -309,6 +327,8 @@ def run_pytest(
         counter.subset_runs += 1
         counter.subset_tests += len(report.outcomes)  # tests that actually ran (``-x`` may stop early)
     counter.seconds += report.duration_s
+    if sandbox is not None:
+        SANDBOX_CPU.seconds += report.cpu_s
     return report
 
 

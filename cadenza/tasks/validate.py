@@ -61,6 +61,8 @@ class ValidationContext:
     gold_check: GoldCheck = "f2p"
     probe: bool = False
     counter: RunCounter | None = None
+    #: validation runs third-party test suites: inside bubblewrap (None: on the host, trusted code only)
+    sandbox: SandboxConfig | None = field(default_factory=lambda: SandboxConfig(timeout_s=600.0))
 
 
 def importable_modules(
@@ -193,6 +195,8 @@ def validate(ctx: ValidationContext, deletion: Deletion, workspace: Path, scratc
         counter=ctx.counter,
         # a candidate env only adds the workspace to the base env: the same plugins, found without a probe
         plugins=env_plugins([str(ctx.base_env.site_packages)], [workspace]),
+        sandbox=ctx.sandbox,
+        bind_env=ctx.base_env.root,
     )
     if ctx.probe and len(covering) * 2 <= len(passing):
         # Cheap rejection first: stop at the first failing covering test (-x).
