@@ -29,7 +29,7 @@ from typing import Any
 import tomli_w
 
 from cadenza.agent.diff import compare
-from cadenza.agent.grade_policy import Defences, Policy, top_level_modules
+from cadenza.agent.grade_policy import Defences, GradePolicy, top_level_modules
 from cadenza.errors import CadenzaError
 from cadenza.sandbox import Sandbox, SandboxConfig, env_info, hidden_roots
 from cadenza.tasks.task import WORKSPACE, Task, load_task, task_python
@@ -86,7 +86,7 @@ def grade(
         raise CadenzaError(f"agent workspace {agent} does not exist")
     env = task_env_dir(task_dir, task)
     info = env_info(env)
-    policy = Policy.for_task(
+    policy = GradePolicy.for_task(
         task, shadowable=info.importable_names(), pristine_top=top_level_modules(pristine), defences=defences
     )
     with tempfile.TemporaryDirectory(prefix="cadenza-grade-") as tmp:
@@ -148,7 +148,7 @@ def grade(
 
 
 def apply_changes(
-    pristine: Path, agent: Path, dest: Path, policy: Policy
+    pristine: Path, agent: Path, dest: Path, policy: GradePolicy
 ) -> tuple[list[str], dict[str, str]]:
     """Apply the agent's kept changes to ``dest`` (a fresh copy of ``pristine``)."""
     changes = compare(pristine, agent)

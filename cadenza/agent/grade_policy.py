@@ -42,7 +42,7 @@ class Defences:
 
 
 @dataclass(kw_only=True)
-class Policy:
+class GradePolicy:
     """``test_paths``: workspace-relative files/dirs that belong to the test suite (from the task)."""
 
     test_paths: frozenset[str]
@@ -59,7 +59,7 @@ class Policy:
         shadowable: frozenset[str],
         pristine_top: frozenset[str],
         defences: Defences | None = None,
-    ) -> Policy:
+    ) -> GradePolicy:
         paths = {p.strip("/") for p in task.test_files}
         paths |= {
             nid.split("::", 1)[0] for nid in [*task.fail_to_pass, *task.pass_to_pass] if not is_doctest(nid)

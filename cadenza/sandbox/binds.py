@@ -68,6 +68,15 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
+def _link_targets(directory: str) -> list[str]:
+    """Real paths of the symlinks directly inside ``directory`` (a site-packages of linked packages)."""
+    try:
+        entries = [e for e in os.scandir(directory) if e.is_symlink()]
+    except OSError:
+        return []
+    return [t for t in (os.path.realpath(e.path) for e in entries) if os.path.exists(t)]
+
+
 def plan_binds(
     *,
     workspace: Path,
@@ -125,5 +134,18 @@ def plan_binds(
                 continue
             plan.ro.append(rp)
             covered.append(rp)
+        # a site directory may link packages from elsewhere (``pkg -> /other/site-packages/pkg``):
+        # their targets are part of the environment too
+        site_dirs = [os.path.realpath(e) for e in env.sys_path if os.path.isdir(e)]
+        for root in dict.fromkeys(d for d in site_dirs if not any(_inside(d, r) for r in rw)):
+            for target in _link_targets(root):
+                if target.startswith(("/proc/", "/sys/", "/dev/")):
+                    continue
+                if any(_inside(target, c) for c in covered) or any(_inside(target, r) for r in rw):
+                    continue
+                if exposes(target) or _inside_a_task(target, hidden_real):
+                    continue
+                plan.ro.append(target)
+                covered.append(target)
     plan.rw = rw
     return plan

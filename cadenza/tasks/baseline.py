@@ -1,9 +1,10 @@
 """Baseline: which tests pass reliably before anything is deleted.
 
-The suite runs twice: once plain and once under coverage with per-test contexts (the run that
-feeds feature discovery), so the coverage run doubles as the second baseline run. A test must
-pass in both to count; tests that fail, error or flip between the runs are excluded from every
-task and reported. A source with no passing test is unusable.
+The suite runs twice: once plain, inside bubblewrap as validation and grading run it (no network,
+only the workspace writable), and once under coverage with per-test contexts (the run that feeds
+feature discovery), so the coverage run doubles as the second baseline run. A test must pass in
+both to count; tests that fail, error or flip between the runs (e.g. one that needs the network)
+are excluded from every task and reported. A source with no passing test is unusable.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cadenza.errors import SourceError
+from cadenza.sandbox import SandboxConfig
 from cadenza.tasks.features import FeatureMap, map_features
 from cadenza.tasks.runner import RunCounter, TestReport, run_pytest, run_python
 from cadenza.tasks.source import SourceInfo
@@ -67,8 +69,9 @@ def run_baseline(
     timeout_s: float,
     per_test_timeout_s: float | None,
     counter: RunCounter | None = None,
+    sandbox: SandboxConfig | None = SandboxConfig(),  # never mutated
 ) -> tuple[Baseline, FeatureMap]:
-    """Two full runs (plain, then under coverage); returns the baseline and the feature map."""
+    """Two full runs (plain in ``sandbox``, then under coverage); returns the baseline and the feature map."""
     plain = run_pytest(
         python,
         workspace,
@@ -77,6 +80,7 @@ def run_baseline(
         per_test_timeout_s=per_test_timeout_s,
         extra_args=pytest_args,
         counter=counter,
+        sandbox=sandbox,
     )
     if plain.timed_out:
         raise SourceError(

@@ -14,11 +14,12 @@ import shlex
 import subprocess
 import tempfile
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+from cadenza.sandbox import Sandbox, SandboxConfig
 from cadenza.sandbox.envinfo import env_info
-from cadenza.testrun import HostExecutor, TestReport, env_plugins, run_tests
+from cadenza.testrun import HostExecutor, SandboxExecutor, TestReport, env_plugins, run_tests
 from cadenza.testrun.run import clean_env, kill_group
 
 __all__ = [
@@ -54,6 +55,9 @@ class RunCounter:
     subset_runs: int = 0
     subset_tests: int = 0
     seconds: float = 0.0
+    sandbox_cpu_s: float = (
+        0.0  # CPU of sandboxed runs: invisible to the host's rusage, reported by the plugin
+    )
 
     def equivalents(self, suite_size: int) -> float:
         """Full-suite-equivalent runs: full runs plus subset tests as a fraction of the suite."""
@@ -61,6 +65,17 @@ class RunCounter:
 
 
 COUNTER = RunCounter()
+
+
+@dataclass
+class SandboxCPU:
+    """CPU seconds of sandboxed runs in this process: a bubblewrap run's processes are not the host's
+    rusage children, so the benchmark adds what the runner's plugin reported."""
+
+    seconds: float = 0.0
+
+
+SANDBOX_CPU = SandboxCPU()
 
 
 def read_addopts(root: Path) -> list[str]:
@@ -258,8 +273,18 @@ def run_pytest(
     extra_args: list[str] | None = None,
     coverage_rc: Path | None = None,
     counter: RunCounter | None = None,
+    plugins: list[str] | None = None,
+    sandbox: SandboxConfig | None = None,
+    bind_env: Path | None = None,
 ) -> TestReport:
-    """Run pytest with ``python`` in ``workspace`` through :func:`cadenza.testrun.run_tests` (on the host).
+    """Run pytest with ``python`` in ``workspace`` through :func:`cadenza.testrun.run_tests`.
+
+    On the host by default; with ``sandbox`` inside a one-shot bubblewrap sandbox (the environment
+    read-only, only the workspace and the result channel writable, no network), as ``tasks verify``
+    runs published tasks. ``plugins``: the environment's pytest plugins (see
+    :func:`cadenza.testrun.env_plugins`); by default found from the environment's ``sys.path``.
+    ``bind_env``: for a light env chained on a base env, the base env (probed once, cached) whose
+    directories the sandbox binds; the light env's own directory is added read-only.
 
     ``node_ids=None`` runs the configured suite; with ``node_ids`` only those tests run and IDs that
     never report count as failed. ``coverage_rc`` runs under ``coverage run`` with one coverage
@@ -267,26 +292,43 @@ def run_pytest(
     """
     workspace = Path(workspace)
     counter = counter if counter is not None else COUNTER
-    info = env_info(Path(python).parent.parent)
+    env_dir = Path(python).parent.parent
+    if plugins is None:
+        plugins = env_plugins(env_info(env_dir).sys_path, [workspace])
     with tempfile.TemporaryDirectory(prefix="cadenza-run-") as tmp:
-        report = run_tests(
-            python=python,
-            workspace=workspace,
-            node_ids=node_ids,
-            executor=HostExecutor(),
-            channel_dir=Path(tmp) / "channel",
-            plugins=env_plugins(info.sys_path, [workspace]),
-            extra_args=extra_args,
-            timeout_s=timeout_s,
-            per_test_timeout_s=per_test_timeout_s,
-            coverage_rc=coverage_rc,
-        )
+        channel = Path(tmp) / "channel"
+        channel.mkdir()
+        box = None
+        if sandbox is not None:
+            config = replace(sandbox, persistent=False)
+            if bind_env is not None:
+                config = replace(config, extra_ro_binds=[*config.extra_ro_binds, str(env_dir)])
+            box = Sandbox(workspace, env_dir=bind_env or env_dir, config=config, rw_extra=[channel])
+        try:
+            report = run_tests(
+                python=python,
+                workspace=workspace,
+                node_ids=node_ids,
+                executor=HostExecutor() if box is None else SandboxExecutor(box),
+                channel_dir=channel,
+                plugins=plugins,
+                extra_args=extra_args,
+                pythonpath=box.plan.pythonpath if box is not None else None,
+                timeout_s=timeout_s,
+                per_test_timeout_s=per_test_timeout_s,
+                coverage_rc=coverage_rc,
+            )
+        finally:
+            if box is not None:
+                box.close()
     if node_ids is None:
         counter.full_runs += 1
     else:
         counter.subset_runs += 1
         counter.subset_tests += len(report.outcomes)  # tests that actually ran (``-x`` may stop early)
     counter.seconds += report.duration_s
+    if sandbox is not None:
+        SANDBOX_CPU.seconds += report.cpu_s
     return report
 
 

@@ -27,11 +27,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from cadenza.sandbox import SandboxConfig
 from cadenza.tasks.baseline import Baseline
 from cadenza.tasks.delete import Deletion, apply_deletion, resolve_import
 from cadenza.tasks.runner import RunCounter, run_pytest, run_python
 from cadenza.tasks.source import copy_tree
 from cadenza.tasks.venv import BaseEnv, make_task_env
+from cadenza.testrun import env_plugins
 
 GoldCheck = Literal["f2p", "full"]
 
@@ -59,6 +61,8 @@ class ValidationContext:
     gold_check: GoldCheck = "f2p"
     probe: bool = False
     counter: RunCounter | None = None
+    #: validation runs third-party test suites: inside bubblewrap (None: on the host, trusted code only)
+    sandbox: SandboxConfig | None = field(default_factory=lambda: SandboxConfig(timeout_s=600.0))
 
 
 def importable_modules(
@@ -189,6 +193,10 @@ def validate(ctx: ValidationContext, deletion: Deletion, workspace: Path, scratc
         per_test_timeout_s=ctx.per_test_timeout_s,
         extra_args=ctx.pytest_args,
         counter=ctx.counter,
+        # a candidate env only adds the workspace to the base env: the same plugins, found without a probe
+        plugins=env_plugins([str(ctx.base_env.site_packages)], [workspace]),
+        sandbox=ctx.sandbox,
+        bind_env=ctx.base_env.root,
     )
     if ctx.probe and len(covering) * 2 <= len(passing):
         # Cheap rejection first: stop at the first failing covering test (-x).
@@ -234,8 +242,11 @@ def recheck(
     timeout_s: float = 600.0,
     per_test_timeout_s: float | None = 60.0,
     counter: RunCounter | None = None,
+    sandbox: SandboxConfig | None = None,
 ) -> Validation:
     """Re-validate an emitted task in clean copies (for ``verify``): never touches ``workspace``.
+
+    With ``sandbox`` the test runs execute in bubblewrap (see :func:`cadenza.tasks.runner.run_pytest`).
 
     On a copy of the workspace every F2P test must not pass and every P2P test must pass; on a
     second copy with ``gold_patch`` applied (``git apply``) all of them must pass.
@@ -243,7 +254,11 @@ def recheck(
     """
     scratch.mkdir(parents=True, exist_ok=True)
     kw = dict(
-        timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s, extra_args=pytest_args, counter=counter
+        timeout_s=timeout_s,
+        per_test_timeout_s=per_test_timeout_s,
+        extra_args=pytest_args,
+        counter=counter,
+        sandbox=sandbox,
     )
     broken = scratch / "broken"
     shutil.copytree(workspace, broken, symlinks=True)

@@ -1,5 +1,7 @@
 """Re-validate a published task in clean copies (the core's ``recheck``) and leak-scan it.
 
+The test runs execute inside bubblewrap with the same runner grading uses.
+
 ``recheck`` copies the workspace twice (as is, and with ``gold.patch`` applied) and asks for a
 python per copy; :func:`clone_env` gives it one by cloning the task's light env and pointing its
 relative workspace ``.pth`` entries at the copy. Nothing the tests write lands in the task set.
@@ -14,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from cadenza.sandbox import SandboxConfig
 from cadenza.tasks.scan import scan_tasks, task_env_dir
 from cadenza.tasks.task import GOLD_PATCH, WORKSPACE, load_task
 
@@ -74,6 +77,7 @@ def verify_task(task_dir: Path) -> VerifyResult:
             scratch=Path(tmp),
             pytest_args=list(task.pytest_args),
             per_test_timeout_s=task.test_timeout_s,
+            sandbox=SandboxConfig(timeout_s=600.0),  # third-party code: in bubblewrap, as at grading
         )
     res.seconds = round(time.monotonic() - t0, 2)
     if not check.ok:

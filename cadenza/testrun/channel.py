@@ -39,6 +39,7 @@ class ChannelResult:
     collect_errors: list[str] = field(default_factory=list)
     tampering: list[str] = field(default_factory=list)
     complete: bool = False  # the plugin's final record arrived
+    cpu_s: float = 0.0  # CPU seconds the test process reported (its children included)
 
 
 class Channel:
@@ -107,6 +108,7 @@ def read_channel(
             res.outcomes[nid] = str(rec.get("outcome"))
         elif kind == "end":
             res.complete = True
+            res.cpu_s = float(rec.get("cpu_s") or 0.0)
             res.tampering.extend(str(t) for t in rec.get("tamper") or [])
     if checks.end_record and not res.complete and exit_code == 0:
         res.tampering.append("the test process exited with status 0 before the runner's final record")

@@ -23,6 +23,7 @@ import hashlib
 import hmac
 import json
 import os
+import resource
 import sys
 import types
 
@@ -77,6 +78,23 @@ def _callables(ns: dict) -> dict[str, object]:
             v, (types.FunctionType, type, classmethod, staticmethod, property, types.BuiltinFunctionType)
         )
     }
+
+
+#: Checked after every test (cheap); the whole snapshot is checked once, at the end of the session.
+CRITICAL = frozenset(
+    {
+        "_pytest.runner",
+        "_pytest.runner.CallInfo",
+        "_pytest.reports.TestReport",
+        "_pytest.python.Function",
+        "pluggy._callers",
+        "pluggy._hooks.HookCaller",
+        "pluggy._hooks._HookCaller",
+        "pluggy._result.Result",
+        "pluggy._result._Result",
+        __name__,
+    }
+)
 
 
 def snapshot() -> list[tuple[str, object, dict[str, object]]]:
@@ -227,7 +245,7 @@ def pytest_runtest_makereport(item, call):
     _state[nid] = out
     if call.when == "teardown":
         if _CHECKS.get("integrity", True):
-            for evidence in changed(_SNAPSHOT):
+            for evidence in changed(_CRITICAL_SNAPSHOT):
                 _note(f"{evidence} (during {nid})")
         _emit({"kind": "test", "nodeid": nid, "outcome": out})
 
@@ -254,8 +272,12 @@ def pytest_sessionfinish(session, exitstatus):
     if _CHECKS.get("integrity", True):
         for evidence in changed(_SNAPSHOT) + foreign_report_hooks(session.config.pluginmanager):
             _note(evidence)
-    _emit({"kind": "end", "tests": len(_state), "tamper": list(_tamper), "exitstatus": int(exitstatus)})
+    use = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+    cpu = sum(u.ru_utime + u.ru_stime for u in use)  # the host cannot see a sandboxed run's CPU time
+    end = {"kind": "end", "tests": len(_state), "tamper": list(_tamper), "exitstatus": int(exitstatus)}
+    _emit({**end, "cpu_s": round(cpu, 3)})
 
 
 _SNAPSHOT = snapshot()  # last, so that this module's own functions are in it
+_CRITICAL_SNAPSHOT = [entry for entry in _SNAPSHOT if entry[0] in CRITICAL]
 _emit({"kind": "start", "pid": os.getpid()})

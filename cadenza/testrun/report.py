@@ -27,6 +27,7 @@ class TestReport:
     output_tail: str = ""
     tampering: list[str] = field(default_factory=list)
     complete: bool = True
+    cpu_s: float = 0.0  # CPU seconds of the test process and its children, as it reported them
 
     def outcome(self, node_id: str) -> str:
         """The outcome of ``node_id``: ``"missing"`` when unreported, ``"tampered"`` for a tampered run."""

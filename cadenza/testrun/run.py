@@ -213,4 +213,5 @@ def run_tests(
         output_tail=done.output,
         tampering=got.tampering,
         complete=got.complete,
+        cpu_s=got.cpu_s,
     )

@@ -9,12 +9,12 @@ import pytest
 
 from cadenza.agent.diff import compare
 from cadenza.agent.grade import _merge_pyproject, apply_changes
-from cadenza.agent.grade_policy import Policy
+from cadenza.agent.grade_policy import GradePolicy
 from cadenza.agent.replay import patch_actions
 from cadenza.agent.tools import Toolbox
 from cadenza.sandbox import Sandbox, SandboxConfig
 
-POLICY = Policy(
+POLICY = GradePolicy(
     test_paths=frozenset({"tests/test_a.py", "checks/verify.py"}),
     shadowable=frozenset({"json", "pytest", "_pytest"}),
     pristine_top=frozenset({"pkg", "tests"}),
@@ -146,6 +146,6 @@ def test_doctest_node_files_stay_editable():
         fail_to_pass=["pkg/mod.py::pkg.mod.f", "checks/verify.py::test_f"],
         pass_to_pass=[],
     )
-    policy = Policy.for_task(task, shadowable=frozenset(), pristine_top=frozenset({"pkg", "checks"}))
+    policy = GradePolicy.for_task(task, shadowable=frozenset(), pristine_top=frozenset({"pkg", "checks"}))
     assert policy.reason_to_drop("pkg/mod.py", "file") is None
     assert policy.reason_to_drop("checks/verify.py", "file") == "test file"

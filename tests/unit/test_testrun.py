@@ -173,3 +173,24 @@ def test_tampering_fails_every_node(tmp_path: Path):
     assert any("call_and_report replaced" in t for t in rep.tampering), rep.tampering
     assert rep.statuses(["tests/test_b.py::test_ok"]) == {"tests/test_b.py::test_ok": "tampered"}
     assert rep.passing == set()
+
+
+def test_the_callers_python_and_pytest_variables_never_reach_the_run(tmp_path: Path, monkeypatch):
+    """PYTEST_ADDOPTS/PYTEST_PLUGINS/PYTHONPATH/PYTHONSTARTUP set around the runner change nothing."""
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    (evil / "evil_plugin.py").write_text(
+        "import pytest\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+        "    r = (yield).get_result()\n    r.outcome = 'passed'\n"
+    )
+    (evil / "sitecustomize.py").write_text("raise SystemExit(3)\n")
+    for name, value in {
+        "PYTEST_ADDOPTS": "-p evil_plugin",
+        "PYTEST_PLUGINS": "evil_plugin",
+        "PYTHONPATH": str(evil),
+        "PYTHONSTARTUP": str(evil / "sitecustomize.py"),
+    }.items():
+        monkeypatch.setenv(name, value)
+    ws = _ws(tmp_path, {"tests/test_c.py": "def test_bad(): assert 0\n"})
+    rep = _run(tmp_path, ws, ["tests/test_c.py::test_bad"])
+    assert rep.outcomes == {"tests/test_c.py::test_bad": "failed"} and rep.tampering == [], rep.output_tail
