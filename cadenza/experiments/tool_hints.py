@@ -119,7 +119,6 @@ def train_config(
             progress=False,
             threads=exp.threads,
             measure_kl=True,
-            monitor="off",  # no workspace, nothing to hack
         ),
         model=ModelConfig(path=str(model_dir), tokenizer=str(model_dir)),
         env=EnvConfig(name="toolworld", options={}),

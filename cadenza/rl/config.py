@@ -25,7 +25,6 @@ class RunConfig:
     keep_checkpoints: int = 2  # newest checkpoints kept
     tensorboard: bool = False  # only used if the tensorboard package is installed
     progress: bool = True  # a progress bar with reward, invalid-tool rate and SD loss
-    monitor: Literal["auto", "off"] = "auto"  # auto: use cadenza.monitor when it is installed
     threads: int = 0  # torch intra-op threads (0 = torch's default); 1 suits tiny models on shared CPUs
     measure_kl: bool = True  # KL(before || after) of each update on un-hinted turns (one extra forward)
 

@@ -61,9 +61,7 @@ def sft_model(tmp_path_factory) -> Path:
 
 def _cfg(model: Path, out: Path, weights: str, *, lr: float, stop_ratio: float = 0.0) -> TrainConfig:
     return TrainConfig(
-        run=RunConfig(
-            out_dir=str(out), steps=4, seed=1, progress=False, threads=1, monitor="off", measure_kl=False
-        ),
+        run=RunConfig(out_dir=str(out), steps=4, seed=1, progress=False, threads=1, measure_kl=False),
         model=ModelConfig(path=str(model)),
         env=EnvConfig(name="toolworld", options={"min_steps": 2, "max_steps": 2, "extra_turns": 1}),
         rollout=RolloutConfig(group_size=4, tasks_per_step=2, max_new_tokens=24, max_turns=3),
