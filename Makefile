@@ -11,6 +11,7 @@ $(BIN)/.ready: pyproject.toml
 	@# The CPU wheel first, so that no dependency pulls a multi-GB CUDA build of torch.
 	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install -q torch==2.13.0
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m cadenza.rl.engines.install  # vLLM in its own venv ($(VENV)/vllm) + SmolLM2 (see docs/engines.md)
 	@touch $@
 
 demo: $(BIN)/.ready
