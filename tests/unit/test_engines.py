@@ -66,6 +66,10 @@ def _fsdp_full(rank: int, world: int) -> dict:
     fully_shard(model, mesh=mesh)
     assert any(hasattr(p, "full_tensor") for p in model.parameters())
     expected = dict(ref.named_parameters())
+    from cadenza.rl.engines.gpu_sync import ModuleWeights
+
+    # the native GPU transfer declares global names/shapes up front, without a gather
+    assert ModuleWeights(model).metadata() == ModuleWeights(ref).metadata()
     got = 0
     for name, t in named_full_tensors(model):  # every rank iterates: each full_tensor() is a collective
         assert not hasattr(t, "full_tensor") and torch.equal(t, expected[name].detach()), name
