@@ -10,6 +10,7 @@ test -x .venv/bin/python || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q -e '.[dev]'
 .venv/bin/python -m cadenza.rl.engines.install --cuda yes >&2
 nvidia-smi -L >&2
-# the GPU path of the weight sync (vLLM's native NCCL transfer) is exercised by its test
-.venv/bin/python -m pytest -q tests/gpu >&2 || echo "gpu tests failed (see above)" >&2
+# the native GPU weight transfer (CUDA IPC) needs vLLM beside the trainer: run its test in the engine venv
+.venv/vllm/bin/python -m pip install -q pytest pytest-timeout
+PYTHONPATH=. .venv/vllm/bin/python -m pytest -q -p no:cacheprovider tests/gpu >&2 || echo "gpu tests failed (see above)" >&2
 exec .venv/bin/python bench/rollout.py --device cuda --models "${MODELS:-tiny,smollm2}" "$@"

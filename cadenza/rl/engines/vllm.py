@@ -79,6 +79,11 @@ class VLLMEngine:
             from cadenza.rl.engines.gpu_sync import server_args
 
             config.server.extra_args = [*config.server.extra_args, *server_args(config.weight_transfer)]
+            if config.weight_transfer == "ipc":  # IPC handles travel pickled over HTTP (loopback only)
+                config.server.extra_env = {
+                    **config.server.extra_env,
+                    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+                }
         self.server.start()
         self.client = CompletionsClient(
             self.server.base_url,

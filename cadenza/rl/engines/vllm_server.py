@@ -49,6 +49,7 @@ class VLLMServerConfig:
     log_path: str | None = None  # server log; default: a file beside the model in a temp dir
     seed: int = 0
     extra_args: list[str] = field(default_factory=list)  # passed verbatim to the vLLM server
+    extra_env: dict[str, str] = field(default_factory=dict)  # added to the engine process's environment
 
 
 def engine_python(explicit: str | None = None) -> str:
@@ -217,6 +218,7 @@ class VLLMServer:
             TRANSFORMERS_OFFLINE="1",
         )
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        env.update(self.config.extra_env)
         return env
 
     def start(self) -> None:
