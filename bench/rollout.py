@@ -79,7 +79,8 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> dict:
     res = {"hf": _tokens_per_s(hf, prompts, args.tokens)}
     hf.close()
     t0 = time.perf_counter()
-    vllm = make_engine("vllm", model=str(path), max_model_len=2048, log_path=str(work / f"{name}-vllm.log"))
+    log = Path(args.log_dir or work) / f"{name}-vllm.log"
+    vllm = make_engine("vllm", model=str(path), max_model_len=2048, log_path=str(log))
     res["vllm_start_s"] = time.perf_counter() - t0
     try:
         res["vllm"] = _tokens_per_s(vllm, prompts, args.tokens)
@@ -116,6 +117,7 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--syncs", type=int, default=3)
     ap.add_argument("--device", default="cpu", help="device of the hf engine and the trainer copy")
+    ap.add_argument("--log-dir", default=None, help="keep the engine logs here (default: a temp dir)")
     ap.add_argument("--steps-per-min", action="store_true", help="also run bench/async_steps.py")
     args = ap.parse_args()
     results: dict = {"tokens_per_s": {}, "weight_sync_s": {}, "vllm_over_hf": {}, "detail": {}}

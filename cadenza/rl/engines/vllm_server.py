@@ -175,6 +175,17 @@ def _set_pdeathsig(sig: int) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
 
 
+def _cpu_args(max_model_len: int) -> list[str]:
+    """CPU-build flags. Eager: TORCHDYNAMO_DISABLE rules out vLLM's compile. No chunked prefill: 0.32.0
+    rewinds the per-request (seeded) generator of a discarded partial-prefill token with
+    ``Generator.set_offset``, which CPU generators do not have (HTTP 500 with many seeded prompts)."""
+    return [
+        "--enforce-eager",
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens", str(max(max_model_len, 8192)),
+    ]  # fmt: skip
+
+
 class VLLMServer:
     """One vLLM API server process (under cadenza's supervisor) and how to reach it."""
 
@@ -199,8 +210,7 @@ class VLLMServer:
             "--worker-extension-cls", EXTENSION,
             "--logprobs-mode", "processed_logprobs",
             "--generation-config", "vllm", "--disable-log-stats",
-            # CPU: eager (TORCHDYNAMO_DISABLE rules out vLLM's compile); GPU: a share of the device
-            *(["--enforce-eager"] if cpu else ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]),
+            *(_cpu_args(c.max_model_len) if cpu else ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]),
             *c.extra_args,
         ]  # fmt: skip
 
