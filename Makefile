@@ -18,6 +18,7 @@ $(BIN)/.ready: pyproject.toml
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) torch==2.13.0
 	@$(PIP) -e '.[train,dev]'
 	@$(BIN)/python -c "import cadenza.cli" || { echo "error: the install into $(VENV) failed; rerun with: $(BIN)/python -m pip install -e '.[train,dev]'" >&2; exit 1; }
+	@$(BIN)/python -m cadenza.rl.engines.install  # vLLM in its own venv ($(VENV)/vllm) + SmolLM2 (see docs/engines.md)
 	@touch $@
 
 demo: prereqs $(BIN)/.ready

@@ -68,6 +68,7 @@ def ensure_smollm2(cache_dir: str | Path | None = None) -> Path:
         model.load_state_dict(gguf_model.state_dict())
         del gguf_model
         model.save_pretrained(tmp)
+        os.chmod(tmp, 0o755)  # mkdtemp makes it private; the cache is an ordinary directory
         tok.save_pretrained(tmp)
         try:
             os.replace(tmp, target)  # atomic: readers see no directory or a complete one

@@ -7,6 +7,7 @@ one-line error within the timeout, and a killed parent leaves no engine process 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -103,6 +104,19 @@ def test_sample_tags_version_and_stops_on_stop_ids(setup):
             assert len(s.token_ids) == 30 and tok.eos_token_id not in s.token_ids
 
 
+def test_many_seeded_prompts_in_one_batch(setup):
+    """More prompt tokens than one scheduler step takes (vLLM 0.32.0 on CPU crashed on this with
+    chunked prefill and per-request seeds); the batch equals the same prompts sampled one by one."""
+    _, _, engine, _ = setup
+    prompts = [[(7 * i + j) % 300 + 3 for j in range(60)] for i in range(48)]
+    params = SamplingParams(max_new_tokens=3, temperature=1.0)
+    batch = engine.sample(prompts, params, generator=torch.Generator().manual_seed(5))
+    seeds_gen = torch.Generator().manual_seed(5)
+    assert len(batch) == 48 and all(len(s.token_ids) == 3 for s in batch)
+    first = engine.sample(prompts[:1], params, generator=seeds_gen)  # same first seed: same draw
+    assert first[0].token_ids == batch[0].token_ids
+
+
 def test_weight_sync_parity_file_then_bytes(setup):
     tok, policy, engine, _ = setup
     seqs = [encode_messages(tok, _transcript(3, [1, 2]), TOOLS).input_ids, list(range(5, 60))]
@@ -112,6 +126,32 @@ def test_weight_sync_parity_file_then_bytes(setup):
         check_sync_parity(engine, policy, seqs, steps=1, lr=0.1, first_version=2)
     finally:
         engine.config.transport = "file"
+
+
+def test_sync_that_runs_out_of_time_is_one_line_error(setup):
+    _, policy, engine, _ = setup
+    engine.config.sync_timeout_s = 1e-6
+    try:
+        with pytest.raises(EngineError, match=r"^engine 'vllm' weight sync took longer than") as err:
+            engine.sync_weights(policy.model.named_parameters(), version=engine.version + 1)
+    finally:
+        engine.config.sync_timeout_s = 60
+    assert "\n" not in str(err.value) and "log: " in str(err.value)
+    assert engine.server.alive()  # the engine keeps serving; the trainer decides what to do
+
+
+def test_engine_that_fails_to_start_names_its_log(setup, tmp_path):
+    path = setup[3]
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["architectures"] = ["NoSuchModelForCausalLM"]
+    (broken / "config.json").write_text(json.dumps(cfg))
+    log = tmp_path / "server.log"
+    t0 = time.monotonic()
+    with pytest.raises(CadenzaError, match=r"^engine 'vllm' exited during start-up: .*\(log: ") as err:
+        make_engine("vllm", model=str(broken), log_path=str(log), startup_timeout_s=240)
+    assert time.monotonic() - t0 < 240 and "\n" not in str(err.value) and str(log) in str(err.value)
 
 
 def test_kill_mid_call_is_one_line_error(setup):

@@ -37,9 +37,8 @@ def test_sampled_logprobs_are_the_trainers(setup):
     for s in engine.sample([prompt] * 4, params, generator=torch.Generator().manual_seed(0)):
         ref = hf_logprobs(policy, prompt + s.token_ids, temperature=0.8)[len(prompt) - 1 :]
         # top-k renormalises: the engine's processed log-prob is the trainer's minus log of the kept mass
-        logits = (
-            policy.model(torch.tensor([prompt + s.token_ids])).logits[0, len(prompt) - 1 : -1].float() / 0.8
-        )
+        with torch.no_grad():
+            logits = policy.model(torch.tensor([prompt + s.token_ids])).logits[0, len(prompt) - 1 : -1] / 0.8
         kept = logits.topk(20, dim=-1).values.logsumexp(-1) - logits.logsumexp(-1)
         assert float((torch.tensor(s.logprobs) - (ref - kept)).abs().max()) <= TOL
 

@@ -44,9 +44,16 @@ class VLLMEngineConfig:
         "file"  # "file" (safetensors under /dev/shm, one path per bucket) or "bytes" (base64 RPC)
     )
     max_concurrency: int = 64  # generation requests in flight at once
+    weight_transfer: str = (
+        "worker"  # "worker" (cadenza's extension, CPU and GPU) or vLLM's native "nccl"/"ipc" (GPU)
+    )
     stage_dir: str | None = None  # where "file" buckets go; default /dev/shm (RAM), else the temp dir
 
     def __post_init__(self) -> None:
+        if self.weight_transfer not in ("worker", "nccl", "ipc"):
+            raise CadenzaError(
+                f"vllm weight_transfer must be worker, nccl or ipc, got {self.weight_transfer!r}"
+            )
         if self.transport not in ("file", "bytes"):
             raise CadenzaError(f"vllm transport must be 'file' or 'bytes', got {self.transport!r}")
         for name in ("request_timeout_s", "sync_timeout_s"):
@@ -67,6 +74,16 @@ class VLLMEngine:
         self._cond = threading.Condition()
         self._in_flight = 0
         self._syncing = False
+        self._native = None
+        if config.weight_transfer != "worker":
+            from cadenza.rl.engines.gpu_sync import server_args
+
+            config.server.extra_args = [*config.server.extra_args, *server_args(config.weight_transfer)]
+            if config.weight_transfer == "ipc":  # IPC handles travel pickled over HTTP (loopback only)
+                config.server.extra_env = {
+                    **config.server.extra_env,
+                    "VLLM_ALLOW_INSECURE_SERIALIZATION": "1",
+                }
         self.server.start()
         self.client = CompletionsClient(
             self.server.base_url,
@@ -146,7 +163,10 @@ class VLLMEngine:
                 self._cond.notify_all()
                 raise
         try:
-            self._sync(named_tensors, deadline)
+            if self.config.weight_transfer == "worker":
+                self._sync(named_tensors, deadline)
+            else:
+                self._sync_native(named_tensors, deadline)
             self._version = version
         finally:
             with self._cond:
@@ -192,6 +212,21 @@ class VLLMEngine:
             if stage is not None:
                 shutil.rmtree(stage, ignore_errors=True)
 
+    def _sync_native(self, weights: Iterable[tuple[str, torch.Tensor]], deadline: float) -> None:
+        """vLLM's NCCL / CUDA-IPC transfer (GPU): needs the metadata that :class:`ModuleWeights` carries."""
+        from cadenza.rl.engines.gpu_sync import ModuleWeights, NativeSyncConfig, NativeWeightSync
+
+        if not isinstance(weights, ModuleWeights):
+            raise CadenzaError(
+                f"weight_transfer={self.config.weight_transfer!r} needs sync_weights(ModuleWeights(model)), "
+                "not a plain tensor stream (the transfer declares names and shapes before sending)"
+            )
+        if self._native is None:
+            cfg = NativeSyncConfig(backend=self.config.weight_transfer, timeout_s=self._remaining(deadline))
+            self._native = NativeWeightSync(self.server.base_url, weights, cfg)
+        self._native.push()
+        self._reset_prefix_cache(deadline)
+
     def _reset_prefix_cache(self, deadline: float) -> None:
         """KV computed with the old weights must not be reused (it is a 1.2 log-prob error)."""
         while True:
@@ -203,6 +238,10 @@ class VLLMEngine:
             time.sleep(0.05)
 
     def close(self) -> None:
+        if self._native is not None:
+            with contextlib.suppress(Exception):
+                self._native.close()
+            self._native = None
         self.server.stop()
 
     def __enter__(self) -> VLLMEngine:

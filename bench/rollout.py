@@ -1,0 +1,144 @@
+"""Rollout engines: tokens/s of ``hf`` vs ``vllm`` on the same model, prompts and sampling, and the
+seconds one in-place weight sync takes. Prints ONE JSON object.
+
+    python bench/rollout.py                        # tiny Qwen3 + SmolLM2-135M, CPU
+    python bench/rollout.py --device cuda          # on a GPU machine (see bench/gpu.sh)
+    python bench/rollout.py --steps-per-min        # also RL steps/min by staleness (bench/async_steps.py)
+
+Targets (issue 11): vLLM >= 1.5x HF on SmolLM2-135M on this CPU; sync < 1 s (tiny), < 5 s (135M).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from cadenza.rl.engines import make_engine
+from cadenza.rl.engines.weights import named_full_tensors
+from cadenza.rl.policy import HFPolicy, SamplingParams, tiny_qwen3_config
+
+
+def _tiny(out: Path) -> tuple[HFPolicy, list[list[int]]]:
+    from cadenza.rl.chat import train_tokenizer
+
+    tok = train_tokenizer(["counter = 1 2 3; add x then submit."] * 50, vocab_size=300)
+    policy = HFPolicy.from_config(tiny_qwen3_config(len(tok), head_dim=32), seed=0)
+    policy.model.save_pretrained(str(out))
+    tok.save_pretrained(str(out))
+    gen = torch.Generator().manual_seed(0)
+    return policy, [torch.randint(3, len(tok), (32,), generator=gen).tolist() for _ in range(64)]
+
+
+def _smollm2(out: Path) -> tuple[HFPolicy, list[list[int]], Path]:
+    from transformers import AutoTokenizer
+
+    from cadenza.rl.models import ensure_smollm2
+
+    path = ensure_smollm2()
+    tok = AutoTokenizer.from_pretrained(str(path))
+    tasks = ["add two numbers", "reverse a list", "count vowels in a string", "parse an integer"]
+    prompts = [
+        list(
+            tok.apply_chat_template(
+                [{"role": "user", "content": f"Write a Python function to {tasks[i % 4]}."}],
+                add_generation_prompt=True,
+                tokenize=True,
+                return_dict=False,
+            )
+        )
+        for i in range(64)
+    ]
+    return HFPolicy.from_pretrained(path), prompts, path
+
+
+def _tokens_per_s(engine, prompts: list[list[int]], new_tokens: int) -> float:
+    params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)  # no stop ids: every sample is full
+    engine.sample(prompts[:2], SamplingParams(max_new_tokens=4), generator=torch.Generator().manual_seed(1))
+    t0 = time.perf_counter()
+    out = engine.sample(prompts, params, generator=torch.Generator().manual_seed(0))
+    return sum(len(s.token_ids) for s in out) / (time.perf_counter() - t0)
+
+
+def bench_model(name: str, args: argparse.Namespace, work: Path) -> dict:
+    if name == "tiny":
+        policy, prompts = _tiny(work / name)
+        path = work / name
+    else:
+        policy, prompts, path = _smollm2(work / name)
+    policy.model.to(args.device)
+    policy.device = torch.device(args.device)
+    prompts = prompts[: args.samples]
+    hf = make_engine("hf", policy=policy)
+    res = {"hf": _tokens_per_s(hf, prompts, args.tokens)}
+    hf.close()
+    t0 = time.perf_counter()
+    log = Path(args.log_dir or work) / f"{name}-vllm.log"
+    vllm = make_engine("vllm", model=str(path), max_model_len=2048, log_path=str(log))
+    res["vllm_start_s"] = time.perf_counter() - t0
+    try:
+        res["vllm"] = _tokens_per_s(vllm, prompts, args.tokens)
+        syncs = []
+        for step in range(1, args.syncs + 1):
+            t0 = time.perf_counter()
+            vllm.sync_weights(named_full_tensors(policy.model), version=step)
+            syncs.append(time.perf_counter() - t0)
+        res["sync_s"] = sorted(syncs)[len(syncs) // 2]  # median
+    finally:
+        vllm.close()
+    res["params_m"] = sum(p.numel() for p in policy.model.parameters()) / 1e6
+    return res
+
+
+def steps_per_min() -> dict | None:
+    """RL steps/min at max_staleness 0, 1, 2: provided by ``bench/async_steps.py`` (the async trainer)."""
+    script = Path(__file__).with_name("async_steps.py")
+    if not script.exists():
+        return (
+            None  # LEAD: wire bench/async_steps.py in here once it lands (expects {"0": x, "1": y, "2": z})
+        )
+    out = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=1800, check=True
+    )
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    return data.get("steps_per_min", data)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="tiny,smollm2")
+    ap.add_argument("--samples", type=int, default=64)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--syncs", type=int, default=3)
+    ap.add_argument("--device", default="cpu", help="device of the hf engine and the trainer copy")
+    ap.add_argument("--log-dir", default=None, help="keep the engine logs here (default: a temp dir)")
+    ap.add_argument("--steps-per-min", action="store_true", help="also run bench/async_steps.py")
+    args = ap.parse_args()
+    results: dict = {"tokens_per_s": {}, "weight_sync_s": {}, "vllm_over_hf": {}, "detail": {}}
+    with tempfile.TemporaryDirectory(prefix="cadenza-bench-") as tmp:
+        for name in args.models.split(","):
+            r = bench_model(name, args, Path(tmp))
+            results["tokens_per_s"][name] = {"hf": round(r["hf"], 1), "vllm": round(r["vllm"], 1)}
+            results["weight_sync_s"][name] = round(r["sync_s"], 3)
+            results["vllm_over_hf"][name] = round(r["vllm"] / r["hf"], 2)
+            results["detail"][name] = {
+                k: round(v, 2) for k, v in r.items() if k.endswith("_s") or k == "params_m"
+            }
+    results["steps_per_min"] = steps_per_min() if args.steps_per_min else None
+    results["setup"] = {
+        "samples": args.samples,
+        "new_tokens": args.tokens,
+        "device": args.device,
+        "torch_threads": torch.get_num_threads(),
+    }
+    print(json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()
