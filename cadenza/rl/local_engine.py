@@ -1,9 +1,8 @@
 """The trainer's local ``hf`` engines and the one place the trainer obtains an engine.
 
 Both implement :class:`cadenza.rl.engine.RolloutEngine` over an :class:`HFPolicy`.
-:class:`LocalHFEngine` samples in this process: with ``share=True`` with the trainer's own module
-(synchronous training: the weights are already there, a sync only moves the version), otherwise with
-its own copy, which :meth:`sync_weights` overwrites in place. :class:`ProcessHFEngine` samples in a
+:class:`cadenza.rl.engines.hf.HFEngine` samples in this process (the trainer's own module when
+training is synchronous, else its own copy). :class:`ProcessHFEngine` samples in a
 child process from a shared-memory copy, so generation really runs beside training instead of
 competing for the GIL; the sampling generator's state travels with each request, so its draws are
 exactly the in-process ones.
@@ -22,69 +21,9 @@ from typing import Any
 import torch
 import torch.multiprocessing as mp
 
-from cadenza.errors import CadenzaError, ConfigError, EngineError
+from cadenza.errors import ConfigError, EngineError
+from cadenza.rl.engines.hf import HFEngine, WeightTable
 from cadenza.rl.policy import HFPolicy, Sample, SamplingParams
-
-
-class LocalHFEngine:
-    """HF ``generate``-style sampling in this process, stamped with the policy version."""
-
-    name = "hf"
-
-    def __init__(self, policy: HFPolicy, *, share: bool, version: int = 0) -> None:
-        if share:
-            self.policy = policy
-        else:
-            model = copy.deepcopy(policy.model)
-            model.requires_grad_(False)
-            self.policy = HFPolicy(model, device=policy.device)
-        self._params = dict(self.policy.model.named_parameters())
-        self._version = int(version)
-
-    @property
-    def version(self) -> int:
-        return self._version
-
-    def sample(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        *,
-        generator: torch.Generator | None = None,
-    ) -> list[Sample]:
-        version = self._version
-        out = self.policy.sample(prompts, params, generator=generator)
-        for s in out:
-            s.policy_version = version
-        return out
-
-    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
-        _load(self._params, named_tensors)
-        self._version = int(version)
-
-    def close(self) -> None:
-        pass
-
-
-@torch.no_grad()
-def _load(params: dict[str, torch.Tensor], named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-    """Copy a full weight stream into ``params`` in place, checking names and shapes."""
-    seen = set()
-    for name, tensor in named_tensors:
-        param = params.get(name)
-        if param is None:
-            raise CadenzaError(f"engine 'hf': weight sync sent {name!r}, which the engine's model lacks")
-        if param.shape != tensor.shape:
-            raise CadenzaError(
-                f"engine 'hf': weight sync sent {name!r} with shape {tuple(tensor.shape)}, "
-                f"the engine holds {tuple(param.shape)}"
-            )
-        if param.data_ptr() != tensor.data_ptr():  # shared module: already the trainer's tensor
-            param.copy_(tensor)
-        seen.add(name)
-    missing = sorted(set(params) - seen)
-    if missing:
-        raise CadenzaError(f"engine 'hf': weight sync left {len(missing)} tensor(s) out, e.g. {missing[0]!r}")
 
 
 def _serve(conn: Any, model: torch.nn.Module, device: str, threads: int) -> None:
@@ -125,7 +64,7 @@ class ProcessHFEngine:
         model = copy.deepcopy(policy.model)
         model.requires_grad_(False)
         model.share_memory()
-        self._params = dict(model.named_parameters())
+        self._table = WeightTable(model)
         self._version = int(version)
         self.timeout_s = timeout_s
         ctx = mp.get_context("spawn")
@@ -183,7 +122,7 @@ class ProcessHFEngine:
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
         if not self._proc.is_alive():
             raise self._dead()
-        _load(self._params, named_tensors)
+        self._table.load(named_tensors)
         self._version = int(version)
 
     def close(self) -> None:
@@ -214,10 +153,10 @@ def build_engine(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) ->
         return RayWorkers(cfg, r.workers, ex, timeout_s=r.engine_timeout_s)
     if r.engine == "hf":
         if r.max_staleness == 0:
-            return LocalHFEngine(policy, share=True, version=version)
+            return HFEngine(policy, share=True, version=version)
         if policy.device.type == "cpu":
             return ProcessHFEngine(policy, version=version, timeout_s=r.engine_timeout_s)
-        return LocalHFEngine(policy, share=False, version=version)
+        return HFEngine(policy, share=False, version=version)
     try:
         from cadenza.rl.engines import make_engine  # type: ignore[attr-defined]
     except ImportError:

@@ -51,8 +51,8 @@ class RolloutWorker:
 
     def __init__(self, cfg: Any, *, threads: int = 1) -> None:
         from cadenza.rl.build import build_policy
+        from cadenza.rl.engines.hf import HFEngine
         from cadenza.rl.envs import load_source
-        from cadenza.rl.local_engine import LocalHFEngine
 
         torch.set_num_threads(threads)
         self.cfg = cfg
@@ -62,7 +62,7 @@ class RolloutWorker:
             raise CadenzaError(
                 f"rollout workers with engine {cfg.rollout.engine!r} are not built yet; use engine = 'hf'"
             )
-        self.engine = LocalHFEngine(policy, share=True)
+        self.engine = HFEngine(policy, share=True)
 
     def sync(self, state: dict[str, torch.Tensor], version: int) -> int:
         self.engine.sync_weights(state.items(), version=version)

@@ -18,10 +18,9 @@ import time
 import pytest
 import torch
 
-from cadenza.errors import CadenzaError
+from cadenza.errors import CadenzaError, EngineError
 from cadenza.rl.chat import assistant_message, parse_tool_calls
 from cadenza.rl.engines import make_engine
-from cadenza.rl.engines.openai import EngineError
 from cadenza.rl.engines.vllm_server import _group_pids
 from cadenza.rl.policy import HFPolicy, SamplingParams, tiny_qwen3_config
 from cadenza.rl.rollout import RolloutConfig, RolloutTask, rollout

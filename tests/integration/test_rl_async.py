@@ -15,8 +15,8 @@ import torch
 from cadenza.errors import CadenzaError
 from cadenza.metrics import read_metrics
 from cadenza.rl import trainer as trainer_mod
+from cadenza.rl.engines.hf import HFEngine
 from cadenza.rl.episodes import collect_episodes
-from cadenza.rl.local_engine import LocalHFEngine
 from cadenza.rl.pipeline import EngineError
 from cadenza.rl.trainer import Trainer
 from tests.integration.test_rl_trainer import TIMING, config, sft_model  # noqa: F401
@@ -51,7 +51,7 @@ def test_k0_is_the_synchronous_loop_bit_for_bit(sft_model, tmp_path, monkeypatch
     and the pre-engine loop (rollouts sampled inline from the trainer's own policy, no thread)."""
     default = Trainer(run_config(sft_model, tmp_path / "a", steps=3, k=0)).train()
 
-    monkeypatch.setattr(trainer_mod, "build_engine", lambda cfg, policy, tok, version: LocalHFEngine(policy, share=False, version=version))  # fmt: skip
+    monkeypatch.setattr(trainer_mod, "build_engine", lambda cfg, policy, tok, version: HFEngine(policy, share=False, version=version))  # fmt: skip
     copied = Trainer(run_config(sft_model, tmp_path / "b", steps=3, k=0)).train()
     monkeypatch.undo()
 
@@ -95,7 +95,7 @@ def test_bounded_staleness_schedule_and_mismatch_metrics(sft_model, tmp_path, k)
     assert not rollout_threads()
 
 
-class _CrashAtVersion(LocalHFEngine):
+class _CrashAtVersion(HFEngine):
     """Dies on its first generation with the weights of version ``at`` (a deterministic point in the run)."""
 
     def __init__(self, *a, at: int, **kw):
@@ -121,7 +121,7 @@ def test_k1_resume_after_a_crash_is_exact(sft_model, tmp_path, monkeypatch):  # 
     assert strip(resumed.train()) == strip(full)
 
 
-class _LaggingEngine(LocalHFEngine):
+class _LaggingEngine(HFEngine):
     """Stamps the first prompt of every batch with weights two versions older than it really used."""
 
     def sample(self, prompts, params, *, generator=None):
@@ -139,7 +139,7 @@ def test_stale_trajectories_are_dropped_and_counted(sft_model, tmp_path, monkeyp
     assert all(r["staleness_max"] <= 1 for r in rows) and rows[-1]["episodes"] == 3 * 7
 
 
-class _FailingEngine(LocalHFEngine):
+class _FailingEngine(HFEngine):
     """Crashes or hangs on its ``at``-th generation call (a hang ends only when the engine is closed)."""
 
     def __init__(self, *a, at: int, mode: str, **kw):
@@ -206,7 +206,7 @@ def test_subprocess_engine_samples_exactly_like_in_process(sft_model, tmp_path, 
     monkeypatch.setattr(trainer_mod, "build_engine", build)
     rows = Trainer(run_config(sft_model, tmp_path / "proc", steps=3, k=1)).train()
     assert isinstance(engines[0], ProcessHFEngine) and not engines[0]._proc.is_alive()
-    monkeypatch.setattr(trainer_mod, "build_engine", lambda cfg, policy, tok, version: LocalHFEngine(policy, share=False, version=version))  # fmt: skip
+    monkeypatch.setattr(trainer_mod, "build_engine", lambda cfg, policy, tok, version: HFEngine(policy, share=False, version=version))  # fmt: skip
     same = Trainer(run_config(sft_model, tmp_path / "local", steps=3, k=1)).train()
     assert strip(rows) == strip(same)
 
@@ -247,7 +247,7 @@ def test_engine_context_overflow_ends_episodes_as_context_and_training_goes_on(
     window = max(e.rollout.tokens.turn_spans[0][0] for e in probe.collect(1))  # only first turns fit
     probe.close()
 
-    class Windowed(LocalHFEngine):
+    class Windowed(HFEngine):
         def sample(self, prompts, params, *, generator=None):
             if any(len(p) > window for p in prompts):
                 raise RuntimeError(f"HTTP 400: This model's maximum context length is {window} tokens.")

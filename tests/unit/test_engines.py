@@ -10,11 +10,11 @@ import sys
 import pytest
 import torch
 
-from cadenza.errors import CadenzaError, ConfigError
+from cadenza.errors import CadenzaError, ConfigError, EngineError
 from cadenza.rl.engine import RolloutEngine
 from cadenza.rl.engines import make_engine
 from cadenza.rl.engines import vllm_server as vs
-from cadenza.rl.engines.openai import EngineError, OpenAIEngine, OpenAIEngineConfig, parse_choice
+from cadenza.rl.engines.openai import OpenAIEngine, OpenAIEngineConfig, parse_choice
 from cadenza.rl.engines.weights import buckets, engine_names, named_full_tensors
 from cadenza.rl.policy import HFPolicy, SamplingParams, tiny_qwen3_config, tiny_qwen3_moe_config
 from cadenza.testing import spawn

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from cadenza.errors import CadenzaError, ContextLengthExceeded, EngineError
-from cadenza.rl.local_engine import LocalHFEngine
+from cadenza.rl.engines.hf import HFEngine
 from cadenza.rl.pipeline import RolloutPipeline, WatchedEngine
 from cadenza.rl.policy import HFPolicy, SamplingParams, tiny_qwen3_config
 
@@ -95,7 +95,7 @@ def test_local_engine_sync_checks_names_shapes_and_completeness():
     policy = HFPolicy.from_config(
         tiny_qwen3_config(64, hidden_size=32, intermediate_size=64, head_dim=8), seed=0
     )
-    engine = LocalHFEngine(policy, share=False)
+    engine = HFEngine(policy, share=False)
     named = dict(policy.model.named_parameters())
     with torch.no_grad():
         for p in policy.model.parameters():
@@ -105,9 +105,9 @@ def test_local_engine_sync_checks_names_shapes_and_completeness():
     assert all(torch.equal(p, named[n]) for n, p in engine.policy.model.named_parameters())
     assert all(p.data_ptr() != named[n].data_ptr() for n, p in engine.policy.model.named_parameters())
     first = next(iter(named))
-    with pytest.raises(CadenzaError, match="which the engine's model lacks"):
+    with pytest.raises(CadenzaError, match="has no weight named"):
         engine.sync_weights([("nope.weight", torch.zeros(1))], version=5)
-    with pytest.raises(CadenzaError, match="with shape"):
+    with pytest.raises(CadenzaError, match="has shape"):
         engine.sync_weights([(first, torch.zeros(3))], version=5)
     with pytest.raises(CadenzaError, match=r"left .* tensor\(s\) out"):
         engine.sync_weights([(first, named[first].detach())], version=5)

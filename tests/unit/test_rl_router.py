@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from cadenza.errors import CadenzaError
-from cadenza.rl.local_engine import LocalHFEngine
+from cadenza.rl.engines.hf import HFEngine
 from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
 from cadenza.rl.rollout import RolloutConfig, RolloutTask, rollout
 from cadenza.rl.router import Router
@@ -56,7 +56,7 @@ def test_sessions_stick_to_one_engine_and_spread_by_load():
 def test_sync_streams_one_pass_to_every_engine():
     tok = make_tokenizer()
     conf = tiny_qwen3_config(len(tok), head_dim=16)
-    engines = [LocalHFEngine(HFPolicy.from_config(conf, seed=s), share=False) for s in (1, 2)]
+    engines = [HFEngine(HFPolicy.from_config(conf, seed=s), share=False) for s in (1, 2)]
     router = Router(engines, queue_depth=1)
     new = HFPolicy.from_config(conf, seed=7).model
     passes = []

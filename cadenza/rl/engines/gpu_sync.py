@@ -19,8 +19,7 @@ from typing import Any
 
 import torch
 
-from cadenza.errors import CadenzaError
-from cadenza.rl.engines.openai import EngineError
+from cadenza.errors import CadenzaError, EngineError
 from cadenza.rl.engines.weights import _STACKED, engine_names, named_full_tensors
 
 BACKENDS = ("nccl", "ipc")

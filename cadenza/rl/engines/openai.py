@@ -20,16 +20,8 @@ from typing import Any
 
 import torch
 
-from cadenza.errors import CadenzaError
+from cadenza.errors import CadenzaError, ContextLengthExceeded, EngineError
 from cadenza.rl.policy import Sample, SamplingParams
-
-
-class EngineError(CadenzaError):
-    """An engine call failed, timed out, or the engine died (the message names it and its log)."""
-
-
-class ContextLengthError(EngineError):
-    """The prompt plus the requested completion does not fit the engine's context window."""
 
 
 def draw_seeds(n: int, generator: torch.Generator | None) -> list[int]:
@@ -75,7 +67,7 @@ class CompletionsClient:
         except urllib.error.HTTPError as e:
             detail = e.read().decode(errors="replace")
             if e.code == 400 and "context length" in detail:
-                raise ContextLengthError(f"engine '{self.label}': {_message(detail)}") from None
+                raise ContextLengthExceeded(f"engine '{self.label}': {_message(detail)}") from None
             raise self.error(what, f"HTTP {e.code}: {_message(detail)}") from None
         except TimeoutError:
             raise self.error(what, f"no answer within {timeout_s:.0f} s") from None

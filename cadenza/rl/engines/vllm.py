@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from cadenza.errors import CadenzaError
-from cadenza.rl.engines.openai import CompletionsClient, EngineError, draw_seeds
+from cadenza.errors import CadenzaError, EngineError
+from cadenza.rl.engines.openai import CompletionsClient, draw_seeds
 from cadenza.rl.engines.vllm_server import VLLMServer, VLLMServerConfig
 from cadenza.rl.engines.weights import DEFAULT_BUCKET_BYTES, buckets, engine_names, to_safetensors_bytes
 from cadenza.rl.policy import Sample, SamplingParams
