@@ -178,7 +178,7 @@ def test_openai_engine_token_ids_seeds_and_errors():
             eng.sample([[1]], SamplingParams(max_new_tokens=2))
     with serve(lambda body: (400, b'{"error": {"message": "maximum context length is 8 tokens"}}')) as srv:
         eng = OpenAIEngine(OpenAIEngineConfig(base_url=srv.url.removesuffix("/v1"), model="m", timeout_s=5))
-        with pytest.raises(EngineError, match="maximum context length"):
+        with pytest.raises(ContextLengthExceeded, match="maximum context length"):  # not an engine failure
             eng.sample([[1]], SamplingParams(max_new_tokens=2))
     eng = OpenAIEngine(
         OpenAIEngineConfig(base_url=closed_port_url().removesuffix("/v1"), model="m", timeout_s=5)
