@@ -10,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from cadenza.errors import CadenzaError, ConfigError, EngineError
+from cadenza.errors import CadenzaError, ConfigError, ContextLengthExceeded, EngineError
 from cadenza.rl.engine import RolloutEngine
 from cadenza.rl.engines import make_engine
 from cadenza.rl.engines import vllm_server as vs
