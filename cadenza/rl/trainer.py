@@ -38,6 +38,7 @@ from cadenza.rl import checkpoint as ckpt
 from cadenza.rl.build import build_optimizer, build_policy, check_same_run, sd_config, step_config
 from cadenza.rl.config import TrainConfig, validate
 from cadenza.rl.curriculum import PoolExhausted
+from cadenza.rl.engines.weights import named_full_tensors
 from cadenza.rl.envs import load_source
 from cadenza.rl.episodes import Episode, collect_episodes, record_pool, sample_step_tasks, signal_rows
 from cadenza.rl.local_engine import build_engine
@@ -116,8 +117,9 @@ class Trainer:
         return self._engine
 
     def _weights(self) -> Any:
-        """The trainer's parameters as ``(HF name, full tensor)``, streamed one at a time."""
-        return ((name, p.detach()) for name, p in self.model.named_parameters())
+        """The trainer's parameters as ``(HF name, full tensor)``, streamed one at a time (DTensor
+        shards gathered per tensor); engines map stacked MoE experts to their own names."""
+        return named_full_tensors(self.model)
 
     def collect(self, step: int) -> list[Episode]:
         """Rollouts for one step, graded, monitored and annotated with hints (synchronously, now)."""
