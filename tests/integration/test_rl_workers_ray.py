@@ -72,7 +72,10 @@ def test_ray_actors_reproduce_local_units_and_survive_a_killed_actor(sft_model, 
         box: dict = {}
         runner = threading.Thread(target=lambda: box.update(res=workers.run(units * 2)))
         runner.start()
-        time.sleep(1.0)
+        deadline = time.monotonic() + 60
+        while workers.slots[0].busy is None and time.monotonic() < deadline:  # kill it mid-unit
+            time.sleep(0.005)
+        assert workers.slots[0].busy is not None, "the first actor never got a unit"
         os.kill(victim, signal.SIGKILL)
         runner.join(timeout=600)
         assert not runner.is_alive()
