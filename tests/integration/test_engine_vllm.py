@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -125,6 +126,9 @@ def test_weight_sync_parity_file_then_bytes(setup):
         check_sync_parity(engine, policy, seqs, steps=1, lr=0.1, first_version=2)
     finally:
         engine.config.transport = "file"
+    group = set(_group_pids(engine.server.proc.pid))
+    left = [p for p in Path("/dev/shm").glob("cadenza-stage-*") if int(p.name.rsplit("-", 1)[1]) in group]
+    assert not left, f"staged bytes left in shared memory: {left}"
 
 
 def test_sync_that_runs_out_of_time_is_one_line_error(setup):

@@ -76,6 +76,8 @@ class CadenzaWorkerExtension:
         fixed = repack_after_reload(model, tied=tied)
         for p in staged:
             p.unlink(missing_ok=True)
+        if staged:  # nothing of a bytes sync stays in shared memory between syncs
+            self._cadenza_stage_dir(create=False).rmdir()
         return json.dumps({"tensors": n, "seconds": time.perf_counter() - t0, "fixed": fixed})
 
     def cadenza_stage(self, b64: str) -> str:
@@ -92,11 +94,12 @@ class CadenzaWorkerExtension:
         params = dict(self.model_runner.get_model().named_parameters())
         return repr(float(params[name].detach().double().sum())) if name in params else "missing"
 
-    def _cadenza_stage_dir(self) -> Path:
+    def _cadenza_stage_dir(self, *, create: bool = True) -> Path:
         base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(tempfile.gettempdir())
         stage = base / f"cadenza-stage-{os.getpid()}"
-        stage.mkdir(exist_ok=True)
+        if create:
+            stage.mkdir(exist_ok=True)
         return stage
 
     def _cadenza_staged(self) -> list[Path]:
-        return sorted(self._cadenza_stage_dir().glob("*.safetensors"))
+        return sorted(self._cadenza_stage_dir(create=False).glob("*.safetensors"))
