@@ -102,10 +102,6 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> dict:
 def steps_per_min() -> dict | None:
     """RL steps/min at max_staleness 0, 1, 2: provided by ``bench/async_steps.py`` (the async trainer)."""
     script = Path(__file__).with_name("async_steps.py")
-    if not script.exists():
-        return (
-            None  # LEAD: wire bench/async_steps.py in here once it lands (expects {"0": x, "1": y, "2": z})
-        )
     out = subprocess.run(
         [sys.executable, str(script)], capture_output=True, text=True, timeout=1800, check=True
     )
@@ -122,7 +118,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="alternating hf/vllm rounds (best kept)")
     ap.add_argument("--device", default="cpu", help="device of the hf engine and the trainer copy")
     ap.add_argument("--log-dir", default=None, help="keep the engine logs here (default: a temp dir)")
-    ap.add_argument("--steps-per-min", action="store_true", help="also run bench/async_steps.py")
+    ap.add_argument(
+        "--no-steps-per-min", dest="steps_per_min", action="store_false", help="skip bench/async_steps.py"
+    )
     args = ap.parse_args()
     results: dict = {"tokens_per_s": {}, "weight_sync_s": {}, "vllm_over_hf": {}, "detail": {}}
     with tempfile.TemporaryDirectory(prefix="cadenza-bench-") as tmp:
