@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import shutil
 import time
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -157,14 +159,25 @@ def build_engine(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) ->
         if policy.device.type == "cpu":
             return ProcessHFEngine(policy, version=version, timeout_s=r.engine_timeout_s)
         return HFEngine(policy, share=False, version=version)
-    try:
-        from cadenza.rl.engines import make_engine  # type: ignore[attr-defined]
-    except ImportError:
-        raise ConfigError(
-            f"rollout.engine = {r.engine!r} needs the engine package (cadenza.rl.engines), which this build "
-            "lacks; use engine = 'hf'"
-        ) from None
+    from cadenza.rl.engines import make_engine
+
+    out = Path(cfg.run.out_dir)
+    model = cfg.model.path or str(_save_initial(policy, tokenizer, out / "engine-model"))
     options = dict(r.engine_options)  # vllm: VLLMServerConfig / VLLMEngineConfig fields (port, log_path, ...)
     options.setdefault("request_timeout_s", r.engine_timeout_s)
     options.setdefault("sync_timeout_s", r.engine_timeout_s)
-    return make_engine("vllm", model=cfg.model.path, version=version, **options)
+    options.setdefault("log_path", str(out / "engine.log"))  # named in every engine error
+    return make_engine("vllm", model=model, version=version, **options)
+
+
+def _save_initial(policy: HFPolicy, tokenizer: Any, path: Path) -> Path:
+    """A randomly initialised policy has no directory a served engine could load: write one (atomically;
+    the first sync brings the engine to the trainer's weights anyway)."""
+    if (path / "config.json").is_file():
+        return path
+    tmp = path.with_name(path.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    policy.model.save_pretrained(str(tmp))
+    tokenizer.save_pretrained(str(tmp))
+    tmp.rename(path)
+    return path

@@ -19,7 +19,7 @@ from cadenza.rl.engines.hf import HFEngine
 from cadenza.rl.episodes import collect_episodes
 from cadenza.rl.pipeline import EngineError
 from cadenza.rl.trainer import Trainer
-from tests.integration.test_rl_trainer import TIMING, config, sft_model  # noqa: F401
+from tests.rl_fixtures import TIMING, config
 
 pytestmark = pytest.mark.usefixtures("_restore_threads")
 
@@ -45,7 +45,7 @@ def rollout_threads() -> list[threading.Thread]:
     return [t for t in threading.enumerate() if t.name == "cadenza-rollouts"]
 
 
-def test_k0_is_the_synchronous_loop_bit_for_bit(sft_model, tmp_path, monkeypatch):  # noqa: F811
+def test_k0_is_the_synchronous_loop_bit_for_bit(sft_model, tmp_path, monkeypatch):
     """Three ways to sample the same synchronous run give identical losses: the pipeline over the shared
     hf engine (the default), an engine with its own weight copy kept current by real ``sync_weights``,
     and the pre-engine loop (rollouts sampled inline from the trainer's own policy, no thread)."""
@@ -79,7 +79,7 @@ def test_k0_is_the_synchronous_loop_bit_for_bit(sft_model, tmp_path, monkeypatch
 
 
 @pytest.mark.parametrize("k", [1, 2])
-def test_bounded_staleness_schedule_and_mismatch_metrics(sft_model, tmp_path, k):  # noqa: F811
+def test_bounded_staleness_schedule_and_mismatch_metrics(sft_model, tmp_path, k):
     rows = Trainer(run_config(sft_model, tmp_path / "run", steps=4, k=k)).train()
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     # step s is sampled by version max(0, s - 1 - K): its staleness is exactly min(s - 1, K)
@@ -108,7 +108,7 @@ class _CrashAtVersion(HFEngine):
         return super().sample(prompts, params, generator=generator)
 
 
-def test_k1_resume_after_a_crash_is_exact(sft_model, tmp_path, monkeypatch):  # noqa: F811
+def test_k1_resume_after_a_crash_is_exact(sft_model, tmp_path, monkeypatch):
     """The checkpoint of step 2 keeps step 3's rollouts (sampled by version 1 while step 2 trained), so a
     run that dies in step 4's rollouts resumes exactly where an uninterrupted run would be."""
     full = Trainer(run_config(sft_model, tmp_path / "a", steps=4, k=1)).train()
@@ -130,7 +130,7 @@ class _LaggingEngine(HFEngine):
         return out
 
 
-def test_stale_trajectories_are_dropped_and_counted(sft_model, tmp_path, monkeypatch):  # noqa: F811
+def test_stale_trajectories_are_dropped_and_counted(sft_model, tmp_path, monkeypatch):
     monkeypatch.setattr(trainer_mod, "build_engine", lambda cfg, policy, tok, version: _LaggingEngine(policy, share=False, version=version))  # fmt: skip
     rows = Trainer(run_config(sft_model, tmp_path / "run", steps=3, k=1)).train()
     # the first episode of each step is stale by min(s - 1, 1) + 2 > K = 1 and leaves the update
@@ -164,7 +164,7 @@ class _FailingEngine(HFEngine):
 
 
 @pytest.mark.parametrize("mode", ["crash", "hang", "sync"])
-def test_engine_failure_mid_step_is_one_line_and_leaves_nothing(sft_model, tmp_path, monkeypatch, mode):  # noqa: F811
+def test_engine_failure_mid_step_is_one_line_and_leaves_nothing(sft_model, tmp_path, monkeypatch, mode):
     def build(cfg, policy, tok, version):  # every step makes 1-3 generation calls: call 9 is mid-run
         return _FailingEngine(
             policy, share=False, version=version, at=9 if mode != "sync" else 10**6, mode=mode
@@ -191,7 +191,7 @@ def test_engine_failure_mid_step_is_one_line_and_leaves_nothing(sft_model, tmp_p
     assert ckpts == [f"step-{s:06d}" for s in done][-2:]  # one per logged step (keep 2), none half-written
 
 
-def test_subprocess_engine_samples_exactly_like_in_process(sft_model, tmp_path, monkeypatch):  # noqa: F811
+def test_subprocess_engine_samples_exactly_like_in_process(sft_model, tmp_path, monkeypatch):
     """K = 1 uses the child-process hf engine (shared-memory weights, generator state sent along): the
     run equals one sampled in-process from a synced copy, bit for bit, and no child outlives it."""
     from cadenza.rl.local_engine import ProcessHFEngine
@@ -211,7 +211,7 @@ def test_subprocess_engine_samples_exactly_like_in_process(sft_model, tmp_path, 
     assert strip(rows) == strip(same)
 
 
-def test_killed_engine_process_stops_training_with_one_line(sft_model, tmp_path, monkeypatch):  # noqa: F811
+def test_killed_engine_process_stops_training_with_one_line(sft_model, tmp_path, monkeypatch):
     import os
     import signal
 
@@ -237,7 +237,7 @@ def test_killed_engine_process_stops_training_with_one_line(sft_model, tmp_path,
 
 
 def test_engine_context_overflow_ends_episodes_as_context_and_training_goes_on(
-    sft_model,  # noqa: F811
+    sft_model,
     tmp_path,
     monkeypatch,
 ):

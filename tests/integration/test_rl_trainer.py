@@ -12,27 +12,15 @@ import torch
 from safetensors.torch import load_file
 
 from cadenza.errors import CadenzaError
-from cadenza.experiments.corpus import corpus
-from cadenza.experiments.tool_hints import CALL_PIECES, _plain_text
 from cadenza.metrics import read_metrics
-from cadenza.rl.chat import CHAT_TEMPLATE, train_tokenizer
 from cadenza.rl.config import (
-    EnvConfig,
-    LossConfig,
-    ModelConfig,
-    OptimConfig,
-    RolloutConfig,
-    RunConfig,
     TrainConfig,
 )
-from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
-from cadenza.rl.sft import SFTConfig, encode_messages, supervised_finetune
 from cadenza.rl.step import rl_losses
 from cadenza.rl.teacher import build_hinted_turns
 from cadenza.rl.tokens import collate
 from cadenza.rl.trainer import Trainer
-
-TIMING = {"tokens_per_s", "rollout_s", "step_s", "generate_s", "sync_s"}
+from tests.rl_fixtures import TIMING, config
 
 
 @pytest.fixture(autouse=True)
@@ -41,44 +29,6 @@ def _restore_threads():
     n = torch.get_num_threads()
     yield
     torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def sft_model(tmp_path_factory) -> Path:
-    """A tiny Qwen3 that has learnt toolworld's call format (and nothing about which alias fits a profile)."""
-    out = tmp_path_factory.mktemp("sft")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        transcripts = corpus(seed=7, n=300)
-        tok = train_tokenizer(
-            [_plain_text(m) for t in transcripts for m in t] + ["assistant\n"] * 20,
-            vocab_size=400,
-            extra_special_tokens=CALL_PIECES,
-        )
-        tok.chat_template = CHAT_TEMPLATE
-        policy = HFPolicy.from_config(
-            tiny_qwen3_config(len(tok), hidden_size=32, intermediate_size=64, head_dim=8), seed=0
-        )
-        data = [encode_messages(tok, m) for m in transcripts]
-        losses = supervised_finetune(policy, tok, data, SFTConfig(steps=60, batch_size=16, lr=1e-2, warmup=5))
-        assert losses[-1] < losses[0] / 4
-        policy.model.save_pretrained(str(out))
-        tok.save_pretrained(str(out))
-    finally:
-        torch.set_num_threads(threads)
-    return out
-
-
-def config(model: Path, out: Path, steps: int, **loss) -> TrainConfig:
-    return TrainConfig(
-        run=RunConfig(out_dir=str(out), steps=steps, seed=3, checkpoint_every=2, progress=False, threads=1),
-        model=ModelConfig(path=str(model)),
-        env=EnvConfig(name="toolworld", options={"min_steps": 2, "max_steps": 2, "extra_turns": 1}),
-        rollout=RolloutConfig(group_size=4, tasks_per_step=2, max_new_tokens=24, max_turns=3),
-        loss=LossConfig(**loss),
-        optim=OptimConfig(lr=3e-3, microbatch=4),
-    )
 
 
 def write_toml(path: Path, cfg: TrainConfig) -> None:

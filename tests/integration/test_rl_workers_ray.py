@@ -16,7 +16,7 @@ from cadenza.rl.envs import load_source
 from cadenza.rl.episodes import sample_step_tasks
 from cadenza.rl.policy import HFPolicy
 from cadenza.rl.workers import LocalWorkers, RayWorkers, Unit
-from tests.integration.test_rl_trainer import config, sft_model  # noqa: F401
+from tests.rl_fixtures import config
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +49,7 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-def test_ray_actors_reproduce_local_units_and_survive_a_killed_actor(sft_model, tmp_path, one_thread):  # noqa: F811
+def test_ray_actors_reproduce_local_units_and_survive_a_killed_actor(sft_model, tmp_path, one_thread):
     cfg = config(sft_model, tmp_path / "run", steps=2)
     weights = dict(HFPolicy.from_pretrained(sft_model).model.named_parameters())
     with torch.no_grad():  # a version the actors could not have loaded from disk
@@ -86,7 +86,7 @@ def test_ray_actors_reproduce_local_units_and_survive_a_killed_actor(sft_model, 
         workers.close()
 
 
-def test_trainer_on_ray_actors_trains_exactly_like_units_in_process(sft_model, tmp_path):  # noqa: F811
+def test_trainer_on_ray_actors_trains_exactly_like_units_in_process(sft_model, tmp_path):
     """Two steps of GRPO + SD with rollouts in two Ray actors (weights pushed after every update) give the
     same metrics, bit for bit, as the same units rolled out in the trainer's process."""
     import dataclasses
@@ -95,7 +95,7 @@ def test_trainer_on_ray_actors_trains_exactly_like_units_in_process(sft_model, t
     from cadenza.rl.episodes import collect_episodes
     from cadenza.rl.trainer import Trainer
     from cadenza.rl.workers import unit_seed
-    from tests.integration.test_rl_trainer import TIMING
+    from tests.rl_fixtures import TIMING
 
     class UnitTrainer(Trainer):
         def _collect(self, step, tasks):
