@@ -149,8 +149,12 @@ def build_tiny_policy(task_dirs: list[Path], out: Path, cfg: DemoConfig, log: An
     texts = [_plain(m) for t in transcripts for m in t] + ["system\n", "user\n", "assistant\n", "tool\n"] * 20
     tok = train_tokenizer(texts, vocab_size=cfg.vocab_size, extra_special_tokens=CALL_PIECES)
     torch.manual_seed(cfg.seed)
+    # vLLM's CPU attention needs head_dim >= 32: the same width in 2 heads of 32 instead of 4 of 16
+    heads = (
+        {"num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32} if cfg.engine == "vllm" else {}
+    )
     policy = HFPolicy.from_config(
-        tiny_qwen3_config(len(tok), hidden_size=64, intermediate_size=128), seed=cfg.seed
+        tiny_qwen3_config(len(tok), hidden_size=64, intermediate_size=128, **heads), seed=cfg.seed
     )
     # encoded as the rollouts see them: the system prompt lists the tools, the template does not repeat them
     data = [encode_messages(tok, t) for t in transcripts]
