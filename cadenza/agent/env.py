@@ -37,3 +37,23 @@ class Env(Protocol):
 
     def finish(self) -> dict[str, Any]:
         """End the episode (grade if needed); return the outcome with at least ``reward`` (float) and ``resolved`` (bool)."""
+
+
+class NoToolsView:
+    """An env whose tool list is not rendered into the prompt (``env.show_tools = False``, e.g. toolworld);
+    the real schemas stay on the wrapped env for the feedback generators."""
+
+    def __init__(self, env: Env):
+        self.env = env
+
+    def reset(self) -> list[dict[str, Any]]:
+        return self.env.reset()
+
+    def tools(self) -> list[dict[str, Any]]:
+        return []
+
+    def step(self, call: ToolCall) -> StepResult:
+        return self.env.step(call)
+
+    def finish(self) -> dict[str, Any]:
+        return self.env.finish()

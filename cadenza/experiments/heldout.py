@@ -11,27 +11,9 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from cadenza.agent.env import NoToolsView
 from cadenza.experiments.corpus import call_message
 from cadenza.experiments.toolworld import ToolworldConfig, ToolworldEnv, ToolworldTask, sample_task
-
-
-class NoToolsView:
-    """An env whose tool list is not rendered into the prompt (toolworld's ``show_tools = False``)."""
-
-    def __init__(self, env: Any):
-        self.env = env
-
-    def reset(self) -> list[dict[str, Any]]:
-        return self.env.reset()
-
-    def tools(self) -> list[dict[str, Any]]:
-        return []
-
-    def step(self, call: Any) -> Any:
-        return self.env.step(call)
-
-    def finish(self) -> dict[str, Any]:
-        return self.env.finish()
 
 
 def heldout_tasks(n: int, seed: int, config: ToolworldConfig | None = None) -> list[ToolworldTask]:

@@ -12,6 +12,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any
 
+from cadenza.agent.env import NoToolsView
 from cadenza.agent.trajectory import Trajectory
 from cadenza.feedback.generate import generate_hints
 from cadenza.feedback.hints import Hint
@@ -19,26 +20,6 @@ from cadenza.rl.curriculum import drop_zero_variance
 from cadenza.rl.monitor_hook import episode_outcome
 from cadenza.rl.rollout import Rollout, RolloutTask, rollout
 from cadenza.rl.rollout import RolloutConfig as RolloutParams
-
-
-class _HiddenToolsEnv:
-    """View of an env whose tool list must not be rendered into the prompt (``env.show_tools = False``,
-    e.g. toolworld); the real schemas stay available to the feedback generators."""
-
-    def __init__(self, env: Any):
-        self.env = env
-
-    def reset(self) -> list[dict[str, Any]]:
-        return self.env.reset()
-
-    def tools(self) -> list[dict[str, Any]]:
-        return []
-
-    def step(self, call: Any) -> Any:
-        return self.env.step(call)
-
-    def finish(self) -> dict[str, Any]:
-        return self.env.finish()
 
 
 @dataclass(kw_only=True)
@@ -95,7 +76,7 @@ def collect_episodes(
             real = list(env.tools())
             shown = real if getattr(env, "show_tools", True) else []
             made.append((real, shown))
-            return env if shown is real else _HiddenToolsEnv(env)
+            return env if shown is real else NoToolsView(env)
 
         return make
 
