@@ -107,7 +107,7 @@ def bench_episodes(root: Path, n_units: int) -> dict:
 
 def main() -> None:
     from cadenza.scale import UnitCosts, predict_episodes_per_min, predict_tasks_per_min
-    from cadenza.tasks.source import fetch_source
+    from cadenza.tasks.fetch import fetch_source
     from cadenza.tasks.venv import ensure_base_env
 
     ap = argparse.ArgumentParser()

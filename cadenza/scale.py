@@ -5,8 +5,10 @@ CPU workers run sandboxed tool calls and grade, the trainer consumes a batch per
 throughput is a per-unit cost times a count; the slowest stage sets the run's pace, and the worker
 cores needed are what keeps the workers from being that stage. ``python -m cadenza.scale --help``.
 
-Per-unit costs default to figures measured on this project's reference machine (see docs/scale.md
-and ``bench/scale.py``, which also checks the model's predictions against a local Ray cluster).
+The task-build cost defaults to the figure measured here (``bench/tasks_build.py``); the other
+defaults are illustrative GPU-cluster assumptions, not measurements: pass your own (docs/scale.md lists
+what was measured on the 2-core reference machine; ``bench/scale.py`` checks the predictions against
+a local Ray cluster).
 """
 
 from __future__ import annotations
@@ -19,20 +21,21 @@ from dataclasses import asdict, dataclass, fields
 
 @dataclass(kw_only=True)
 class UnitCosts:
-    """Measured costs of one unit of work (defaults: the reference CPU machine; replace with yours)."""
+    """Costs of one unit of work (replace the defaults with your own measurements)."""
 
-    build_core_s_per_task: float = 4.0
-    """Core-seconds to build one validated task (bench/tasks_build.py: ~15 tasks per core-minute)."""
+    build_core_s_per_task: float = 5.2
+    """Core-seconds to build one validated task (measured: bench/tasks_build.py, ~11.6 tasks per
+    core-minute on cachetools and toolz with validation in bubblewrap)."""
     sandbox_core_s_per_episode: float = 2.0
-    """Core-seconds of sandboxed tool execution per episode (tests run by the agent, shells)."""
+    """Core-seconds of sandboxed tool execution per episode (tests run by the agent, shells); assumed."""
     grade_core_s_per_episode: float = 1.5
-    """Core-seconds to grade one episode (fresh copy + the task's test selection)."""
+    """Core-seconds to grade one episode (fresh copy + the task's test selection); assumed."""
     tokens_per_episode: int = 6000
-    """Generated tokens per episode (all turns)."""
+    """Generated tokens per episode (all turns); assumed."""
     engine_tokens_per_s: float = 2500.0
-    """Generated tokens per second of one engine GPU at the batch sizes of the run."""
+    """Generated tokens per second of one engine GPU at the batch sizes of the run; assumed."""
     trainer_s_per_step: float = 30.0
-    """Seconds one optimizer step takes on the trainer GPUs for ``episodes_per_step`` episodes."""
+    """Seconds one optimizer step takes on the trainer GPUs for ``episodes_per_step`` episodes; assumed."""
 
 
 @dataclass(kw_only=True)
