@@ -7,11 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from cadenza.experiments.corpus import corpus
-from cadenza.experiments.tool_hints import CALL_PIECES, _plain_text
 from cadenza.feedback.generate import FeedbackConfig
 from cadenza.metrics import read_metrics
-from cadenza.rl.chat import CHAT_TEMPLATE, train_tokenizer
 from cadenza.rl.checkpoint import latest_checkpoint
 from cadenza.rl.config import (
     EnvConfig,
@@ -24,39 +21,8 @@ from cadenza.rl.config import (
     TeacherConfig,
     TrainConfig,
 )
-from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
 from cadenza.rl.probe import KEYS, HintFollowingEroded
-from cadenza.rl.sft import SFTConfig, encode_messages, supervised_finetune
 from cadenza.rl.trainer import Trainer
-
-
-@pytest.fixture(scope="module")
-def sft_model(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("sft")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        transcripts = corpus(seed=7, n=200)
-        tok = train_tokenizer(
-            [_plain_text(m) for t in transcripts for m in t] + ["assistant\n"] * 20,
-            vocab_size=400,
-            extra_special_tokens=CALL_PIECES,
-        )
-        tok.chat_template = CHAT_TEMPLATE
-        policy = HFPolicy.from_config(
-            tiny_qwen3_config(len(tok), hidden_size=32, intermediate_size=64, head_dim=8), seed=0
-        )
-        supervised_finetune(
-            policy,
-            tok,
-            [encode_messages(tok, m) for m in transcripts],
-            SFTConfig(steps=60, batch_size=16, lr=1e-2),
-        )
-        policy.model.save_pretrained(str(out))
-        tok.save_pretrained(str(out))
-    finally:
-        torch.set_num_threads(threads)
-    return out
 
 
 def _cfg(model: Path, out: Path, weights: str, *, lr: float, stop_ratio: float = 0.0) -> TrainConfig:
