@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         ),
         steps: int = typer.Option(3, "--steps", help="RL steps."),
         model: Path | None = typer.Option(
-            None, "--model", help="Local HF checkpoint (with its tokenizer) as the policy."
+            None, "--model", help="Local HF checkpoint (with its tokenizer), or smollm2, as the policy."
         ),
         device: str = typer.Option("cpu", "--device", help="Torch device for the policy, e.g. cuda."),
         task_set: Path | None = typer.Option(

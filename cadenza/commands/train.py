@@ -29,6 +29,11 @@ def register(app: typer.Typer) -> None:
             help="Override rollout.ray_address (host:port or auto; default: private cluster).",
         ),
         workers: int = typer.Option(0, "--workers", help="Override rollout.workers (Ray rollout actors)."),
+        model: str = typer.Option(
+            "",
+            "--model",
+            help="Override model.path: an HF directory, or smollm2 (offline SmolLM2-135M-Instruct).",
+        ),
     ) -> None:
         """Train a policy with GRPO plus self-distillation from text hints; metrics, checkpoints, exact resume."""
         from cadenza import preflight
@@ -44,6 +49,8 @@ def register(app: typer.Typer) -> None:
             overrides["rollout.engine"] = engine
         if max_staleness is not None:
             overrides["rollout.max_staleness"] = max_staleness
+        if model:
+            overrides["model.path"] = model
         for key, value in (("executor", executor), ("ray_address", ray_address), ("workers", workers)):
             if value:
                 overrides[f"rollout.{key}"] = value

@@ -34,7 +34,9 @@ class ModelConfig:
     """``path``: an HF causal-LM directory. Empty ``path`` = random init from ``arch`` (tests, toy runs),
     which needs ``tokenizer`` (a directory saved with ``save_pretrained``, with a chat template)."""
 
-    path: str = ""  # an HF causal-LM directory (save_pretrained); empty = random init from the fields below
+    path: str = (
+        ""  # an HF causal-LM directory, or "smollm2" (offline SmolLM2-135M-Instruct); empty = random init
+    )
     tokenizer: str = ""  # tokenizer directory with a chat template; defaults to path
     arch: Literal["qwen3", "qwen3_moe"] = "qwen3"  # random init only, as are the sizes below
     hidden_size: int = 64  # model width
@@ -200,6 +202,9 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     cfg.feedback.validate()
     m = cfg.model
     if m.path:
+        from cadenza.rl.models import resolve_model
+
+        m.path = resolve_model(m.path)  # "smollm2": the offline pretrained model (docs/engines.md)
         p = _resolve(m.path, base)
         need(
             p.is_dir(),

@@ -47,7 +47,9 @@ class DemoConfig:
     transcripts: int = 200
     sft_steps: int = 30
     vocab_size: int = 600
-    model: str | None = None  # a local HF checkpoint (with its tokenizer) instead of the tiny policy
+    model: str | None = (
+        None  # a local HF checkpoint (with its tokenizer), or "smollm2", instead of the tiny policy
+    )
     device: str = "cpu"
     seed: int = 0
     escalate: bool = True
@@ -270,12 +272,17 @@ def run_demo(cfg: DemoConfig, console: Any = None, log: Any = print) -> DemoResu
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the demo shows its own progress; shard bars are noise here
-    task_set = prepare_tasks(cfg, console)
-    if cfg.model:
-        model_dir = Path(cfg.model).expanduser().resolve()
+    model_dir = None
+    if cfg.model:  # checked (and SmolLM2 converted) before the task build, not after it
+        from cadenza.rl.models import resolve_model
+
+        model_dir = Path(resolve_model(cfg.model)).expanduser().resolve()
         if not model_dir.is_dir():
-            raise CadenzaError(f"--model {cfg.model!r} is not a directory; point it at a local HF checkpoint")
-    else:
+            raise CadenzaError(
+                f"--model {cfg.model!r} is not a directory; point it at a local HF checkpoint or use smollm2"
+            )
+    task_set = prepare_tasks(cfg, console)
+    if model_dir is None:
         model_dir = build_tiny_policy(TaskStore(task_set).task_dirs(), cfg.out / "policy", cfg, log)
     trainer = Trainer(train_config(cfg, task_set, model_dir))
     rows = trainer.train()

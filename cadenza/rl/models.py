@@ -78,3 +78,12 @@ def ensure_smollm2(cache_dir: str | Path | None = None) -> Path:
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+MODEL_ALIASES = ("smollm2",)
+
+
+def resolve_model(spec: str) -> str:
+    """``smollm2`` -> the cached SmolLM2-135M-Instruct directory (converted once, offline); any other
+    value is returned unchanged (a local HF directory)."""
+    return str(ensure_smollm2()) if spec.strip().lower() == "smollm2" else spec

