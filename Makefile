@@ -18,13 +18,18 @@ $(BIN)/.ready: pyproject.toml
 	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) torch==2.13.0
 	@$(PIP) -e '.[train,dev]'
 	@$(BIN)/python -c "import cadenza.cli" || { echo "error: the install into $(VENV) failed; rerun with: $(BIN)/python -m pip install -e '.[train,dev]'" >&2; exit 1; }
-	@$(BIN)/python -m cadenza.rl.engines.install  # vLLM in its own venv ($(VENV)/vllm) + SmolLM2 (see docs/engines.md)
+	@touch $@
+
+# The vLLM engine (its own venv, $(VENV)/vllm) and the offline SmolLM2 model: what the engine tests need.
+# `make demo` does not wait for it (its toy policy samples faster in-process; see docs/engines.md).
+$(VENV)/.engines: $(BIN)/.ready
+	@$(BIN)/python -m cadenza.rl.engines.install
 	@touch $@
 
 demo: prereqs $(BIN)/.ready
 	$(BIN)/cadenza demo
 
-test: prereqs $(BIN)/.ready
+test: prereqs $(BIN)/.ready $(VENV)/.engines
 	$(BIN)/python -m pytest -q tests
 
 # About 2 minutes: the unit tests not marked slow (no PyPI builds, no distributed runs; see pyproject.toml).

@@ -236,6 +236,14 @@ def validate_engine(r: RolloutConfig) -> None:
         raise ConfigError(f"rollout.max_staleness must be >= 0 (0 = synchronous), got {r.max_staleness}")
     if not r.engine_timeout_s > 0:
         raise ConfigError("rollout.engine_timeout_s must be > 0 (seconds)")
+    if r.engine == "vllm":
+        from cadenza.rl.engines.vllm_server import vllm_installed
+
+        if not vllm_installed(r.engine_options.get("python")):
+            raise ConfigError(
+                "rollout.engine = 'vllm' needs vLLM, which is not installed; run: "
+                "python -m cadenza.rl.engines.install (or make test, which runs it)"
+            )
     if r.executor not in ("local", "ray"):
         raise ConfigError(f"rollout.executor = {r.executor!r} is not allowed; use 'local' or 'ray'")
     if r.executor == "ray":

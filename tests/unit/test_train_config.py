@@ -120,3 +120,14 @@ def test_model_path_smollm2_is_the_offline_pretrained_model(tmp_path):
     assert (path / "config.json").is_file() and "smollm2" in path.name
     assert json.loads((path / "config.json").read_text())["model_type"] == "llama"
     assert load_tokenizer(str(path)).chat_template
+
+
+def test_vllm_engine_without_vllm_is_one_line_before_work(tmp_path):
+    """An interpreter without vLLM (this one: vLLM lives in its own venv) stands for a missing install."""
+    import sys
+
+    text = f'[model]\ntokenizer = "tok"\n[rollout]\nengine = "vllm"\nengine_options = {{python = "{sys.executable}"}}'
+    with pytest.raises(
+        ConfigError, match=r"needs vLLM, which is not installed; run: python -m cadenza.rl.engines"
+    ):
+        load_config(write(tmp_path, text))
