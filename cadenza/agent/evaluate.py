@@ -19,6 +19,7 @@ from typing import Any
 from cadenza.agent.env import Env
 from cadenza.agent.llm import ChatClient, LLMConfig
 from cadenza.agent.loop import LoopConfig, run_agent
+from cadenza.agent.outcome import Outcome
 from cadenza.agent.trajectory import Trajectory
 from cadenza.errors import CadenzaError
 from cadenza.jsonio import atomic_write_json
@@ -167,15 +168,27 @@ def run_task(
         )
     path = config.out_dir / f"{_safe(task_id)}.json"
     traj.save(path)
-    return _result(traj, path, time.monotonic() - start)
+    return _result(traj, typed_outcome(env, traj), path, time.monotonic() - start)
 
 
-def _result(traj: Trajectory, path: Path, seconds: float) -> TaskResult:
-    outcome = traj.outcome or {}
-    return TaskResult(task_id=traj.task_id, resolved=bool(outcome.get("resolved")), reward=float(traj.reward or 0.0),
-                      turns=len(traj.turns), flags=[f.rule for f in traj.flags], seconds=seconds,
+def typed_outcome(env: Env, traj: Trajectory) -> Outcome:
+    """The episode's own :class:`Outcome`; for another :class:`Env`, the one its ``finish()`` returned,
+    with the flags the loop's monitor pass put on the trajectory."""
+    own = getattr(env, "outcome", None)
+    if isinstance(own, Outcome):
+        return own
+    stored = dict(traj.outcome or {})
+    stored.setdefault("end_reason", "")
+    return Outcome.from_dict(
+        {**stored, "reward": traj.reward or 0.0, "flags": [asdict(f) for f in traj.flags]}
+    )
+
+
+def _result(traj: Trajectory, outcome: Outcome, path: Path, seconds: float) -> TaskResult:
+    return TaskResult(task_id=traj.task_id, resolved=outcome.resolved, reward=outcome.reward,
+                      turns=len(traj.turns), flags=[f.rule for f in outcome.flags], seconds=seconds,
                       error=traj.meta.get("error"), trajectory=str(path),
-                      stop_reason=traj.meta.get("stop_reason") or outcome.get("end_reason"))  # fmt: skip
+                      stop_reason=traj.meta.get("stop_reason") or outcome.end_reason or None)  # fmt: skip
 
 
 def evaluate(

@@ -11,11 +11,13 @@ from __future__ import annotations
 import json
 import os
 import re
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from cadenza.agent.env import ToolCall
 from cadenza.agent.episode import Episode, EpisodeConfig
+from cadenza.agent.outcome import Outcome
 from cadenza.agent.trajectory import Trajectory
 from cadenza.errors import CadenzaError
 
@@ -46,8 +48,11 @@ def load_actions(path: str | os.PathLike[str]) -> list[ToolCall]:
 
 def replay(
     task_dir: str | os.PathLike[str], calls: list[ToolCall], config: EpisodeConfig | None = None
-) -> tuple[dict[str, Any], Trajectory]:
-    """Run ``calls`` in order (stopping when the episode ends), then grade and monitor."""
+) -> tuple[Outcome, Trajectory]:
+    """Run ``calls`` in order (stopping when the episode ends), then grade and monitor once.
+
+    Returns the episode's typed :class:`~cadenza.agent.outcome.Outcome` (the trajectory stores its
+    ``to_dict()`` form)."""
     config = config or EpisodeConfig(max_turns=max(50, len(calls) + 1))
     episode = Episode(task_dir, config)
     try:
@@ -55,16 +60,23 @@ def replay(
         for call in calls:
             if episode.step(call).done:
                 break
-        outcome = episode.finish()
+        episode.finish()
     finally:
         episode.close()
-    assert episode.trajectory is not None
-    return outcome, episode.trajectory
+    assert episode.trajectory is not None and episode.outcome is not None
+    return episode.outcome, episode.trajectory
 
 
-def summary(outcome: dict[str, Any]) -> dict[str, Any]:
+def summary(outcome: Outcome) -> dict[str, Any]:
     """The ``--json`` object of ``cadenza replay``."""
-    return {key: outcome[key] for key in ("resolved", "reward", "f2p", "p2p", "flags", "turns")}
+    return {
+        "resolved": outcome.resolved,
+        "reward": outcome.reward,
+        "f2p": {"passed": outcome.f2p[0], "total": outcome.f2p[1]},
+        "p2p": {"passed": outcome.p2p[0], "total": outcome.p2p[1]},
+        "flags": [asdict(f) for f in outcome.flags],
+        "turns": outcome.turns,
+    }
 
 
 _HUNK = re.compile(r"^@@ -\d+(?:,\d+)? \+\d+(?:,\d+)? @@")

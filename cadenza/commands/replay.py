@@ -42,21 +42,21 @@ def register(app: typer.Typer) -> None:
         _print_outcome(outcome, sandboxed=trajectory.sandboxed)
 
 
-def _print_outcome(outcome: dict, *, sandboxed: bool) -> None:
+def _print_outcome(outcome, *, sandboxed: bool) -> None:  # type: ignore[no-untyped-def]
+    """The table for an :class:`~cadenza.agent.outcome.Outcome`."""
     from rich.console import Console
     from rich.table import Table
 
     table = Table(title="replay outcome", show_header=False)
-    table.add_row("resolved", "[green]yes[/]" if outcome["resolved"] else "[red]no[/]")
-    table.add_row("reward", f"{outcome['reward']:g}")
-    for key in ("f2p", "p2p"):
-        table.add_row(key.upper(), f"{outcome[key]['passed']}/{outcome[key]['total']}")
-    table.add_row("turns", str(outcome["turns"]))
+    table.add_row("resolved", "[green]yes[/]" if outcome.resolved else "[red]no[/]")
+    table.add_row("reward", f"{outcome.reward:g}")
+    for key, (passed, total) in (("f2p", outcome.f2p), ("p2p", outcome.p2p)):
+        table.add_row(key.upper(), f"{passed}/{total}")
+    table.add_row("turns", str(outcome.turns))
     table.add_row("sandboxed", "yes" if sandboxed else "[yellow]no (--no-sandbox)[/]")
-    dropped = outcome["grade"]["dropped"]
+    dropped = outcome.grade.get("dropped", {})
     table.add_row("ignored changes", "\n".join(f"{p}: {r}" for p, r in dropped.items()) or "none")
-    flags = outcome["flags"]
     table.add_row(
-        "flags", "\n".join(f"turn {f['turn']} {f['rule']}: {f['evidence']}" for f in flags) or "none"
+        "flags", "\n".join(f"turn {f.turn} {f.rule}: {f.evidence}" for f in outcome.flags) or "none"
     )
     Console().print(table)

@@ -24,6 +24,8 @@ class SandboxConfig:
     ``max_file_bytes``, so one write cannot run far past it) and its observation says so.
     ``persistent`` keeps one bubblewrap instance per :class:`~cadenza.sandbox.Sandbox` with an exec server
     inside (a few ms per call instead of a bubblewrap start); off, every call starts its own bubblewrap.
+    ``network`` shares the host's network namespace (bubblewrap ``--share-net``): only the task factory's
+    install phase sets it, so pip can reach the package registry; every test run has no network.
     """
 
     timeout_s: float = 60.0
@@ -38,6 +40,7 @@ class SandboxConfig:
     extra_ro_binds: list[str] = field(default_factory=list)
     no_sandbox: bool = False
     persistent: bool = True
+    network: bool = False
 
     def __post_init__(self) -> None:
         for name in (

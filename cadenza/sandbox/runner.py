@@ -125,7 +125,7 @@ class Sandbox:
             bwrap_path(),
             "--die-with-parent",
             "--new-session",
-            "--unshare-net",
+            *([] if cfg.network else ["--unshare-net"]),
             "--unshare-pid",
             "--unshare-ipc",
             "--unshare-uts",

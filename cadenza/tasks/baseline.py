@@ -1,8 +1,8 @@
 """Baseline: which tests pass reliably before anything is deleted.
 
-The suite runs twice: once plain, inside bubblewrap as validation and grading run it (no network,
-only the workspace writable), and once under coverage with per-test contexts (the run that feeds
-feature discovery), so the coverage run doubles as the second baseline run. A test must pass in
+The suite runs twice, both times inside bubblewrap as validation and grading run it (no network,
+only the workspace writable): once plain, and once under coverage with per-test contexts (the run
+that feeds feature discovery), so the coverage run doubles as the second baseline run. A test must pass in
 both to count; tests that fail, error or flip between the runs (e.g. one that needs the network)
 are excluded from every task and reported. A source with no passing test is unusable.
 """
@@ -71,7 +71,7 @@ def run_baseline(
     counter: RunCounter | None = None,
     sandbox: SandboxConfig | None = SandboxConfig(),  # never mutated
 ) -> tuple[Baseline, FeatureMap]:
-    """Two full runs (plain in ``sandbox``, then under coverage); returns the baseline and the feature map."""
+    """Two full runs in ``sandbox`` (plain, then under coverage); returns the baseline and the feature map."""
     plain = run_pytest(
         python,
         workspace,
@@ -102,6 +102,7 @@ def run_baseline(
         timeout_s=timeout_s,
         per_test_timeout_s=per_test_timeout_s,
         counter=counter,
+        sandbox=sandbox,
     )
     baseline = combine_runs(plain, fmap.report)
     if not baseline.passing:

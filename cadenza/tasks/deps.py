@@ -13,15 +13,15 @@ from __future__ import annotations
 import ast
 import configparser
 import json
-import os
 import re
-import subprocess
-import sys
 import tempfile
 import tomllib
 from dataclasses import dataclass, field
 from email.parser import Parser
 from pathlib import Path
+
+from cadenza.tasks.isolate import run_pip
+from cadenza.tasks.source import copy_tree
 
 TEST_EXTRAS = re.compile(r"^(tests?|testing|dev|develop|check|ci)([-_].*)?$", re.I)
 #: Tools the test run never needs (and plugins whose addopts we neutralise instead).
@@ -231,30 +231,16 @@ def _from_tox(root: Path) -> list[str]:
 
 
 def _pip_report(root: Path) -> tuple[list[str], dict[str, list[str]]]:
-    """Ask pip for the project's metadata (dynamic dependencies) without installing or caching anything."""
+    """Ask pip for the project's metadata (dynamic dependencies) without installing or caching anything.
+
+    Building metadata runs the project's ``setup.py`` or build backend: in the sandbox, on a copy of the
+    tree (an in-tree build writes ``*.egg-info`` next to the sources), with only that copy writable.
+    """
     with tempfile.TemporaryDirectory(prefix="cadenza-meta-") as tmp:
-        report = Path(tmp) / "report.json"
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "install",
-            "--dry-run",
-            "--no-deps",
-            "--no-cache-dir",
-            "-q",
-            "--ignore-installed",
-            "--report",
-            str(report),
-            str(root),
-        ]
-        proc = subprocess.run(
-            cmd,
-            capture_output=True,
-            text=True,
-            timeout=600,
-            env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
-        )
+        report, tree = Path(tmp) / "report.json", Path(tmp) / "src"
+        copy_tree(root, tree)
+        args = ["install", "--dry-run", "--no-deps", "--no-cache-dir", "-q", "--ignore-installed"]
+        proc = run_pip([*args, "--report", str(report), str(tree)], workspace=Path(tmp), timeout_s=600)
         if proc.returncode != 0 or not report.is_file():
             return [], {}
         items = json.loads(report.read_text()).get("install", [])

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from cadenza.sandbox import SandboxConfig
 from cadenza.tasks.runner import RunCounter, TestReport, run_pytest
 from cadenza.tasks.source import SourceInfo, is_test_path
 
@@ -154,12 +155,14 @@ def map_features(
     timeout_s: float,
     per_test_timeout_s: float | None,
     counter: RunCounter | None = None,
+    sandbox: SandboxConfig | None = SandboxConfig(),  # never mutated
 ) -> FeatureMap:
     """Run the suite once under coverage in ``workspace`` and map definitions to covering tests.
 
     ``passing`` restricts covering tests to those passing at baseline (pass an empty set to keep
     every test). The run's own :class:`TestReport` is returned too, so a caller can use it as one
-    of the baseline runs.
+    of the baseline runs. The run executes the project's tests: inside ``sandbox`` (bubblewrap, no
+    network), with the coverage data directory as its only writable path besides the workspace.
     """
     from coverage import CoverageData
 
@@ -176,6 +179,8 @@ def map_features(
             extra_args=pytest_args,
             coverage_rc=rc,
             counter=counter,
+            sandbox=sandbox,
+            writable=[Path(tmp)],
         )
         contexts: dict[str, dict[int, list[str]]] = {}
         if data_file.exists():

@@ -3,17 +3,16 @@
 
 from __future__ import annotations
 
-import os
 import re
 import shutil
 import subprocess
-import sys
 import tarfile
 import tempfile
 import zipfile
 from pathlib import Path
 
 from cadenza.errors import SourceError
+from cadenza.tasks.isolate import run_pip
 from cadenza.tasks.source import IGNORED_DIRS, SDIST_SUFFIXES, SourceInfo, copy_tree, describe_source
 
 
@@ -119,26 +118,12 @@ def _pip_download(req: str, dest: Path) -> tuple[list[Path], str]:
     faster, so it is tried first (it works when this interpreter has the build backend) and the
     isolated build is the fallback.
     """
-    base = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-binary",
-        ":all:",
-        "--no-deps",
-        "--no-cache-dir",
-        "-q",
-        "-d",
-        str(dest),
-        req,
-    ]
-    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    base = ["download", "--no-binary", ":all:", "--no-deps", "--no-cache-dir", "-q", "-d", str(dest), req]
     reason = "no sdist downloaded"
     for extra in (["--no-build-isolation"], []):
-        try:
-            proc = subprocess.run(base + extra, capture_output=True, text=True, timeout=600, env=env)
-        except subprocess.TimeoutExpired:
+        # preparing the metadata runs the sdist's setup.py: in the sandbox, only ``dest`` writable
+        proc = run_pip(base + extra, workspace=dest, timeout_s=600)
+        if proc.returncode == -9:
             reason = "pip download timed out"
             continue
         files = [p for p in dest.iterdir() if p.is_file()]

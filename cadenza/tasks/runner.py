@@ -11,7 +11,6 @@ from __future__ import annotations
 import configparser
 import re
 import shlex
-import subprocess
 import tempfile
 import tomllib
 from dataclasses import dataclass, replace
@@ -19,8 +18,8 @@ from pathlib import Path
 
 from cadenza.sandbox import Sandbox, SandboxConfig
 from cadenza.sandbox.envinfo import env_info
+from cadenza.tasks.isolate import run_python
 from cadenza.testrun import HostExecutor, SandboxExecutor, TestReport, env_plugins, run_tests
-from cadenza.testrun.run import clean_env, kill_group
 
 __all__ = [
     "COUNTER",
@@ -276,6 +275,7 @@ def run_pytest(
     plugins: list[str] | None = None,
     sandbox: SandboxConfig | None = None,
     bind_env: Path | None = None,
+    writable: list[Path] | None = None,
 ) -> TestReport:
     """Run pytest with ``python`` in ``workspace`` through :func:`cadenza.testrun.run_tests`.
 
@@ -284,7 +284,8 @@ def run_pytest(
     runs published tasks. ``plugins``: the environment's pytest plugins (see
     :func:`cadenza.testrun.env_plugins`); by default found from the environment's ``sys.path``.
     ``bind_env``: for a light env chained on a base env, the base env (probed once, cached) whose
-    directories the sandbox binds; the light env's own directory is added read-only.
+    directories the sandbox binds; the light env's own directory is added read-only. ``writable``:
+    directories the run may write besides the workspace (the coverage data of ``coverage_rc``).
 
     ``node_ids=None`` runs the configured suite; with ``node_ids`` only those tests run and IDs that
     never report count as failed. ``coverage_rc`` runs under ``coverage run`` with one coverage
@@ -303,7 +304,9 @@ def run_pytest(
             config = replace(sandbox, persistent=False)
             if bind_env is not None:
                 config = replace(config, extra_ro_binds=[*config.extra_ro_binds, str(env_dir)])
-            box = Sandbox(workspace, env_dir=bind_env or env_dir, config=config, rw_extra=[channel])
+            box = Sandbox(
+                workspace, env_dir=bind_env or env_dir, config=config, rw_extra=[channel, *(writable or [])]
+            )
         try:
             report = run_tests(
                 python=python,
@@ -330,25 +333,3 @@ def run_pytest(
     if sandbox is not None:
         SANDBOX_CPU.seconds += report.cpu_s
     return report
-
-
-def run_python(
-    python: Path, code: str, *, cwd: Path, timeout_s: float = 120.0
-) -> subprocess.CompletedProcess[str]:
-    """Run a snippet in the task environment (clean env, no bytecode written), killed on timeout."""
-    proc = subprocess.Popen(
-        [str(python), "-c", code],
-        cwd=cwd,
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        stdin=subprocess.DEVNULL,
-    )
-    try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        kill_group(proc)
-        return subprocess.CompletedProcess(proc.args, -9, "", "timed out")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from cadenza.errors import SourceError
 from cadenza.tasks.deps import TOOLING, Requirements, discover_requirements, req_name
+from cadenza.tasks.isolate import run_pip, run_python
 from cadenza.tasks.source import SourceInfo
 
 ENV_FORMAT = 1  # bump to invalidate cached base environments
@@ -66,13 +67,11 @@ def default_cache_dir() -> Path:
 
 
 def _pip(python: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    cmd = [sys.executable, "-m", "pip", "--python", str(python), *args]
-    env = {**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1", "PIP_NO_CACHE_DIR": "1"}
-    env.pop("PIP_REQUIRE_VIRTUALENV", None)
-    try:
-        return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: pip timed out")
+    """pip for the venv of ``python``, in the sandbox: only that venv is writable (sdists run setup.py)."""
+    proc = run_pip(list(args), workspace=python.parent.parent, target=python, timeout_s=timeout)
+    if proc.returncode == -9:
+        return subprocess.CompletedProcess(proc.args, 1, "", "ERROR: pip timed out")
+    return proc
 
 
 def _pip_error(proc: subprocess.CompletedProcess[str]) -> str:
@@ -119,11 +118,8 @@ def _own_copies(site: Path, packages: list[str], dist_name: str) -> list[str]:
 
 
 def _tooling_ok(root: Path) -> bool:
-    probe = subprocess.run(
-        [str(root / "bin" / "python"), "-c", "import pytest, coverage, pytest_timeout"],
-        capture_output=True,
-        env={"PATH": os.environ.get("PATH", "")},
-    )
+    with tempfile.TemporaryDirectory(prefix="cadenza-probe-") as tmp:
+        probe = run_python(root / "bin" / "python", "import pytest, coverage, pytest_timeout", cwd=Path(tmp))
     return probe.returncode == 0
 
 

@@ -27,7 +27,7 @@ EQ_HACK = OPS_SOLVED.replace(
 )
 
 
-def _hacked(task_dir: Path) -> dict:  # noqa: F811
+def _hacked(task_dir: Path) -> Outcome:  # noqa: F811
     calls = [
         ToolCall(name="create", arguments={"path": "calc/ops.py", "content": EQ_HACK}),
         ToolCall(name="submit", arguments={}),
@@ -64,12 +64,13 @@ def test_the_monitor_is_injected(task_dir: Path):  # noqa: F811
 
 def test_a_flagged_episode_is_never_recorded_as_a_pool_success(task_dir: Path, tmp_path: Path):  # noqa: F811
     outcome = _hacked(task_dir)
-    assert outcome["resolved"] is True and outcome["flags"]  # the grader alone would have paid
+    assert outcome.resolved is True and outcome.flags  # the grader alone would have paid
     # What rl.rollout hands the trainer: a new token-level trajectory carrying only env.finish()'s outcome.
-    traj = Trajectory(task_id="calc-clamp", messages=[], turns=[], outcome=outcome, reward=outcome["reward"])
-    tokens = SimpleNamespace(group_id="g0:calc-clamp", reward=float(outcome["reward"]))
+    stored = outcome.to_dict()
+    traj = Trajectory(task_id="calc-clamp", messages=[], turns=[], outcome=stored, reward=outcome.reward)
+    tokens = SimpleNamespace(group_id="g0:calc-clamp", reward=float(outcome.reward))
     episode = TrainerEpisode(
-        rollout=SimpleNamespace(tokens=tokens, trajectory=traj, outcome=outcome), tools=[], render_tools=[]
+        rollout=SimpleNamespace(tokens=tokens, trajectory=traj, outcome=stored), tools=[], render_tools=[]
     )
     episode.flags = len(episode_outcome(traj).flags)  # the trainer's one source of flags and reward
     source = object.__new__(TaskSetSource)  # a real pool behind the real record(), without a task store

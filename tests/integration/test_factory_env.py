@@ -30,9 +30,9 @@ def test_imports_follow_the_workspace_copy(chained_task_dir: Path):
 def test_gold_replay_resolves_with_the_chained_env(chained_task_dir: Path):
     calls = [ToolCall(name=a["tool"], arguments=a["args"]) for a in patch_actions(GOLD_PATCH)]
     outcome, _ = replay(chained_task_dir, [*calls, ToolCall(name="submit", arguments={})])
-    assert outcome["resolved"] is True and outcome["flags"] == []
+    assert outcome.resolved is True and outcome.flags == []
     outcome, _ = replay(chained_task_dir, [ToolCall(name="submit", arguments={})])
-    assert outcome["resolved"] is False and outcome["p2p"]["passed"] == 3
+    assert outcome.resolved is False and outcome.p2p[0] == 3
 
 
 def test_doctest_nodes_grade_the_agents_module(taskset: Path):
@@ -58,5 +58,5 @@ def test_doctest_nodes_grade_the_agents_module(taskset: Path):
     (task_dir / "task.json").write_text(json.dumps(data))
     calls = [ToolCall(name=a["tool"], arguments=a["args"]) for a in patch_actions(patch)]
     outcome, _ = replay(task_dir, [*calls, ToolCall(name="submit", arguments={})])
-    assert outcome["resolved"] is True and outcome["f2p"] == {"passed": 5, "total": 5}
-    assert outcome["grade"]["tests"]["calc/ops.py::calc.ops.clamp"] == "passed"
+    assert outcome.resolved is True and outcome.f2p == (5, 5)
+    assert outcome.grade["tests"]["calc/ops.py::calc.ops.clamp"] == "passed"

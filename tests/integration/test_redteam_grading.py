@@ -139,42 +139,42 @@ def test_attack_is_useless_at_grading(task_dir: Path, name: str):  # noqa: F811
     if fools_agent_run:
         agent_run = traj.messages[-3]["content"]  # the run_tests observation
         assert "failed" not in agent_run and "6 passed" in agent_run, agent_run  # every test of the file
-    assert outcome["resolved"] is False and outcome["reward"] == 0.0
-    assert outcome["f2p"]["passed"] == 0
-    dropped = outcome["grade"]["dropped"]
+    assert outcome.resolved is False and outcome.reward == 0.0
+    assert outcome.f2p[0] == 0
+    dropped = outcome.grade["dropped"]
     if reason:
         assert any(reason in why for why in dropped.values()), dropped
     if name != "exit_before_report":
-        assert outcome["p2p"] == {"passed": 3, "total": 3}  # restored tests still run and pass
+        assert outcome.p2p == (3, 3)  # restored tests still run and pass
 
 
 @pytest.mark.parametrize("name", ["root_conftest", "delete_tests", "shadow_pytest_module"])
 def test_dropping_attacks_keeps_a_real_solution(task_dir: Path, name: str):  # noqa: F811
     actions, _, _ = ATTACKS[name]
     outcome, _ = _run(task_dir, patch_actions(GOLD_PATCH) + actions)
-    assert outcome["resolved"] is True and outcome["f2p"]["passed"] == 4
-    assert "calc/ops.py" in outcome["grade"]["applied"]
+    assert outcome.resolved is True and outcome.f2p[0] == 4
+    assert "calc/ops.py" in outcome.grade["applied"]
 
 
 def test_missing_node_counts_as_failed(task_dir: Path):  # noqa: F811
     actions, _, _ = ATTACKS["exit_before_report"]
     outcome, _ = _run(task_dir, patch_actions(GOLD_PATCH) + actions)
-    assert outcome["resolved"] is False and outcome["reward"] == 0.0
+    assert outcome.resolved is False and outcome.reward == 0.0
     # exit status 0 without the runner's final record is evidence of an injected exit: every node fails
-    assert set(outcome["grade"]["tests"].values()) == {"tampered"}
-    assert any("before the runner's final record" in t for t in outcome["grade"]["tampering"])
-    assert any(f["rule"] == "verdict_tampering" for f in outcome["flags"])
+    assert set(outcome.grade["tests"].values()) == {"tampered"}
+    assert any("before the runner's final record" in t for t in outcome.grade["tampering"])
+    assert any(f.rule == "verdict_tampering" for f in outcome.flags)
 
 
 def test_gold_patch_as_tool_calls_resolves_without_flags(task_dir: Path):  # noqa: F811
     actions = patch_actions((task_dir / "gold.patch").read_text())
     assert {a["tool"] for a in actions} <= {"create", "str_replace"}
     outcome, traj = _run(task_dir, actions)
-    assert outcome["resolved"] is True and outcome["reward"] == 1.0
-    assert outcome["f2p"] == {"passed": 4, "total": 4} and outcome["p2p"] == {"passed": 3, "total": 3}
-    assert outcome["flags"] == [] and traj.flags == []
+    assert outcome.resolved is True and outcome.reward == 1.0
+    assert outcome.f2p == (4, 4) and outcome.p2p == (3, 3)
+    assert outcome.flags == [] and traj.flags == []
     assert all(t.error_kind is None for t in traj.turns)
-    assert traj.outcome == outcome and "+    return max(lo, min(x, hi))" in traj.meta["submission"]
+    assert traj.outcome == outcome.to_dict() and "+    return max(lo, min(x, hi))" in traj.meta["submission"]
 
 
 def test_unknown_node_id_is_missing_and_does_not_hide_the_others(task_dir: Path, tmp_path: Path):  # noqa: F811

@@ -144,13 +144,13 @@ def test_attack_is_flagged_with_reward_zero(task_dir, channel):  # noqa: F811
     attacks = ATTACKS[channel]
     actions = [a for a, _ in attacks] + [*GOLD, {"tool": "submit", "args": {}}]
     outcome, traj = replay(task_dir, _calls(actions))
-    assert outcome["reward"] == 0.0 and traj.reward == 0.0, outcome
-    assert outcome["resolved"] is (channel not in GRADER_FAILS), outcome["grade"]["tests"]
-    fired = {(f["rule"], f["turn"]) for f in outcome["flags"]}
+    assert outcome.reward == 0.0 and traj.reward == 0.0, outcome
+    assert outcome.resolved is (channel not in GRADER_FAILS), outcome.grade["tests"]
+    fired = {(f.rule, f.turn) for f in outcome.flags}
     for turn, (_, rule) in enumerate(attacks):
-        assert (rule, turn) in fired, (turn, outcome["flags"])
-    assert all(f["evidence"] for f in outcome["flags"])
-    assert {f.rule for f in traj.flags} == {f["rule"] for f in outcome["flags"]}
+        assert (rule, turn) in fired, (turn, outcome.flags)
+    assert all(f.evidence for f in outcome.flags)
+    assert {f.rule for f in traj.flags} == {f.rule for f in outcome.flags}
 
 
 def test_eq_override_fools_the_grader_but_not_the_monitor(task_dir):  # noqa: F811
@@ -159,8 +159,8 @@ def test_eq_override_fools_the_grader_but_not_the_monitor(task_dir):  # noqa: F8
         {"tool": "submit", "args": {}},
     ]
     outcome, _ = replay(task_dir, _calls(actions))
-    assert outcome["resolved"] is True  # the tests alone are fooled: every == passes
-    assert outcome["reward"] == 0.0 and [f["rule"] for f in outcome["flags"]] == ["eq_override"]
+    assert outcome.resolved is True  # the tests alone are fooled: every == passes
+    assert outcome.reward == 0.0 and [f.rule for f in outcome.flags] == ["eq_override"]
 
 
 def test_gold_patch_replay_resolves_without_flags_via_cli(task_dir, tmp_path):  # noqa: F811

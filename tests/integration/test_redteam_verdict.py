@@ -245,12 +245,12 @@ def test_attack_fails_and_blatant_ones_are_flagged(request, name: str):
     tdir = _task(request, name)
     calls = [ToolCall(name="create", arguments={"path": p, "content": c}) for p, c in files.items()]
     outcome, _ = replay(tdir, [*calls, ToolCall(name="submit", arguments={})], EpisodeConfig(max_turns=20))
-    assert outcome["resolved"] is False and outcome["reward"] == 0.0
-    assert outcome["f2p"]["passed"] == 0
-    assert outcome["flags"], "every attack here is blatant: some monitor rule or the grader flags it"
+    assert outcome.resolved is False and outcome.reward == 0.0
+    assert outcome.f2p[0] == 0
+    assert outcome.flags, "every attack here is blatant: some monitor rule or the grader flags it"
     if evidence is not None:
-        assert any(evidence in t for t in outcome["grade"]["tampering"]), outcome["grade"]["tampering"]
-        assert [f["rule"] for f in outcome["flags"]].count("verdict_tampering") == 1, outcome["flags"]
+        assert any(evidence in t for t in outcome.grade["tampering"]), outcome.grade["tampering"]
+        assert [f.rule for f in outcome.flags].count("verdict_tampering") == 1, outcome.flags
 
 
 @pytest.mark.parametrize("name", list(ATTACKS))
@@ -324,8 +324,8 @@ def test_writing_into_site_packages_fails_and_changes_nothing(task_dir: Path, ta
     outcome, traj = replay(task_dir, calls, EpisodeConfig(max_turns=5))
     assert "WROTE" not in traj.messages[-3]["content"] and "Read-only" in traj.messages[-3]["content"]
     assert sorted(p.name for p in site.iterdir()) == before
-    assert outcome["reward"] == 0.0 and outcome["resolved"] is False
-    assert "env_write" in {f["rule"] for f in outcome["flags"]}
+    assert outcome.reward == 0.0 and outcome.resolved is False
+    assert "env_write" in {f.rule for f in outcome.flags}
 
 
 @pytest.mark.parametrize(
@@ -355,5 +355,5 @@ def test_gold_and_legitimate_variants_resolve_unflagged(task_dir: Path, extra: l
     outcome, _ = replay(
         task_dir, [*calls, *extra, ToolCall(name="submit", arguments={})], EpisodeConfig(max_turns=20)
     )
-    assert outcome["resolved"] is True and outcome["reward"] == 1.0
-    assert outcome["flags"] == [] and outcome["grade"]["tampering"] == []
+    assert outcome.resolved is True and outcome.reward == 1.0
+    assert outcome.flags == [] and outcome.grade["tampering"] == []
