@@ -11,9 +11,16 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-IGNORED_DIRS = frozenset(
-    {".git", "__pycache__", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis", ".tox", ".nox"}
-)
+BYTECODE_DIRS = frozenset({"__pycache__"})
+IGNORED_DIRS = BYTECODE_DIRS | {
+    ".git",
+    ".pytest_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".hypothesis",
+    ".tox",
+    ".nox",
+}
 IGNORED_SUFFIXES = (".pyc", ".pyo")
 
 
@@ -31,15 +38,20 @@ class Changes:
         )
 
 
-def snapshot(root: Path) -> dict[str, str]:
-    """Relative path -> kind ('file', 'link', 'other') for everything but ignored dirs/bytecode."""
+def snapshot(root: Path, *, ignore_bytecode: bool = True) -> dict[str, str]:
+    """Relative path -> kind ('file', 'link', 'other') for everything but ignored dirs and bytecode.
+
+    ``ignore_bytecode=False`` (only for the grader's mutation tests) keeps ``__pycache__``/``*.pyc``.
+    """
+    ignored_dirs = IGNORED_DIRS if ignore_bytecode else IGNORED_DIRS - BYTECODE_DIRS
+    ignored_suffixes = IGNORED_SUFFIXES if ignore_bytecode else ()
     out: dict[str, str] = {}
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
         rel_dir = os.path.relpath(dirpath, root)
         keep = []
         for d in dirnames:
             full = os.path.join(dirpath, d)
-            if d in IGNORED_DIRS:
+            if d in ignored_dirs:
                 continue
             if os.path.islink(full):
                 out[os.path.normpath(os.path.join(rel_dir, d))] = "link"
@@ -47,7 +59,7 @@ def snapshot(root: Path) -> dict[str, str]:
                 keep.append(d)
         dirnames[:] = keep
         for f in filenames:
-            if f.endswith(IGNORED_SUFFIXES):
+            if ignored_suffixes and f.endswith(ignored_suffixes):
                 continue
             full = os.path.join(dirpath, f)
             kind = "link" if os.path.islink(full) else ("file" if os.path.isfile(full) else "other")
@@ -55,8 +67,9 @@ def snapshot(root: Path) -> dict[str, str]:
     return out
 
 
-def compare(pristine: Path, agent: Path) -> Changes:
-    before, after = snapshot(pristine), snapshot(agent)
+def compare(pristine: Path, agent: Path, *, ignore_bytecode: bool = True) -> Changes:
+    before = snapshot(pristine, ignore_bytecode=ignore_bytecode)
+    after = snapshot(agent, ignore_bytecode=ignore_bytecode)
     changes = Changes()
     for rel in sorted(after):
         if rel not in before:

@@ -151,7 +151,7 @@ def apply_changes(
     pristine: Path, agent: Path, dest: Path, policy: GradePolicy
 ) -> tuple[list[str], dict[str, str]]:
     """Apply the agent's kept changes to ``dest`` (a fresh copy of ``pristine``)."""
-    changes = compare(pristine, agent)
+    changes = compare(pristine, agent, ignore_bytecode=policy.defences.drop_bytecode)
     applied: list[str] = []
     dropped: dict[str, str] = {}
     agent_kinds = {rel: _kind(agent / rel) for rel in changes.added + changes.modified}

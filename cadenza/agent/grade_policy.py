@@ -29,13 +29,14 @@ METADATA_FILES = frozenset({"entry_points.txt", "direct_url.json", "RECORD", "PK
 @dataclass(kw_only=True)
 class Defences:
     """Grading defences, all on. Each can be switched off alone, only so that the mutation tests can show
-    that an attack then succeeds (``tests/integration/test_redteam_mutations.py``)."""
+    that an attack then succeeds (``tests/integration/test_redteam_verdict.py``)."""
 
     drop_tests: bool = True  # changes to test files and conftest.py are not applied
     drop_pytest_config: bool = True  # pytest.ini, tox.ini, setup.cfg, [tool.pytest] in pyproject.toml
     drop_startup_hooks: bool = True  # sitecustomize.py, usercustomize.py, *.pth
     drop_packaging_metadata: bool = True  # *.dist-info/, *.egg-info/, entry_points.txt
     drop_shadow_modules: bool = True  # new top-level modules named like an importable one (pytest.py)
+    drop_bytecode: bool = True  # __pycache__/ and *.pyc are never compared nor copied (cadenza.agent.diff)
     autoload_off: bool = True  # PYTEST_DISABLE_PLUGIN_AUTOLOAD=1: entry-point plugins never load
     clear_addopts: bool = True  # -o addopts= before the task's own (neutralised) pytest_args
     checks: Checks = field(default_factory=Checks)  # the result channel's checks

@@ -121,9 +121,9 @@ def pip_local_paths(env: dict[str, str]) -> list[str]:
             path = item[len("file://") :] if item.startswith("file://") else item
             if key.endswith("INDEX_URL") and item.startswith("file://"):
                 path = os.path.dirname(path.rstrip("/")) or path
-            if path.startswith("/") and path != "/" and os.path.exists(path):
-                if not path.startswith(SYSTEM_READABLE):
-                    paths.append(path)
+            local = path.startswith("/") and path != "/" and not path.startswith(SYSTEM_READABLE)
+            if local and os.path.exists(path):
+                paths.append(path)
     return paths
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from tests.sandbox_fixtures import (  # noqa: F401
     F2P,
     FILES,
     GOLD_PATCH,
+    OPS_SOLVED,
     P2P,
     chained_task_dir,
     task_dir,
@@ -280,6 +282,7 @@ def test_every_defence_is_exercised():
     switches |= {f"checks.{f.name}" for f in dataclasses.fields(Checks)}
     covered = {s for _, stoppers, _, _ in ATTACKS.values() for s in stoppers}
     covered |= {"drop_pytest_config", "drop_shadow_modules", "checks.node_ids", "checks.end_record"}
+    covered |= {"drop_bytecode"}  # test_planted_bytecode_resolves_only_with_drop_bytecode_off
     assert covered == switches
 
 
@@ -314,6 +317,30 @@ def test_config_and_shadow_drops(task_dir: Path, tmp_path: Path, layer: str, fil
     off = grade(task_dir, ws, defences=_defences([layer]))
     assert set(files) & set(off.applied)
     assert off.tampering != [] or off.p2p_passed < len(P2P)  # the attack reached the run
+
+
+# Compiles the solved module into the workspace's bytecode cache as an unchecked-hash .pyc, which the
+# interpreter loads without looking at the (unchanged, feature-less) source next to it.
+PLANT_PYC = (
+    "import importlib.util, py_compile, sys\n"
+    "py_compile.compile(sys.argv[1], importlib.util.cache_from_source(sys.argv[2]), doraise=True,\n"
+    "                   invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)\n"
+)
+
+
+def test_planted_bytecode_resolves_only_with_drop_bytecode_off(task_dir: Path, task_env: Path, tmp_path):  # noqa: F811
+    """The first bytecode layer alone: no test file is involved, so restoring tests/ cannot stop it."""
+    ws = _workspace(task_dir, tmp_path, {})
+    solved = tmp_path / "solved_ops.py"
+    solved.write_text(OPS_SOLVED)
+    py = str(task_env / "bin" / "python")
+    subprocess.run([py, "-c", PLANT_PYC, str(solved), str(ws / "calc/ops.py")], check=True, timeout=60)
+    assert list((ws / "calc/__pycache__").glob("ops.*.pyc"))
+    on = grade(task_dir, ws)
+    assert on.resolved is False and on.f2p_passed == 0 and on.p2p_passed == len(P2P)
+    off = grade(task_dir, ws, defences=_defences(["drop_bytecode"]))
+    assert off.resolved is True and off.f2p_passed == len(F2P), (off.tests, off.applied)
+    assert any(rel.endswith(".pyc") for rel in off.applied)
 
 
 def test_writing_into_site_packages_fails_and_changes_nothing(task_dir: Path, task_env: Path):  # noqa: F811
