@@ -54,8 +54,12 @@ def wait_popen(proc: subprocess.Popen, deadline: float | None) -> int | None:
         return None
 
 
-def kill_tree(pid: int, cgroup: PidsCgroup | None, spare: int | None) -> None:
-    """Kill a command's process group and, with a cgroup, every other member but ``spare``."""
+def kill_tree(pid: int, cgroup: PidsCgroup | None = None, spare: int | None = None) -> None:
+    """Kill a process tree: the process group led by ``pid`` (every process cadenza starts leads its own
+    session) and, with a cgroup, every other member but ``spare``, waiting until they are gone.
+
+    The one tree-kill helper: sandbox calls, the exec server's instance, host test runs.
+    """
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
     if cgroup is not None:

@@ -146,17 +146,7 @@ class PidsCgroup:
             time.sleep(0.0005)
 
     def kill_all_and_remove(self, timeout_s: float = 5.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            pids = self.pids()
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            if time.monotonic() > deadline:
-                break
-            time.sleep(0.0005)
+        self.kill_all(wait_s=timeout_s)
         with contextlib.suppress(OSError):
             self.path.rmdir()
 

@@ -25,7 +25,7 @@ from cadenza.sandbox.config import SandboxConfig
 from cadenza.sandbox.envinfo import EnvInfo, env_info
 from cadenza.sandbox.execute import ExecResult, Handle, disk_usage, execute, kill_tree, wait_popen
 from cadenza.sandbox.limits import PidsCgroup, make_preexec, pids_cgroup_root
-from cadenza.sandbox.server import ExecServer, ServerDied
+from cadenza.sandbox.server import ExecServer, ServerDied, program_bind
 from cadenza.sandbox.spawner import Spawner
 
 INSTALL_HINT = (
@@ -119,7 +119,8 @@ class Sandbox:
         env.update(extra or {})
         return env
 
-    def _bwrap_prefix(self) -> list[str]:
+    def _bwrap_prefix(self, extra: list[str] | None = None) -> list[str]:
+        """The bwrap options of every call; ``extra`` binds go in before the root is made read-only."""
         cfg = self.config
         argv = [
             bwrap_path(),
@@ -166,7 +167,7 @@ class Sandbox:
                 argv += ["--ro-bind", p, p]
         for p in self.plan.rw:
             argv += ["--bind", p, p]
-        argv += ["--remount-ro", "/"]
+        argv += [*(extra or []), "--remount-ro", "/"]
         return argv
 
     def _system_args(self) -> list[str]:
@@ -258,7 +259,10 @@ class Sandbox:
         for python in self._server_pythons():
             try:
                 self._server = ExecServer(
-                    self._prefix, python=python, config=self.config, cgroup_root=self._cgroup_root
+                    self._bwrap_prefix(program_bind()),
+                    python=python,
+                    config=self.config,
+                    cgroup_root=self._cgroup_root,
                 )
                 break
             except (OSError, subprocess.SubprocessError):

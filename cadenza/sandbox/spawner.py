@@ -3,7 +3,8 @@
 Moving a process into a cgroup waits for an RCU grace period (5-10 ms), more than bubblewrap itself
 costs. So each :class:`~cadenza.sandbox.runner.Sandbox` with a pids cgroup starts one spawner that
 joins the cgroup once (and takes the rlimits); every command is forked from it and is born inside.
-The parent passes the output pipes over a unix socket (SCM_RIGHTS) and kills by process group.
+The parent passes the output pipes over a unix socket (SCM_RIGHTS) and kills by process group. The
+program is :mod:`cadenza.sandbox.forkserver` in ``spawn`` mode, run from its file.
 """
 
 from __future__ import annotations
@@ -17,54 +18,14 @@ import threading
 import time
 from collections.abc import Callable
 
-_SCRIPT = r"""
-import ctypes, json, os, signal, socket, sys
-try:
-    ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the parent
-except Exception:
-    pass
-if os.getppid() == 1:
-    sys.exit(0)
-sock = socket.socket(fileno=int(sys.argv[1]))
-os.set_inheritable(sock.fileno(), False)
-while True:
-    try:
-        msg, fds, _, _ = socket.recv_fds(sock, 1 << 22, 2)
-    except OSError:
-        break
-    if not msg:
-        break
-    req = json.loads(msg)
-    pid = os.fork()
-    if pid == 0:
-        try:
-            for sig in (signal.SIGPIPE, signal.SIGXFSZ):  # Python ignores these; commands expect defaults
-                signal.signal(sig, signal.SIG_DFL)
-            os.setsid()
-            null = os.open("/dev/null", os.O_RDONLY)
-            os.dup2(null, 0)
-            os.dup2(fds[0], 1)
-            os.dup2(fds[-1], 2)
-            for fd in {null, *fds} - {0, 1, 2}:
-                os.close(fd)
-            os.chdir(req["cwd"])
-            os.execve(req["argv"][0], req["argv"], req["env"])
-        except BaseException as exc:
-            os.write(2, ("cannot start %s: %s\n" % (req["argv"][0], exc)).encode())
-        os._exit(127)
-    for fd in fds:
-        os.close(fd)
-    sock.send(json.dumps({"pid": pid}).encode())
-    _, status = os.waitpid(pid, 0)
-    sock.send(json.dumps({"exit": os.waitstatus_to_exitcode(status)}).encode())
-"""
+from cadenza.sandbox import forkserver
 
 
 class Spawner:
     def __init__(self, preexec: Callable[[], None]) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", "-c", _SCRIPT, str(child.fileno())],
+            [sys.executable, "-I", "-S", forkserver.__file__, "spawn", str(child.fileno())],
             pass_fds=[child.fileno()],
             preexec_fn=preexec,
             stdin=subprocess.DEVNULL,

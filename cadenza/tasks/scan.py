@@ -18,15 +18,15 @@ import json
 import os
 import re
 import subprocess
-import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from cadenza.tasks.scan_read import (
     MAX_FILE_BYTES,
     _Content,
     _lines_of_text,
+    _walk_files,
     channel_of,
     read_content,
 )
@@ -161,44 +161,6 @@ def _string_constants(path: Path) -> list[str]:
     return [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)]
 
 
-def _is_interpreter_file(real: str) -> bool:
-    prefixes = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)}
-    return any(real.startswith(p + os.sep) for p in prefixes) and "-packages" not in real
-
-
-def _walk_files(root: Path) -> Iterator[tuple[str, Path | None]]:
-    """(display path, real file) for every file under root; git dirs yield a virtual entry."""
-    stack = [Path(root)]
-    seen_dirs: set[str] = set()
-    while stack:
-        d = stack.pop()
-        real = os.path.realpath(d)
-        if real in seen_dirs:
-            continue
-        seen_dirs.add(real)
-        try:
-            entries = list(os.scandir(d))
-        except OSError:
-            continue
-        for e in entries:
-            p = Path(e.path)
-            if e.name == ".git":
-                yield (str(p), None)  # the repository, read through git
-                if e.is_dir(follow_symlinks=False):
-                    stack.extend(x for x in p.iterdir() if x.name != "objects" and x.is_dir())
-                    yield from ((str(x), x) for x in p.iterdir() if x.is_file())
-                continue
-            try:
-                if e.is_dir():  # follows symlinks: a link out of the workspace is reachable
-                    stack.append(p)
-                elif e.is_file():
-                    if e.is_symlink() and _is_interpreter_file(os.path.realpath(p)):
-                        continue  # bin/python -> the base interpreter: not the project's code
-                    yield (str(p), p)
-            except OSError:
-                continue
-
-
 # --------------------------------------------------------------------------- matching
 
 
@@ -322,6 +284,61 @@ def scan_paths(
     return findings
 
 
+def without_lines(secret: Secret, common: set[str]) -> Secret:
+    """``secret`` with the needles in ``common`` dropped (they are no evidence)."""
+    if not common & secret.needles:
+        return secret
+    needles = secret.needles - common
+    return dataclasses.replace(
+        secret,
+        needles=needles,
+        docstring_lines=secret.docstring_lines & needles,
+        signature_lines=secret.signature_lines & needles,
+    )
+
+
+def copy_suffixes(patched_files: Iterable[str]) -> tuple[str, ...]:
+    """Path endings that mark a file as an installed or vendored copy of a patched module:
+    ``pkg/mod.py`` for ``src/pkg/mod.py``; a bare file name only for a top-level module."""
+    out: set[str] = set()
+    for rel in patched_files:
+        parts = [p for p in PurePosixPath(rel).parts if p not in (".", "src", "lib")]
+        if len(parts) == 1:
+            out.add("/" + parts[0])
+        out |= {"/" + "/".join(parts[i:]) for i in range(len(parts) - 1)}
+    return tuple(sorted(out))
+
+
+def distinctive_in(secret: Secret, roots: Iterable[Path]) -> Secret:
+    """Drop the needles that third-party files of an environment also hold: no evidence of a leak.
+
+    A line of the deleted code that a package of the environment contains too (``except
+    AttributeError:``, ``return self._data[key]``) proves nothing. Copies of the deleted code are not
+    reference: a file at the path of a patched module (``pkg/mod.py``, installed or vendored) or one
+    holding at least half of three or more needles keeps its lines as evidence.
+    """
+    if not secret.needles:
+        return secret
+    suffixes = copy_suffixes(secret.patched_files)
+    common: set[str] = set()
+    for root in roots:
+        idx = _root_index(root)
+        if idx is not None and not secret.needles & idx.lines:
+            continue  # the cached summary says no file of this root holds a needle
+        for display, path in _walk_files(Path(root)):
+            if path is None or display.endswith(suffixes):
+                continue
+            try:
+                if path.stat().st_size > MAX_FILE_BYTES:
+                    continue
+                hits = secret.needles & read_content(display, path.read_bytes()).lines
+            except OSError:
+                continue
+            if hits and not (len(secret.needles) >= 3 and len(hits) * 2 >= len(secret.needles)):
+                common |= hits
+    return without_lines(secret, common)
+
+
 def task_secret(task_dir: Path, task: Task | None = None) -> Secret:
     task = task or load_task(task_dir)
     patch = (Path(task_dir) / GOLD_PATCH).read_text(errors="replace")
@@ -340,14 +357,15 @@ def scan_tasks(task_dirs: Iterable[Path]) -> list[Finding]:
     findings: list[Finding] = []
     for task_dir in task_dirs:
         task = load_task(task_dir)
-        secret = task_secret(task_dir, task)
-        targets.append((Path(task_dir) / WORKSPACE, secret))
         env = task_env_dir(task_dir, task)
         own = os.path.realpath(task_dir) + os.sep
-        if env.is_dir():
-            for root in env_roots(env):
-                inside = (os.path.realpath(root) + os.sep).startswith(own)
-                (targets if inside else shared).append((root, secret))
+        roots = env_roots(env) if env.is_dir() else []
+        outside = [r for r in roots if not (os.path.realpath(r) + os.sep).startswith(own)]
+        # lines the environment's own packages hold too are no evidence, there or anywhere else
+        secret = distinctive_in(task_secret(task_dir, task), outside)
+        targets.append((Path(task_dir) / WORKSPACE, secret))
+        for root in roots:
+            (shared if root in outside else targets).append((root, secret))
         # The statement may quote signatures and docstrings (what a developer could know), never bodies.
         body = {
             n

@@ -7,7 +7,9 @@ import importlib.util
 import io
 import json
 import marshal
+import os
 import re
+import sys
 import tarfile
 import types
 import zipfile
@@ -160,3 +162,41 @@ def _merge(into: _Content, other: _Content) -> None:
     into.lines |= other.lines
     into.codes |= other.codes
     into.stub_defs |= other.stub_defs
+
+
+def _is_interpreter_file(real: str) -> bool:
+    prefixes = {os.path.realpath(sys.base_prefix), os.path.realpath(sys.base_exec_prefix)}
+    return any(real.startswith(p + os.sep) for p in prefixes) and "-packages" not in real
+
+
+def _walk_files(root: Path) -> Iterator[tuple[str, Path | None]]:
+    """(display path, real file) for every file under root; git dirs yield a virtual entry."""
+    stack = [Path(root)]
+    seen_dirs: set[str] = set()
+    while stack:
+        d = stack.pop()
+        real = os.path.realpath(d)
+        if real in seen_dirs:
+            continue
+        seen_dirs.add(real)
+        try:
+            entries = list(os.scandir(d))
+        except OSError:
+            continue
+        for e in entries:
+            p = Path(e.path)
+            if e.name == ".git":
+                yield (str(p), None)  # the repository, read through git
+                if e.is_dir(follow_symlinks=False):
+                    stack.extend(x for x in p.iterdir() if x.name != "objects" and x.is_dir())
+                    yield from ((str(x), x) for x in p.iterdir() if x.is_file())
+                continue
+            try:
+                if e.is_dir():  # follows symlinks: a link out of the workspace is reachable
+                    stack.append(p)
+                elif e.is_file():
+                    if e.is_symlink() and _is_interpreter_file(os.path.realpath(p)):
+                        continue  # bin/python -> the base interpreter: not the project's code
+                    yield (str(p), p)
+            except OSError:
+                continue

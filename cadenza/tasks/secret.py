@@ -148,6 +148,7 @@ class Secret:
     docstring_lines: frozenset[str] = frozenset()  # needles that come from removed docstrings
     signature_lines: frozenset[str] = frozenset()  # needles that are def/class header lines
     removed_files: frozenset[str] = frozenset()  # workspace-relative .py files deleted whole
+    patched_files: frozenset[str] = frozenset()  # workspace-relative .py files the gold patch touches
     candidates: frozenset[str] = field(default=frozenset(), repr=False)
 
     @property
@@ -247,6 +248,7 @@ def derive_secret(task_id: str, workspace: Path, patch_text: str) -> Secret:
     docs: set[str] = set()
     patched: set[Path] = set()
     removed_files: set[str] = set()
+    patched_rel: set[str] = set()
     headers: set[str] = set()
     for pf in files:
         added.extend(ln[1:] for _, body in pf.hunks for ln in body if ln[0] == "+")
@@ -254,6 +256,7 @@ def derive_secret(task_id: str, workspace: Path, patch_text: str) -> Secret:
             continue
         if pf.new_file:
             removed_files.add(pf.path)
+        patched_rel.add(pf.path)
         target = workspace / pf.path
         patched.add(target.resolve())
         post = target.read_text(errors="replace") if target.is_file() and not pf.new_file else ""
@@ -284,6 +287,7 @@ def derive_secret(task_id: str, workspace: Path, patch_text: str) -> Secret:
         docstring_lines=needles & frozenset(docs),
         signature_lines=needles & frozenset(headers),
         removed_files=frozenset(removed_files),
+        patched_files=frozenset(patched_rel),
         candidates=frozenset(cands),
     )
 

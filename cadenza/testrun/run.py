@@ -10,10 +10,8 @@ from the caller. Outcomes come only from the verified channel (:mod:`cadenza.tes
 
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import os
-import signal
 import subprocess
 import tempfile
 import time
@@ -21,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from cadenza.sandbox.execute import kill_tree
 from cadenza.testrun.channel import DIR_ENV, PLUGIN_MODULE, Channel, Checks
 from cadenza.testrun.report import TestReport
 
@@ -52,12 +51,6 @@ def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def kill_group(proc: subprocess.Popen) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
-
-
 class HostExecutor:
     """Runs on the host in its own process group, killed with it on timeout (trusted code only)."""
 
@@ -77,7 +70,8 @@ class HostExecutor:
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 timed_out = True
-                kill_group(proc)
+                kill_tree(proc.pid)
+                proc.wait()
             log.seek(max(0, log.seek(0, os.SEEK_END) - OUTPUT_TAIL))
             tail = log.read().decode(errors="replace")
         return Executed(exit_code=-9 if timed_out else proc.returncode, timed_out=timed_out, output=tail)

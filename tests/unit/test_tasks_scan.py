@@ -367,3 +367,48 @@ def test_generic_lines_that_occur_in_any_env_are_no_evidence(tmp_path):
     (site / "copy.py").write_text("\n".join(body) + "\n")
     findings = scan_paths([(tmp_path / "env", secret)])
     assert [Path(f.path).name for f in findings] == ["copy.py"]  # the real copy still is
+
+
+def test_lines_a_third_party_package_also_holds_are_no_evidence(tmp_path):
+    """Beyond the keyword heuristic: a deleted line that a package of the environment contains too
+    (here ``return self._cache[key]``) is dropped from the needles; distinctive lines and an installed
+    copy of the patched module still count."""
+    from cadenza.tasks.scan import distinctive_in, scan_paths
+    from cadenza.tasks.secret import derive_secret
+
+    ws = tmp_path / "ws"
+    (ws / "pkg").mkdir(parents=True)
+    (ws / "pkg" / "m.py").write_text("X = 1\n")
+    body = [
+        "def lookup_cached(self, key):",
+        "    if key not in self._cache:",
+        "        self._cache[key] = self._compute_slowly(key, retries=3)",
+        "        self._misses_by_key.setdefault(key, 0)",
+        "        self._misses_by_key[key] += 1",
+        "    return self._cache[key]",
+    ]
+    patch = (
+        "diff --git a/pkg/m.py b/pkg/m.py\n--- a/pkg/m.py\n+++ b/pkg/m.py\n"
+        f"@@ -1 +1,{len(body) + 1} @@\n X = 1\n" + "".join(f"+{ln}\n" for ln in body)
+    )
+    secret = derive_secret("t", ws, patch)
+    shared = {"    if key not in self._cache:", "    return self._cache[key]"}
+    assert {ln.strip() for ln in shared} <= secret.needles  # not generic by the keyword heuristic
+    env = tmp_path / "env"
+    (env / "thirdparty").mkdir(parents=True)
+    (env / "thirdparty" / "memo.py").write_text(
+        "class Memo:\n    def get(self, key):\n" + "\n".join(shared) + "\n"
+    )
+    assert [Path(f.path).name for f in scan_paths([(env, secret)])] == ["memo.py"]  # the false alarm
+    clean = distinctive_in(secret, [env])
+    assert clean.needles == secret.needles - {ln.strip() for ln in shared}
+    assert "self._cache[key] = self._compute_slowly(key, retries=3)" in clean.needles
+    assert scan_paths([(env, clean)]) == []
+    copy = tmp_path / "env2"
+    (copy / "thirdparty").mkdir(parents=True)
+    (copy / "thirdparty" / "memo.py").write_text((env / "thirdparty" / "memo.py").read_text())
+    (copy / "pkg").mkdir()
+    (copy / "pkg" / "m.py").write_text("\n".join(body) + "\n")  # an installed copy of the package
+    clean2 = distinctive_in(secret, [copy])
+    assert clean2.needles == clean.needles  # the copy's lines are not reference material
+    assert [Path(f.path).name for f in scan_paths([(copy, clean2)])] == ["m.py"]
