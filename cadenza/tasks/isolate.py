@@ -15,7 +15,7 @@ import functools
 import os
 import subprocess
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cadenza.sandbox import Sandbox, SandboxConfig
@@ -33,6 +33,22 @@ INSTALL = SandboxConfig(
     tmpfs_bytes=4 * GiB,
     max_output_bytes=64_000,
 )
+
+
+@dataclass
+class SandboxCPU:
+    """What the benchmark must add for sandboxed work: a bubblewrap run's processes are not the host's
+    rusage children. ``seconds``: CPU of test runs as the runner's plugin reports it; the other runs
+    (pip, probes) report only their count and wall time, an upper bound on their CPU."""
+
+    seconds: float = 0.0
+    pip_runs: int = 0
+    pip_wall_s: float = 0.0
+    probe_runs: int = 0
+    probe_wall_s: float = 0.0
+
+
+SANDBOX_CPU = SandboxCPU()
 
 
 def run_sandboxed(
@@ -58,6 +74,12 @@ def run_sandboxed(
         res = box.run(argv, timeout_s=timeout_s, cwd=cwd, env=env)
     finally:
         box.close()
+    if config.network:
+        SANDBOX_CPU.pip_runs += 1
+        SANDBOX_CPU.pip_wall_s += res.duration_s
+    else:
+        SANDBOX_CPU.probe_runs += 1
+        SANDBOX_CPU.probe_wall_s += res.duration_s
     stderr = res.stderr + ("\ntimed out" if res.timed_out else "")
     return subprocess.CompletedProcess(argv, -9 if res.timed_out else res.exit_code, res.stdout, stderr)
 

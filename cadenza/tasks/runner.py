@@ -18,7 +18,7 @@ from pathlib import Path
 
 from cadenza.sandbox import Sandbox, SandboxConfig
 from cadenza.sandbox.envinfo import env_info
-from cadenza.tasks.isolate import run_python
+from cadenza.tasks.isolate import SANDBOX_CPU, run_python
 from cadenza.testrun import HostExecutor, SandboxExecutor, TestReport, env_plugins, run_tests
 
 __all__ = [
@@ -64,17 +64,6 @@ class RunCounter:
 
 
 COUNTER = RunCounter()
-
-
-@dataclass
-class SandboxCPU:
-    """CPU seconds of sandboxed runs in this process: a bubblewrap run's processes are not the host's
-    rusage children, so the benchmark adds what the runner's plugin reported."""
-
-    seconds: float = 0.0
-
-
-SANDBOX_CPU = SandboxCPU()
 
 
 def read_addopts(root: Path) -> list[str]:

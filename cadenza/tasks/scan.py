@@ -18,10 +18,12 @@ import json
 import os
 import re
 import subprocess
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from cadenza.tasks.isolate import run_python
 from cadenza.tasks.scan_read import (
     MAX_FILE_BYTES,
     _Content,
@@ -112,14 +114,9 @@ def env_roots(env_dir: Path) -> list[Path]:
             " print(json.dumps([sys.path, [p['stdlib'], p['platstdlib']]]))"
         )
         try:
-            res = subprocess.run(
-                [str(python), "-c", code],
-                capture_output=True,
-                text=True,
-                timeout=60,
-                cwd="/",
-                stdin=subprocess.DEVNULL,
-            )
+            # the environment's start-up (.pth lines of its packages) is third-party code: sandboxed
+            with tempfile.TemporaryDirectory(prefix="cadenza-roots-") as tmp:
+                res = run_python(python, code, cwd=Path(tmp), timeout_s=60)
             if res.returncode == 0:
                 path, env_std = json.loads(res.stdout.strip().splitlines()[-1])
                 stdlib = _stdlib_dirs() | {os.path.realpath(p) for p in env_std}
@@ -130,7 +127,7 @@ def env_roots(env_dir: Path) -> list[Path]:
                     )
                     if real and os.path.isdir(real) and not in_stdlib and real != "/":
                         queue.append(Path(real))
-        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        except (OSError, ValueError, IndexError):
             pass
     while queue:
         site = queue.pop()
