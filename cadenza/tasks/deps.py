@@ -16,6 +16,7 @@ import json
 import re
 import tempfile
 import tomllib
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from email.parser import Parser
 from pathlib import Path
@@ -277,16 +278,21 @@ PLUGIN_EVIDENCE = {
 }
 
 
-def detect_plugins(root: Path, test_paths: list[str]) -> list[str]:
-    """Distributions the test code visibly relies on (curated evidence only: never guesses names)."""
-    found: list[str] = []
-    for rel in test_paths:
+def parsed_files(root: Path, rels: Iterable[str]) -> Iterator[tuple[str, ast.Module]]:
+    """(path, syntax tree) of the ``.py`` files among ``rels`` that parse."""
+    for rel in rels:
         if not rel.endswith(".py"):
             continue
         try:
-            tree = ast.parse((root / rel).read_text())
+            yield rel, ast.parse((root / rel).read_text())
         except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
             continue
+
+
+def detect_plugins(root: Path, test_paths: list[str]) -> list[str]:
+    """Distributions the test code visibly relies on (curated evidence only: never guesses names)."""
+    found: list[str] = []
+    for _, tree in parsed_files(root, test_paths):
         evidence: set[str] = set()
         for node in ast.walk(tree):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):

@@ -25,12 +25,12 @@ from pathlib import Path, PurePosixPath
 
 from cadenza.tasks.isolate import run_python
 from cadenza.tasks.scan_read import (
-    MAX_FILE_BYTES,
     _Content,
     _lines_of_text,
     _walk_files,
     channel_of,
     read_content,
+    read_file,
 )
 from cadenza.tasks.secret import Secret, derive_secret
 from cadenza.tasks.task import GOLD_PATCH, WORKSPACE, Task, load_task
@@ -205,11 +205,8 @@ def _root_index(root: Path) -> _RootIndex | None:
             if path is None:  # a repository: never summarised, always scanned in full
                 idx = None
                 break
-            try:
-                if path.stat().st_size > MAX_FILE_BYTES:
-                    continue
-                content = read_content(display, path.read_bytes())
-            except OSError:
+            content = read_file(display, path)
+            if content is None:
                 continue
             idx.lines |= content.lines
             idx.codes |= content.codes
@@ -266,11 +263,8 @@ def scan_paths(
                 )
             display = f"{display} (objects)"
         else:
-            try:
-                if real.stat().st_size > MAX_FILE_BYTES:
-                    continue
-                content = read_content(display, real.read_bytes())
-            except OSError:
+            content = read_file(display, real)
+            if content is None:
                 continue
         for s in secrets:
             evidence = match(s, display, content)
@@ -325,12 +319,8 @@ def distinctive_in(secret: Secret, roots: Iterable[Path]) -> Secret:
         for display, path in _walk_files(Path(root)):
             if path is None or display.endswith(suffixes):
                 continue
-            try:
-                if path.stat().st_size > MAX_FILE_BYTES:
-                    continue
-                hits = secret.needles & read_content(display, path.read_bytes()).lines
-            except OSError:
-                continue
+            content = read_file(display, path)
+            hits = secret.needles & content.lines if content is not None else set()
             if hits and not (len(secret.needles) >= 3 and len(hits) * 2 >= len(secret.needles)):
                 common |= hits
     return without_lines(secret, common)

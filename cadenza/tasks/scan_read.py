@@ -200,3 +200,13 @@ def _walk_files(root: Path) -> Iterator[tuple[str, Path | None]]:
                     yield (str(p), p)
             except OSError:
                 continue
+
+
+def read_file(display: str, path: Path) -> _Content | None:
+    """The content of one file, or None when it is unreadable or larger than :data:`MAX_FILE_BYTES`."""
+    try:
+        if path.stat().st_size > MAX_FILE_BYTES:
+            return None
+        return read_content(display, path.read_bytes())
+    except OSError:
+        return None

@@ -30,6 +30,7 @@ from typing import Literal
 from cadenza.sandbox import SandboxConfig
 from cadenza.tasks.baseline import Baseline
 from cadenza.tasks.delete import Deletion, apply_deletion, resolve_import
+from cadenza.tasks.deps import parsed_files
 from cadenza.tasks.runner import RunCounter, run_pytest, run_python
 from cadenza.tasks.source import copy_tree
 from cadenza.tasks.venv import BaseEnv, make_task_env
@@ -112,13 +113,7 @@ def broken_test_files(deletion: Deletion, root: Path, test_paths: list[str], imp
         return bool(dead) and (mod == dead or mod.startswith(f"{dead}."))
 
     broken: set[str] = set()
-    for rel in test_paths:
-        if not rel.endswith(".py"):
-            continue
-        try:
-            tree = ast.parse((root / rel).read_text())
-        except (SyntaxError, UnicodeDecodeError, OSError, ValueError):
-            continue
+    for rel, tree in parsed_files(root, test_paths):
         module, is_pkg = _module_name(rel, import_root)
         for node in tree.body:
             if isinstance(node, ast.ImportFrom):

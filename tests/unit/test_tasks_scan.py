@@ -333,15 +333,25 @@ def test_needles_skip_generic_lines_and_know_wrapped_signatures(tmp_path):
     assert "self._journal.extend(applied)" in secret.needles - secret.signature_lines
 
 
-def test_generic_lines_that_occur_in_any_env_are_no_evidence(tmp_path):
-    """A deleted block whose only shared lines with a third-party package are generic ones
-    (``except AttributeError:``) is not a leak; its distinctive lines still are."""
-    from cadenza.tasks.scan import scan_paths
+def _secret_deleting(tmp_path: Path, body: list[str]):
+    """The secret of a task whose gold patch adds ``body`` back after ``X = 1`` in ``pkg/m.py``."""
     from cadenza.tasks.secret import derive_secret
 
     ws = tmp_path / "ws"
     (ws / "pkg").mkdir(parents=True)
     (ws / "pkg" / "m.py").write_text("X = 1\n")
+    patch = (
+        "diff --git a/pkg/m.py b/pkg/m.py\n--- a/pkg/m.py\n+++ b/pkg/m.py\n"
+        f"@@ -1 +1,{len(body) + 1} @@\n X = 1\n" + "".join(f"+{ln}\n" for ln in body)
+    )
+    return derive_secret("t", ws, patch)
+
+
+def test_generic_lines_that_occur_in_any_env_are_no_evidence(tmp_path):
+    """A deleted block whose only shared lines with a third-party package are generic ones
+    (``except AttributeError:``) is not a leak; its distinctive lines still are."""
+    from cadenza.tasks.scan import scan_paths
+
     body = [
         "def naturaldelta(value):",
         "    try:",
@@ -350,11 +360,7 @@ def test_generic_lines_that_occur_in_any_env_are_no_evidence(tmp_path):
         "        return isinstance(other, type(self))",
         "    return _format_delta(seconds, months_per_year=12)",
     ]
-    patch = (
-        "diff --git a/pkg/m.py b/pkg/m.py\n--- a/pkg/m.py\n+++ b/pkg/m.py\n"
-        f"@@ -1 +1,{len(body) + 1} @@\n X = 1\n" + "".join(f"+{ln}\n" for ln in body)
-    )
-    secret = derive_secret("t", ws, patch)
+    secret = _secret_deleting(tmp_path, body)
     assert "except AttributeError:" not in secret.needles
     assert "return isinstance(other, type(self))" not in secret.needles
     assert "seconds = abs(value.total_seconds())" in secret.needles
@@ -374,11 +380,7 @@ def test_lines_a_third_party_package_also_holds_are_no_evidence(tmp_path):
     (here ``return self._cache[key]``) is dropped from the needles; distinctive lines and an installed
     copy of the patched module still count."""
     from cadenza.tasks.scan import distinctive_in, scan_paths
-    from cadenza.tasks.secret import derive_secret
 
-    ws = tmp_path / "ws"
-    (ws / "pkg").mkdir(parents=True)
-    (ws / "pkg" / "m.py").write_text("X = 1\n")
     body = [
         "def lookup_cached(self, key):",
         "    if key not in self._cache:",
@@ -387,11 +389,7 @@ def test_lines_a_third_party_package_also_holds_are_no_evidence(tmp_path):
         "        self._misses_by_key[key] += 1",
         "    return self._cache[key]",
     ]
-    patch = (
-        "diff --git a/pkg/m.py b/pkg/m.py\n--- a/pkg/m.py\n+++ b/pkg/m.py\n"
-        f"@@ -1 +1,{len(body) + 1} @@\n X = 1\n" + "".join(f"+{ln}\n" for ln in body)
-    )
-    secret = derive_secret("t", ws, patch)
+    secret = _secret_deleting(tmp_path, body)
     shared = {"    if key not in self._cache:", "    return self._cache[key]"}
     assert {ln.strip() for ln in shared} <= secret.needles  # not generic by the keyword heuristic
     env = tmp_path / "env"
