@@ -12,15 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 BYTECODE_DIRS = frozenset({"__pycache__"})
-IGNORED_DIRS = BYTECODE_DIRS | {
-    ".git",
-    ".pytest_cache",
-    ".mypy_cache",
-    ".ruff_cache",
-    ".hypothesis",
-    ".tox",
-    ".nox",
-}
+IGNORED_DIRS = BYTECODE_DIRS | frozenset(
+    {".git", ".pytest_cache", ".mypy_cache", ".ruff_cache", ".hypothesis", ".tox", ".nox"}
+)
 IGNORED_SUFFIXES = (".pyc", ".pyo")
 
 

@@ -68,6 +68,11 @@ def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip("/") + "/")
 
 
+def _is_site_dir(path: str) -> bool:
+    """Inside an environment's package directory (where ``sys.path`` legitimately reaches in a home)."""
+    return any(part in ("site-packages", "dist-packages") for part in path.split(os.sep))
+
+
 def _link_targets(directory: str) -> list[str]:
     """Real paths of the symlinks directly inside ``directory`` (a site-packages of linked packages)."""
     try:
@@ -132,6 +137,8 @@ def plan_binds(
                 continue
             if any(_inside(rp, c) for c in covered) or exposes(rp) or _inside_a_task(rp, hidden_real):
                 continue
+            if _inside(rp, home) and not _is_site_dir(rp):
+                continue  # a .pth line of some package pointing into the home directory (~/.ssh)
             plan.ro.append(rp)
             covered.append(rp)
         # a site directory may link packages from elsewhere (``pkg -> /other/site-packages/pkg``):

@@ -103,6 +103,20 @@ def test_binds_are_an_allowlist(tmp_path: Path):
     assert plan.rw == [os.path.realpath(ws)]
 
 
+def test_sys_path_reaches_into_home_only_through_site_packages(tmp_path: Path, monkeypatch):
+    """A ``.pth`` line of an installed package may put any directory on ``sys.path``; inside the home
+    directory only environments' package directories are bound (an env cache in ``~/.cache``)."""
+    home = tmp_path / "home"
+    site = home / ".cache/envs/base/lib/python3.11/site-packages"
+    for d in (site, home / ".ssh", tmp_path / "ws"):
+        d.mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    env = _env(tmp_path, [str(site), str(home / ".ssh")])
+    ro = plan_binds(workspace=tmp_path / "ws", env=env, hidden=[]).ro
+    assert str(site) in ro and str(home / ".ssh") not in ro
+    assert not [p for p in ro if p == str(home)]
+
+
 def test_env_that_would_expose_the_task_set_is_refused(tmp_path: Path):
     (tmp_path / "taskset").mkdir()
     (tmp_path / "ws").mkdir()
