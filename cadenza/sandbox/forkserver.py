@@ -176,8 +176,16 @@ class ExecServer:
     def run(self, req: dict, fds: list[int]) -> None:
         sock = self.sock
         try:
-            proc = subprocess.Popen(req["argv"], stdin=subprocess.DEVNULL, stdout=fds[0], stderr=fds[-1],
-                                    cwd=req["cwd"], env=req["env"], start_new_session=True, close_fds=True)  # fmt: skip
+            proc = subprocess.Popen(
+                req["argv"],
+                stdin=subprocess.DEVNULL,
+                stdout=fds[0],
+                stderr=fds[-1],
+                cwd=req["cwd"],
+                env=req["env"],
+                start_new_session=True,
+                close_fds=True,
+            )
         except (OSError, ValueError, subprocess.SubprocessError) as exc:
             os.write(fds[-1], f"cannot start {req['argv'][0]}: {exc}\n".encode(errors="replace"))
             for fd in fds:

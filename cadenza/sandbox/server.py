@@ -2,14 +2,15 @@
 
 Starting bubblewrap costs 5-25 ms (namespaces, mounts), more than a tool call may spend. So an episode
 starts one ``bwrap`` (same binds, namespaces, pids cgroup and limits as a per-call run) whose program is
-a stdlib-only server (:mod:`cadenza.sandbox.forkserver`, run from its file) talking over a ``SOCK_SEQPACKET`` socket pair inherited through bwrap. Each call is
-forked by the server with its own session, rlimits and closed stdin; the host passes the output pipes
-(SCM_RIGHTS) and keeps the wall-clock deadline. When the command exits or is killed, the server kills
-every other process in the pid namespace (background and ``setsid`` ones included, as the namespace's
-end does per call), reaps them, and wipes the private ``/tmp``, ``/dev/shm``, ``HOME`` and System V IPC,
-so only workspace files outlive a call. ``/dev`` is read-only. The server makes itself non-dumpable so
-commands cannot ptrace or read it; a command that kills it anyway only ends its own sandbox: the host
-sees the socket close, kills the whole instance, and the next call starts a fresh one.
+a stdlib-only server (:mod:`cadenza.sandbox.forkserver`, run from its file) talking over a
+``SOCK_SEQPACKET`` socket pair inherited through bwrap. Each call is forked by the server with its own
+session, rlimits and closed stdin; the host passes the output pipes (SCM_RIGHTS) and keeps the
+wall-clock deadline. When the command exits or is killed, the server kills every other process in the pid
+namespace (background and ``setsid`` ones included, as the namespace's end does per call), reaps them,
+and wipes the private ``/tmp``, ``/dev/shm``, ``HOME`` and System V IPC, so only workspace files outlive
+a call. ``/dev`` is read-only. The server makes itself non-dumpable so commands cannot ptrace or read
+it; a command that kills it anyway only ends its own sandbox: the host sees the socket close, kills the
+whole instance, and the next call starts a fresh one.
 """
 
 from __future__ import annotations
