@@ -39,7 +39,7 @@ from cadenza.agent.env import StepResult, ToolCall
 from cadenza.feedback.hints import Hint
 from cadenza.rl.chat import train_tokenizer
 from cadenza.rl.losses import group_advantages, grpo_loss
-from cadenza.rl.policy import HFPolicy, Sample, SamplingParams, tiny_qwen3_config
+from cadenza.rl.policy import HFPolicy, Sample, SampleRequest, tiny_qwen3_config
 from cadenza.rl.rollout import RolloutConfig, RolloutTask, rollout
 from cadenza.rl.step import LossConfig, rl_losses
 from cadenza.rl.teacher import SelfDistillConfig, Teacher, build_hinted_turns
@@ -111,9 +111,9 @@ class FillerPolicy:
     def __init__(self, tokenizer: Any, seed: int, words: int) -> None:
         self.tok, self.rng, self.words = tokenizer, random.Random(seed), words
 
-    def sample(self, prompts, params: SamplingParams, *, generator=None) -> list[Sample]:
+    def sample(self, request: SampleRequest) -> list[Sample]:
         out = []
-        for _ in prompts:
+        for _ in request.prompts:
             call = json.dumps({"name": "run", "arguments": {"cmd": _text(self.rng, 4)}})
             text = f"{_text(self.rng, self.words)}\n<tool_call>\n{call}\n</tool_call>"
             ids = [*self.tok.encode(text, add_special_tokens=False), self.tok.eos_token_id]

@@ -191,7 +191,7 @@ def measure_gap(model_dir: Path, n_tasks: int, seed: int) -> dict[str, float]:
     from transformers import AutoTokenizer
 
     from cadenza.rl.chat import parse_tool_calls, render
-    from cadenza.rl.policy import HFPolicy, SamplingParams
+    from cadenza.rl.policy import HFPolicy, SampleRequest, SamplingParams
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     policy = HFPolicy.from_pretrained(model_dir)
@@ -210,7 +210,7 @@ def measure_gap(model_dir: Path, n_tasks: int, seed: int) -> dict[str, float]:
             )
         gen = torch.Generator().manual_seed(seed)
         params = SamplingParams(max_new_tokens=40, temperature=1.0, stop_token_ids=(tok.eos_token_id,))
-        samples = policy.sample(prompts, params, generator=gen)
+        samples = policy.sample(SampleRequest(prompts, params, gen))
         valid = 0
         for env, s in zip(envs, samples, strict=True):
             calls = parse_tool_calls(tok.decode(s.token_ids))

@@ -9,7 +9,7 @@ token under the distribution it was actually drawn from (temperature / top-k app
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,14 +44,21 @@ class Sample:
     policy_version: int = 0  # version of the weights that sampled it (see cadenza.rl.engine)
 
 
+@dataclass(frozen=True)
+class SampleRequest:
+    """One batched sampling call: the arguments every policy and engine ``sample`` takes, in one place."""
+
+    prompts: Sequence[Sequence[int]]  # token-id prompts (never re-rendered text), each at least one token
+    params: SamplingParams
+    generator: torch.Generator | None = None  # seeds the draw; engines derive per-request seeds from it
+
+    def part(self, prompts: Sequence[Sequence[int]], generator: torch.Generator | None) -> SampleRequest:
+        """The same parameters for a subset of the prompts (a router's share, one prompt of a batch)."""
+        return replace(self, prompts=prompts, generator=generator)
+
+
 class Policy(Protocol):
-    def sample(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        *,
-        generator: torch.Generator | None = None,
-    ) -> list[Sample]:
+    def sample(self, request: SampleRequest) -> list[Sample]:
         """Continue each prompt (token ids); return the sampled ids and their behaviour log-probs."""
 
 
@@ -168,14 +175,10 @@ class HFPolicy:
         return out.last_hidden_state, (out.cache if use_cache else None)
 
     @torch.no_grad()
-    def sample(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        *,
-        generator: torch.Generator | None = None,
-    ) -> list[Sample]:
+    def sample(self, request: SampleRequest) -> list[Sample]:
         from transformers import DynamicCache
+
+        prompts, params, generator = request.prompts, request.params, request.generator
 
         if not prompts or any(len(p) == 0 for p in prompts):
             raise CadenzaError("every prompt must have at least one token")

@@ -30,7 +30,7 @@ from cadenza.rl.chat import (
     require_chat_template,
     turn_end_glue,
 )
-from cadenza.rl.policy import Policy, Sample, SamplingParams
+from cadenza.rl.policy import Policy, Sample, SampleRequest, SamplingParams
 from cadenza.rl.tokens import TokenTrajectory, TokenTrajectoryBuilder
 
 
@@ -149,7 +149,9 @@ def rollout(
             top_k=config.top_k,
             stop_token_ids=(int(eos),),
         )
-        samples = _sample(policy, [episodes[i].builder.input_ids for i in live], params, generator)
+        samples = _sample(
+            policy, SampleRequest([episodes[i].builder.input_ids for i in live], params, generator)
+        )
         still = []
         for i, sample in zip(live, samples, strict=True):
             ep = episodes[i]
@@ -174,16 +176,14 @@ def rollout(
     return [_finish(ep) for ep in episodes]
 
 
-def _sample(
-    policy: Policy, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator
-) -> list[Sample]:
+def _sample(policy: Policy, request: SampleRequest) -> list[Sample]:
     """One batched call; when the engine refuses the batch as too long, find out prompt by prompt."""
     try:
-        return policy.sample(prompts, params, generator=generator)
+        return policy.sample(request)
     except ContextLengthExceeded:
-        if len(prompts) == 1:
+        if len(request.prompts) == 1:
             return [Sample(token_ids=[], logprobs=[], finish_reason="context")]
-        return [_sample(policy, [p], params, generator)[0] for p in prompts]
+        return [_sample(policy, request.part([p], request.generator))[0] for p in request.prompts]
 
 
 def _advance(

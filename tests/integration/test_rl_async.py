@@ -102,10 +102,10 @@ class _CrashAtVersion(HFEngine):
         super().__init__(*a, **kw)
         self.at = at
 
-    def sample(self, prompts, params, *, generator=None):
+    def sample(self, request):
         if self.version == self.at:
             raise RuntimeError("engine process died")
-        return super().sample(prompts, params, generator=generator)
+        return super().sample(request)
 
 
 def test_k1_resume_after_a_crash_is_exact(sft_model, tmp_path, monkeypatch):
@@ -124,8 +124,8 @@ def test_k1_resume_after_a_crash_is_exact(sft_model, tmp_path, monkeypatch):
 class _LaggingEngine(HFEngine):
     """Stamps the first prompt of every batch with weights two versions older than it really used."""
 
-    def sample(self, prompts, params, *, generator=None):
-        out = super().sample(prompts, params, generator=generator)
+    def sample(self, request):
+        out = super().sample(request)
         out[0].policy_version -= 2
         return out
 
@@ -146,13 +146,13 @@ class _FailingEngine(HFEngine):
         super().__init__(*a, **kw)
         self.at, self.mode, self.calls, self.released = at, mode, 0, threading.Event()
 
-    def sample(self, prompts, params, *, generator=None):
+    def sample(self, request):
         self.calls += 1
         if self.calls == self.at:
             if self.mode == "hang":
                 self.released.wait(60)
             raise RuntimeError("connection reset by peer\nsecond line")
-        return super().sample(prompts, params, generator=generator)
+        return super().sample(request)
 
     def sync_weights(self, named_tensors, *, version):
         if self.mode == "sync" and version == 2:
@@ -248,10 +248,10 @@ def test_engine_context_overflow_ends_episodes_as_context_and_training_goes_on(
     probe.close()
 
     class Windowed(HFEngine):
-        def sample(self, prompts, params, *, generator=None):
-            if any(len(p) > window for p in prompts):
+        def sample(self, request):
+            if any(len(p) > window for p in request.prompts):
                 raise RuntimeError(f"HTTP 400: This model's maximum context length is {window} tokens.")
-            return super().sample(prompts, params, generator=generator)
+            return super().sample(request)
 
     monkeypatch.setattr(trainer_mod, "build_engine", lambda cfg, policy, tok, version: Windowed(policy, share=False, version=version))  # fmt: skip
     trainer = Trainer(run_config(sft_model, tmp_path / "run", steps=2, k=1))

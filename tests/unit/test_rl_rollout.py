@@ -141,13 +141,13 @@ class _WindowedEngine(ScriptedPolicy):
         super().__init__(tokenizer, turns)
         self.window = window
 
-    def sample(self, prompts, params, *, generator=None):
+    def sample(self, request):
         from cadenza.errors import ContextLengthExceeded
 
-        if any(len(p) > self.window for p in prompts):
+        if any(len(p) > self.window for p in request.prompts):
             raise ContextLengthExceeded(f"maximum context length is {self.window} tokens")
         version = self.calls
-        out = super().sample(prompts, params, generator=generator)
+        out = super().sample(request)
         for s in out:
             s.policy_version = version
         return out

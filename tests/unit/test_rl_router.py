@@ -27,8 +27,8 @@ class Stamped:
     def __init__(self, tokenizer, version: int) -> None:
         self.policy, self.version = ScriptedPolicy(tokenizer, TURNS), version
 
-    def sample(self, prompts, params, *, generator=None):
-        out = self.policy.sample(prompts, params, generator=generator)
+    def sample(self, request):
+        out = self.policy.sample(request)
         for s in out:
             s.policy_version = self.version
         return out

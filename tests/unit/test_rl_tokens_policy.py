@@ -9,7 +9,13 @@ from cadenza.errors import CadenzaError
 from cadenza.feedback.hints import Hint
 from cadenza.rl.logprobs import sequence_logprobs
 from cadenza.rl.losses import group_advantages
-from cadenza.rl.policy import HFPolicy, SamplingParams, tiny_qwen3_config, tiny_qwen3_moe_config
+from cadenza.rl.policy import (
+    HFPolicy,
+    SampleRequest,
+    SamplingParams,
+    tiny_qwen3_config,
+    tiny_qwen3_moe_config,
+)
 from cadenza.rl.rollout import RolloutConfig, RolloutTask, rollout
 from cadenza.rl.step import LossConfig, rl_losses
 from cadenza.rl.teacher import SelfDistillConfig, Teacher, build_hinted_turns
@@ -102,8 +108,8 @@ def test_policy_paths_and_save_load(tmp_path):
     pol.model.save_pretrained(tmp_path / "m")
     again = HFPolicy.from_pretrained(tmp_path / "m")
     params = SamplingParams(max_new_tokens=6, temperature=0.9, top_k=10)
-    a = pol.sample([[1, 2, 3], [4]], params, generator=torch.Generator().manual_seed(0))
-    b = again.sample([[1, 2, 3], [4]], params, generator=torch.Generator().manual_seed(0))
+    a = pol.sample(SampleRequest([[1, 2, 3], [4]], params, torch.Generator().manual_seed(0)))
+    b = again.sample(SampleRequest([[1, 2, 3], [4]], params, torch.Generator().manual_seed(0)))
     assert [s.token_ids for s in a] == [s.token_ids for s in b]
     with pytest.raises(CadenzaError):
         SamplingParams(max_new_tokens=0)
@@ -113,9 +119,11 @@ def test_sampled_logprobs_are_those_of_the_sampling_distribution():
     pol = HFPolicy.from_config(tiny_qwen3_config(60, initializer_range=0.2), seed=2)
     prompt = [3, 4, 5]
     [s] = pol.sample(
-        [prompt],
-        SamplingParams(max_new_tokens=5, temperature=0.7, top_k=4),
-        generator=torch.Generator().manual_seed(1),
+        SampleRequest(
+            [prompt],
+            SamplingParams(max_new_tokens=5, temperature=0.7, top_k=4),
+            torch.Generator().manual_seed(1),
+        )
     )
     with torch.no_grad():
         ids = torch.tensor([prompt + s.token_ids])
