@@ -106,7 +106,8 @@ class ShellLikeEnv:
 
 
 class FillerPolicy:
-    """Emits a short thought plus one ``run`` call per turn (stands in for a sampler; the step is what's timed)."""
+    """Emits a short thought plus one ``run`` call per turn (stands in for a sampler; the step is what's
+    timed)."""
 
     def __init__(self, tokenizer: Any, seed: int, words: int) -> None:
         self.tok, self.rng, self.words = tokenizer, random.Random(seed), words

@@ -92,7 +92,8 @@ ARMS = tuple(ARM_SETTINGS)
 def train_config(
     exp: ExperimentConfig, arm: str, seed: int, model_dir: Path, out_dir: Path, steps: int
 ) -> Any:
-    """The trainer config of one (arm, seed) run up to ``steps``: only loss weight, top-k, placebo and teacher differ."""
+    """The trainer config of one (arm, seed) run up to ``steps``: only loss weight, top-k, placebo and
+    teacher differ."""
     from cadenza.feedback.generate import FeedbackConfig
     from cadenza.rl.config import (
         EnvConfig,
@@ -155,7 +156,8 @@ def build_tokenizer(exp: ExperimentConfig, transcripts: list[list[dict[str, Any]
 
 
 def _plain_text(msg: dict[str, Any]) -> str:
-    """A message in the chat format's surface form (enough for BPE merges; special tokens are added anyway)."""
+    """A message in the chat format's surface form (enough for BPE merges; special tokens are added
+    anyway)."""
     if msg.get("tool_calls"):
         fn = msg["tool_calls"][0]["function"]
         return f'<tool_call>\n{{"name": "{fn["name"]}", "arguments": {fn["arguments"]}}}\n</tool_call>'

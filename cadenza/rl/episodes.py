@@ -128,7 +128,8 @@ def signal_rows(tokens: list[Any], drop: bool) -> tuple[set[int], int]:
 
 
 def record_pool(source: Any, step: int, episodes: list[Any]) -> dict[str, Any]:
-    """Hand every rollout's outcome to a source that keeps a task pool (``record``); its metrics join the step's."""
+    """Hand every rollout's outcome to a source that keeps a task pool (``record``); its metrics join the
+    step's."""
     record = getattr(source, "record", None)
     if not callable(record):
         return {}

@@ -44,7 +44,8 @@ def token_logprobs(
     chunk_size: int | None = 1024,
     temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob of ``targets`` ``[N]`` under the distributions at ``hidden`` ``[N, D]``, and the entropy (no grad)."""
+    """Log-prob of ``targets`` ``[N]`` under the distributions at ``hidden`` ``[N, D]``, and the entropy (no
+    grad)."""
 
     def chunk(hc: torch.Tensor, tc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = lm_head(hc)

@@ -154,7 +154,8 @@ def build_hinted_turns(
             if not 0 <= hint.turn < len(traj.turn_spans):
                 raise CadenzaError(
                     f"hint ({hint.kind}) points at turn {hint.turn} but trajectory {traj.group_id!r} has "
-                    f"{len(traj.turn_spans)} model turns (0..{len(traj.turn_spans) - 1}); fix the hint generator"
+                    f"{len(traj.turn_spans)} model turns (0..{len(traj.turn_spans) - 1}); fix the hint "
+                    "generator"
                 )
             if not hint.text.strip():
                 raise CadenzaError(f"hint ({hint.kind}) for turn {hint.turn} has empty text")
@@ -169,7 +170,8 @@ def _hinted_turn(row: int, traj: TokenTrajectory, hint: Hint, tokenizer: Any, pl
     gen = _segment_ending_at(traj, start)
     if gen is None or gen.kind != "prompt" or gen.message_index != m or not 0 < m <= len(traj.messages):
         raise CadenzaError(
-            f"trajectory {traj.group_id!r}: cannot locate the generation prompt and messages of turn {hint.turn}; "
+            f"trajectory {traj.group_id!r}: cannot locate the generation prompt and messages of turn "
+            f"{hint.turn}; "
             "hints need trajectories produced by cadenza.rl.rollout (with messages and segments)"
         )
     messages = traj.messages

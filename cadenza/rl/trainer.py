@@ -74,8 +74,15 @@ class Trainer:
         self.sd_config, self.step_config = sd_config(cfg), step_config(cfg)
         self.teacher = Teacher(self.model, self.sd_config)
         self.ref_model = self._frozen_copy() if cfg.loss.kl_ref > 0 else None
-        self.learner = Learner(cfg=cfg, policy=self.policy, tokenizer=self.tokenizer, optimizer=self.optimizer,
-                               teacher=self.teacher, step_config=self.step_config, ref_model=self.ref_model)  # fmt: skip
+        self.learner = Learner(
+            cfg=cfg,
+            policy=self.policy,
+            tokenizer=self.tokenizer,
+            optimizer=self.optimizer,
+            teacher=self.teacher,
+            step_config=self.step_config,
+            ref_model=self.ref_model,
+        )
         self.step = 0
         self.episodes = 0
         self.dropped_stale = 0
@@ -235,7 +242,8 @@ class Trainer:
                     progress[0].update(
                         progress[1],
                         advance=1,
-                        info=f"reward {row['reward']:.2f} invalid {row['invalid_tool_rate']:.2f} sd {row['sd_loss']:.3f}",
+                        info=f"reward {row['reward']:.2f} invalid {row['invalid_tool_rate']:.2f} sd "
+                        f"{row['sd_loss']:.3f}",
                     )
         finally:
             if progress is not None:
@@ -245,7 +253,8 @@ class Trainer:
         return read_metrics(self.logger.path)
 
     def _extra_modules(self) -> dict[str, torch.nn.Module]:
-        """Weights besides the policy that an exact resume needs: an EMA or frozen teacher, the KL reference."""
+        """Weights besides the policy that an exact resume needs: an EMA or frozen teacher, the KL
+        reference."""
         modules = {"teacher": self.teacher.model} if self.cfg.teacher.weights != "live" else {}
         if self.ref_model is not None:
             modules["reference"] = self.ref_model
@@ -259,8 +268,15 @@ class Trainer:
             "dropped_stale": self.dropped_stale,
             "pending": {s: eps for s, (eps, _) in pending.items() if self.step < s <= ahead},
         }
-        return ckpt.save_checkpoint(self.out, self.step, self.model, self.optimizer, trainer_state=state,
-                                    modules=self._extra_modules(), keep=self.cfg.run.keep_checkpoints)  # fmt: skip
+        return ckpt.save_checkpoint(
+            self.out,
+            self.step,
+            self.model,
+            self.optimizer,
+            trainer_state=state,
+            modules=self._extra_modules(),
+            keep=self.cfg.run.keep_checkpoints,
+        )
 
     def train_step(self, step: int) -> dict[str, Any]:
         """Rollouts -> drop the stale -> update -> sync the engine -> record the pool -> queue ahead."""
@@ -328,8 +344,14 @@ def _metrics_row(
 def _progress_bar(total: int, done: int) -> tuple[Any, Any]:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    progress = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)  # fmt: skip
+    progress = Progress(
+        TextColumn("[bold]train"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+        transient=False,
+    )
     bar = progress.add_task("train", total=total, completed=done, info="")
     progress.start()
     return progress, bar

@@ -134,7 +134,8 @@ class Learner:
 
     @torch.no_grad()
     def update_kl(self, tokens: list[Any], hinted: set[tuple[int, int]]) -> float:
-        """KL(before || after) of this step's update on un-hinted turns: k3 on the tokens sampled before it."""
+        """KL(before || after) of this step's update on un-hinted turns: k3 on the tokens sampled before
+        it."""
         total = count = 0.0
         mb = self.cfg.optim.microbatch
         for lo in range(0, len(tokens), mb):

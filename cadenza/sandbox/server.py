@@ -117,8 +117,8 @@ def clean():
 
 def run(req, fds):
     try:
-        proc = subprocess.Popen(req["argv"], stdin=subprocess.DEVNULL, stdout=fds[0], stderr=fds[-1], cwd=req["cwd"],
-                                env=req["env"], start_new_session=True, close_fds=True)
+        proc = subprocess.Popen(req["argv"], stdin=subprocess.DEVNULL, stdout=fds[0], stderr=fds[-1],
+                                cwd=req["cwd"], env=req["env"], start_new_session=True, close_fds=True)
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         os.write(fds[-1], ("cannot start %s: %s\n" % (req["argv"][0], exc)).encode(errors="replace"))
         for fd in fds:

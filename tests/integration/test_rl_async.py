@@ -51,7 +51,11 @@ def test_k0_is_the_synchronous_loop_bit_for_bit(sft_model, tmp_path, monkeypatch
     and the pre-engine loop (rollouts sampled inline from the trainer's own policy, no thread)."""
     default = Trainer(run_config(sft_model, tmp_path / "a", steps=3, k=0)).train()
 
-    monkeypatch.setattr(trainer_mod, "build_engine", lambda cfg, policy, tok, version: HFEngine(policy, share=False, version=version))  # fmt: skip
+    monkeypatch.setattr(
+        trainer_mod,
+        "build_engine",
+        lambda cfg, policy, tok, version: HFEngine(policy, share=False, version=version),
+    )
     copied = Trainer(run_config(sft_model, tmp_path / "b", steps=3, k=0)).train()
     monkeypatch.undo()
 
@@ -112,7 +116,11 @@ def test_k1_resume_after_a_crash_is_exact(sft_model, tmp_path, monkeypatch):
     """The checkpoint of step 2 keeps step 3's rollouts (sampled by version 1 while step 2 trained), so a
     run that dies in step 4's rollouts resumes exactly where an uninterrupted run would be."""
     full = Trainer(run_config(sft_model, tmp_path / "a", steps=4, k=1)).train()
-    monkeypatch.setattr(trainer_mod, "build_engine", lambda cfg, policy, tok, version: _CrashAtVersion(policy, share=False, version=version, at=2))  # fmt: skip
+    monkeypatch.setattr(
+        trainer_mod,
+        "build_engine",
+        lambda cfg, policy, tok, version: _CrashAtVersion(policy, share=False, version=version, at=2),
+    )
     with pytest.raises(EngineError, match="engine process died"):
         Trainer(run_config(sft_model, tmp_path / "b", steps=4, k=1)).train()
     monkeypatch.undo()
@@ -131,7 +139,11 @@ class _LaggingEngine(HFEngine):
 
 
 def test_stale_trajectories_are_dropped_and_counted(sft_model, tmp_path, monkeypatch):
-    monkeypatch.setattr(trainer_mod, "build_engine", lambda cfg, policy, tok, version: _LaggingEngine(policy, share=False, version=version))  # fmt: skip
+    monkeypatch.setattr(
+        trainer_mod,
+        "build_engine",
+        lambda cfg, policy, tok, version: _LaggingEngine(policy, share=False, version=version),
+    )
     rows = Trainer(run_config(sft_model, tmp_path / "run", steps=3, k=1)).train()
     # the first episode of each step is stale by min(s - 1, 1) + 2 > K = 1 and leaves the update
     assert [r["dropped_stale"] for r in rows] == [1, 1, 1]
@@ -206,7 +218,11 @@ def test_subprocess_engine_samples_exactly_like_in_process(sft_model, tmp_path, 
     monkeypatch.setattr(trainer_mod, "build_engine", build)
     rows = Trainer(run_config(sft_model, tmp_path / "proc", steps=3, k=1)).train()
     assert isinstance(engines[0], ProcessHFEngine) and not engines[0]._proc.is_alive()
-    monkeypatch.setattr(trainer_mod, "build_engine", lambda cfg, policy, tok, version: HFEngine(policy, share=False, version=version))  # fmt: skip
+    monkeypatch.setattr(
+        trainer_mod,
+        "build_engine",
+        lambda cfg, policy, tok, version: HFEngine(policy, share=False, version=version),
+    )
     same = Trainer(run_config(sft_model, tmp_path / "local", steps=3, k=1)).train()
     assert strip(rows) == strip(same)
 
@@ -253,7 +269,11 @@ def test_engine_context_overflow_ends_episodes_as_context_and_training_goes_on(
                 raise RuntimeError(f"HTTP 400: This model's maximum context length is {window} tokens.")
             return super().sample(request)
 
-    monkeypatch.setattr(trainer_mod, "build_engine", lambda cfg, policy, tok, version: Windowed(policy, share=False, version=version))  # fmt: skip
+    monkeypatch.setattr(
+        trainer_mod,
+        "build_engine",
+        lambda cfg, policy, tok, version: Windowed(policy, share=False, version=version),
+    )
     trainer = Trainer(run_config(sft_model, tmp_path / "run", steps=2, k=1))
     eps = trainer.collect(1)
     reasons = {e.rollout.tokens.metadata["stop_reason"] for e in eps}

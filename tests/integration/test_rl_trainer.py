@@ -1,4 +1,5 @@
-"""The trainer end to end on toolworld: CLI run, SD loss on hinted turns goes down, exact resume, bad configs."""
+"""The trainer end to end on toolworld: CLI run, SD loss on hinted turns goes down, exact resume, bad
+configs."""
 
 from __future__ import annotations
 

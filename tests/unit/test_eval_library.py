@@ -1,4 +1,5 @@
-"""Task discovery and the evaluation driver on tiny environments (no sandbox): concurrency, errors, summary."""
+"""Task discovery and the evaluation driver on tiny environments (no sandbox): concurrency, errors,
+summary."""
 
 from __future__ import annotations
 
@@ -20,8 +21,18 @@ from tests.unit.llm_helpers import ReachFiveEnv
 
 def make_tasks(root: Path, names: list[str]) -> None:
     for name in names:
-        save_task(root / name, Task(id=name, source="local:x", feature=Feature(qualname="x.f", path="x.py", kind="function"),
-                                    level=1, statement="s", fail_to_pass=[], pass_to_pass=[]))  # fmt: skip
+        save_task(
+            root / name,
+            Task(
+                id=name,
+                source="local:x",
+                feature=Feature(qualname="x.f", path="x.py", kind="function"),
+                level=1,
+                statement="s",
+                fail_to_pass=[],
+                pass_to_pass=[],
+            ),
+        )
 
 
 def test_discover_tasks(tmp_path):
@@ -72,8 +83,13 @@ def test_evaluate_runs_tasks_concurrently_and_survives_broken_ones(tmp_path):
 
     seen = []
     with serve(scripted([tool_call("add", n=5), tool_call("submit")])) as srv:
-        cfg = EvalConfig(tasks_dir=tmp_path / "set", out_dir=tmp_path / "out", concurrency=3, max_turns=5,
-                         llm=LLMConfig(endpoint=srv.url, model="m", backoff_s=0.01))  # fmt: skip
+        cfg = EvalConfig(
+            tasks_dir=tmp_path / "set",
+            out_dir=tmp_path / "out",
+            concurrency=3,
+            max_turns=5,
+            llm=LLMConfig(endpoint=srv.url, model="m", backoff_s=0.01),
+        )
         report = evaluate(cfg, make_env=make_env, on_result=lambda r: seen.append(r.task_id))
     assert sorted(seen) == ["broken", "t1", "t2", "t3", "t4"]
     assert SlowCounterEnv.peak >= 2  # episodes overlapped
@@ -106,13 +122,19 @@ def test_eval_config_validation(tmp_path):
 
 
 def test_context_overflow_in_eval_is_a_graded_context_exhausted_episode(tmp_path):
-    """The served model's HTTP 400 'maximum context length' ends the task as "context", graded, not errored."""
+    """The served model's HTTP 400 'maximum context length' ends the task as "context", graded, not
+    errored."""
     from tests.unit.test_llm_loop import VLLM_CONTEXT_400
 
     make_tasks(tmp_path / "set", ["t1"])
     with serve(scripted([tool_call("add", n=5), (400, VLLM_CONTEXT_400)])) as srv:
-        cfg = EvalConfig(tasks_dir=tmp_path / "set", out_dir=tmp_path / "out", concurrency=1, max_turns=5,
-                         llm=LLMConfig(endpoint=srv.url, model="m", backoff_s=0.01))  # fmt: skip
+        cfg = EvalConfig(
+            tasks_dir=tmp_path / "set",
+            out_dir=tmp_path / "out",
+            concurrency=1,
+            max_turns=5,
+            llm=LLMConfig(endpoint=srv.url, model="m", backoff_s=0.01),
+        )
         report = evaluate(cfg, make_env=lambda _: SlowCounterEnv())
     (res,) = report.results
     assert res.error is None and res.stop_reason == "context" and res.resolved and report.errored == 0

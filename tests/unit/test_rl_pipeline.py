@@ -86,7 +86,10 @@ def test_watched_engine_errors_become_one_line_and_overflow_stays_an_overflow():
     w = WatchedEngine(Broken())
     with pytest.raises(ContextLengthExceeded, match=r"maximum context length is 8 tokens$"):
         w.sample(SampleRequest([[1]], SamplingParams()))
-    with pytest.raises(EngineError, match=r"^engine 'fake' failed during weight sync to version 3: OSError: connection refused$"):  # fmt: skip
+    with pytest.raises(
+        EngineError,
+        match=r"^engine 'fake' failed during weight sync to version 3: OSError: connection refused$",
+    ):
         w.sync_weights(iter(()), version=3)
     assert w.busy is None
 

@@ -1,4 +1,5 @@
-"""The engine router: a session's turns stay on one engine, new sessions spread by load, syncs stream to all."""
+"""The engine router: a session's turns stay on one engine, new sessions spread by load, syncs stream to
+all."""
 
 from __future__ import annotations
 

@@ -41,7 +41,8 @@ class WeightTable:
             target = self.targets.get(name)
             if target is None:
                 raise CadenzaError(
-                    f"engine 'hf': the model has no weight named {name!r}; sync weights of the same architecture"
+                    f"engine 'hf': the model has no weight named {name!r}; sync weights of the same "
+                    "architecture"
                 )
             if target.shape != t.shape:
                 raise CadenzaError(
