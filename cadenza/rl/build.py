@@ -10,7 +10,7 @@ import torch
 
 from cadenza.errors import CadenzaError
 from cadenza.rl.config import TrainConfig
-from cadenza.rl.step import LossConfig as StepLossConfig
+from cadenza.rl.step import StepLossConfig
 from cadenza.rl.teacher import SelfDistillConfig
 
 

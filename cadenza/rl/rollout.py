@@ -43,7 +43,7 @@ class RolloutTask:
 
 
 @dataclass(kw_only=True)
-class RolloutConfig:
+class RolloutParams:
     group_size: int = 4
     max_turns: int = 8
     max_new_tokens: int = 256
@@ -111,7 +111,7 @@ def rollout(
     policy: Policy,
     tokenizer: Any,
     tasks: Sequence[RolloutTask],
-    config: RolloutConfig,
+    config: RolloutParams,
     *,
     on_episode_done: Callable[[int, int], None] | None = None,
     group_offset: int = 0,
@@ -192,7 +192,7 @@ def _advance(
     ids: list[int],
     logprobs: list[float],
     finish_reason: str,
-    config: RolloutConfig,
+    config: RolloutParams,
     policy_version: int = 0,
 ) -> bool:
     """Record one sampled turn and the env's answers; return whether the episode continues."""

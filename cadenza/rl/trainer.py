@@ -40,7 +40,7 @@ from cadenza.rl.config import TrainConfig, validate
 from cadenza.rl.curriculum import PoolExhausted
 from cadenza.rl.engines.weights import named_full_tensors
 from cadenza.rl.envs import load_source
-from cadenza.rl.episodes import Episode, collect_episodes, record_pool, sample_step_tasks, signal_rows
+from cadenza.rl.episodes import TrainEpisode, collect_episodes, record_pool, sample_step_tasks, signal_rows
 from cadenza.rl.local_engine import build_engine
 from cadenza.rl.pipeline import RolloutPipeline, WatchedEngine
 from cadenza.rl.probe import HintFollowingEroded, schedule_for_run
@@ -48,7 +48,7 @@ from cadenza.rl.teacher import Teacher
 from cadenza.rl.update import Learner, UpdateResult
 from cadenza.rl.workers import RayWorkers, Unit
 
-__all__ = ["Episode", "Trainer", "build_optimizer", "build_policy"]
+__all__ = ["TrainEpisode", "Trainer", "build_optimizer", "build_policy"]
 
 
 class Trainer:
@@ -86,7 +86,9 @@ class Trainer:
         self.step = 0
         self.episodes = 0
         self.dropped_stale = 0
-        self._restored: dict[int, list[Episode]] = {}  # rollouts queued ahead when the checkpoint was written
+        self._restored: dict[
+            int, list[TrainEpisode]
+        ] = {}  # rollouts queued ahead when the checkpoint was written
         self._engine: WatchedEngine | None = None
         self.pipeline: RolloutPipeline | None = None
         self.out.mkdir(parents=True, exist_ok=True)
@@ -128,12 +130,12 @@ class Trainer:
         shards gathered per tensor); engines map stacked MoE experts to their own names."""
         return named_full_tensors(self.model)
 
-    def collect(self, step: int) -> list[Episode]:
+    def collect(self, step: int) -> list[TrainEpisode]:
         """Rollouts for one step, graded, monitored and annotated with hints (synchronously, now)."""
         tasks = sample_step_tasks(self.source, self.cfg, step)
         return self._collect(step, tasks)
 
-    def _collect(self, step: int, tasks: list[Any]) -> list[Episode]:
+    def _collect(self, step: int, tasks: list[Any]) -> list[TrainEpisode]:
         workers = self.engine.engine
         if isinstance(workers, RayWorkers):  # one unit per task, run by the actors
             units = [Unit(step=step, index=i, task=t) for i, t in enumerate(tasks)]
@@ -154,13 +156,13 @@ class Trainer:
             self.pipeline.put(step, error=exc)
             return
 
-        def job() -> tuple[list[Episode], float]:
+        def job() -> tuple[list[TrainEpisode], float]:
             t0 = time.perf_counter()
             return self._collect(step, tasks), time.perf_counter() - t0
 
         self.pipeline.submit(step, job)
 
-    def _rollouts(self, step: int) -> tuple[list[Episode], float]:
+    def _rollouts(self, step: int) -> tuple[list[TrainEpisode], float]:
         """Step ``step``'s episodes and the seconds spent generating them (starts the pipeline if needed)."""
         if self.pipeline is None:
             engine = self._engine_at(step - 1)  # step ``step`` starts from the weights of version step - 1
@@ -169,7 +171,7 @@ class Trainer:
                 self._queue(s)
         return self.pipeline.take(step)
 
-    def _fresh(self, step: int, collected: list[Episode]) -> tuple[list[Episode], dict[str, Any]]:
+    def _fresh(self, step: int, collected: list[TrainEpisode]) -> tuple[list[TrainEpisode], dict[str, Any]]:
         """Episodes with a model turn sampled by weights at most ``max_staleness`` versions behind the
         ones this update starts from (version ``step - 1``); the stale are dropped and counted."""
         kept, staleness, dropped = [], [], 0
@@ -303,12 +305,12 @@ class Trainer:
     def _signal_rows(self, tokens: list[Any]) -> tuple[set[int], int]:
         return signal_rows(tokens, self.cfg.loss.drop_zero_variance)
 
-    def _record_pool(self, step: int, episodes: list[Episode]) -> dict[str, Any]:
+    def _record_pool(self, step: int, episodes: list[TrainEpisode]) -> dict[str, Any]:
         return record_pool(self.source, step, episodes)
 
 
 def _metrics_row(
-    episodes: list[Episode], upd: UpdateResult, kl: float, pool_row: dict[str, Any]
+    episodes: list[TrainEpisode], upd: UpdateResult, kl: float, pool_row: dict[str, Any]
 ) -> dict[str, Any]:
     """The step's metrics about its episodes and its update (timings are added by the caller)."""
     tokens = [e.rollout.tokens for e in episodes]

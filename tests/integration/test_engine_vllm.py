@@ -24,7 +24,7 @@ from cadenza.rl.chat import assistant_message, parse_tool_calls
 from cadenza.rl.engines import make_engine
 from cadenza.rl.engines.vllm_server import _group_pids
 from cadenza.rl.policy import HFPolicy, SampleRequest, SamplingParams, tiny_qwen3_config
-from cadenza.rl.rollout import RolloutConfig, RolloutTask, rollout
+from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
 from cadenza.rl.sft import SFTConfig, encode_messages, supervised_finetune
 from tests.integration.engine_helpers import TOL, check_sync_parity, hf_logprobs, requires_vllm, save
 from tests.unit.rl_helpers import TOOLS, CounterEnv, make_tokenizer
@@ -72,7 +72,7 @@ def setup(tmp_path_factory):
 
 def test_multi_turn_tool_episodes_are_token_exact(setup):
     tok, policy, engine, _ = setup
-    cfg = RolloutConfig(group_size=4, max_turns=4, max_new_tokens=40, temperature=TEMPERATURE, seed=0)
+    cfg = RolloutParams(group_size=4, max_turns=4, max_new_tokens=40, temperature=TEMPERATURE, seed=0)
     tasks = [RolloutTask(task_id="count3", make_env=CounterEnv)]
     out = rollout(engine, tok, tasks, cfg)
     assert max(len(r.trajectory.turns) for r in out) >= 2, "no multi-turn tool episode was sampled"

@@ -12,7 +12,7 @@ from cadenza.feedback.hints import Hint
 from cadenza.rl.chat import render
 from cadenza.rl.losses import self_distillation_loss
 from cadenza.rl.policy import HFPolicy, tiny_qwen3_config, tiny_qwen3_moe_config
-from cadenza.rl.rollout import RolloutConfig, RolloutTask, rollout
+from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
 from cadenza.rl.teacher import SelfDistillConfig, Teacher, build_hinted_turns, select_rows
 from cadenza.rl.tokens import TokenTrajectory, collate
 from tests.unit.rl_helpers import CounterEnv, ScriptedPolicy, make_tokenizer
@@ -41,7 +41,7 @@ def trajectories(tok):
             ScriptedPolicy(tok, turns),
             tok,
             [RolloutTask(task_id="t", make_env=CounterEnv)],
-            RolloutConfig(group_size=1),
+            RolloutParams(group_size=1),
         )
         out.append(r.tokens)
     return out
