@@ -51,23 +51,10 @@ def register(app: typer.Typer) -> None:
             else None
         )
 
-        llm = LLMConfig(
-            endpoint=endpoint,
-            model=model,
-            api_key=os.environ.get("OPENAI_API_KEY"),
-            timeout_s=timeout_s,
-            max_retries=retries,
-            temperature=temperature,
-        )
-        config = EvalConfig(
-            tasks_dir=tasks_dir,
-            llm=llm,
-            out_dir=out,
-            concurrency=concurrency,
-            max_turns=max_turns,
-            no_sandbox=no_sandbox,
-            judge=judge,
-        )
+        llm = LLMConfig(endpoint=endpoint, model=model, api_key=os.environ.get("OPENAI_API_KEY"),
+                        timeout_s=timeout_s, max_retries=retries, temperature=temperature)  # fmt: skip
+        config = EvalConfig(tasks_dir=tasks_dir, llm=llm, out_dir=out, concurrency=concurrency,
+                            max_turns=max_turns, no_sandbox=no_sandbox, judge=judge)  # fmt: skip
         n = len(discover_tasks(tasks_dir))
         report = _run_with_progress(config, n, evaluate)
         _print_report(report, out)
@@ -79,14 +66,8 @@ def register(app: typer.Typer) -> None:
 def _run_with_progress(config, n, evaluate):  # type: ignore[no-untyped-def]
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(
-        TextColumn("[bold]eval"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[last]}"),
-        TimeElapsedColumn(),
-        transient=False,
-    ) as progress:
+    columns = (TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[last]}"))
+    with Progress(*columns, TimeElapsedColumn(), transient=False) as progress:
         bar = progress.add_task("eval", total=n, last="")
 
         def on_result(res) -> None:  # type: ignore[no-untyped-def]

@@ -74,21 +74,14 @@ class Trainer:
         self.sd_config, self.step_config = sd_config(cfg), step_config(cfg)
         self.teacher = Teacher(self.model, self.sd_config)
         self.ref_model = self._frozen_copy() if cfg.loss.kl_ref > 0 else None
-        self.learner = Learner(
-            cfg=cfg,
-            policy=self.policy,
-            tokenizer=self.tokenizer,
-            optimizer=self.optimizer,
-            teacher=self.teacher,
-            step_config=self.step_config,
-            ref_model=self.ref_model,
-        )
+        self.learner = Learner(cfg=cfg, policy=self.policy, tokenizer=self.tokenizer,
+                               optimizer=self.optimizer, teacher=self.teacher, step_config=self.step_config,
+                               ref_model=self.ref_model)  # fmt: skip
         self.step = 0
         self.episodes = 0
         self.dropped_stale = 0
-        self._restored: dict[
-            int, list[TrainEpisode]
-        ] = {}  # rollouts queued ahead when the checkpoint was written
+        # rollouts queued ahead when the checkpoint was written
+        self._restored: dict[int, list[TrainEpisode]] = {}
         self._engine: WatchedEngine | None = None
         self.pipeline: RolloutPipeline | None = None
         self.out.mkdir(parents=True, exist_ok=True)

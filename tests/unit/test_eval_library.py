@@ -83,13 +83,8 @@ def test_evaluate_runs_tasks_concurrently_and_survives_broken_ones(tmp_path):
 
     seen = []
     with serve(scripted([tool_call("add", n=5), tool_call("submit")])) as srv:
-        cfg = EvalConfig(
-            tasks_dir=tmp_path / "set",
-            out_dir=tmp_path / "out",
-            concurrency=3,
-            max_turns=5,
-            llm=LLMConfig(endpoint=srv.url, model="m", backoff_s=0.01),
-        )
+        cfg = EvalConfig(tasks_dir=tmp_path / "set", out_dir=tmp_path / "out", concurrency=3, max_turns=5,
+                         llm=LLMConfig(endpoint=srv.url, model="m", backoff_s=0.01))  # fmt: skip
         report = evaluate(cfg, make_env=make_env, on_result=lambda r: seen.append(r.task_id))
     assert sorted(seen) == ["broken", "t1", "t2", "t3", "t4"]
     assert SlowCounterEnv.peak >= 2  # episodes overlapped
@@ -128,13 +123,8 @@ def test_context_overflow_in_eval_is_a_graded_context_exhausted_episode(tmp_path
 
     make_tasks(tmp_path / "set", ["t1"])
     with serve(scripted([tool_call("add", n=5), (400, VLLM_CONTEXT_400)])) as srv:
-        cfg = EvalConfig(
-            tasks_dir=tmp_path / "set",
-            out_dir=tmp_path / "out",
-            concurrency=1,
-            max_turns=5,
-            llm=LLMConfig(endpoint=srv.url, model="m", backoff_s=0.01),
-        )
+        cfg = EvalConfig(tasks_dir=tmp_path / "set", out_dir=tmp_path / "out", concurrency=1, max_turns=5,
+                         llm=LLMConfig(endpoint=srv.url, model="m", backoff_s=0.01))  # fmt: skip
         report = evaluate(cfg, make_env=lambda _: SlowCounterEnv())
     (res,) = report.results
     assert res.error is None and res.stop_reason == "context" and res.resolved and report.errored == 0
