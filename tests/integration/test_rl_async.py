@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cadenza.checkpoint import step_name
 from cadenza.errors import CadenzaError
 from cadenza.metrics import read_metrics
 from cadenza.rl import trainer as trainer_mod
@@ -200,7 +201,7 @@ def test_engine_failure_mid_step_is_one_line_and_leaves_nothing(sft_model, tmp_p
     assert done == list(range(1, len(done) + 1)) and len(done) < 6  # only whole steps were logged
     root = tmp_path / "run" / "checkpoints"
     ckpts = sorted(p.name for p in root.iterdir()) if root.exists() else []
-    assert ckpts == [f"step-{s:06d}" for s in done][-2:]  # one per logged step (keep 2), none half-written
+    assert ckpts == [step_name(s) for s in done][-2:]  # one per logged step (keep 2), none half-written
 
 
 def test_subprocess_engine_samples_exactly_like_in_process(sft_model, tmp_path, monkeypatch):
