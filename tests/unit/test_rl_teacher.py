@@ -10,7 +10,7 @@ import torch
 from cadenza.errors import CadenzaError
 from cadenza.feedback.hints import Hint
 from cadenza.rl.chat import render
-from cadenza.rl.losses import self_distillation_loss
+from cadenza.rl.losses import DivergenceSpec, self_distillation_loss
 from cadenza.rl.policy import HFPolicy, tiny_qwen3_config, tiny_qwen3_moe_config
 from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
 from cadenza.rl.teacher import SelfDistillConfig, Teacher, build_hinted_turns, select_rows
@@ -129,7 +129,7 @@ def test_sd_loss_matches_public_loss_and_gradients_stay_in_target_turns(tok, tra
                 it.teacher_turn_start - 1 : it.teacher_turn_start - 1 + it.num_tokens
             ]
             mask[i, : it.num_tokens] = 1
-        ref = self_distillation_loss(s_logits, t_logits, mask, divergence="jsd", beta=0.3)
+        ref = self_distillation_loss(s_logits, t_logits, mask, DivergenceSpec(divergence="jsd", beta=0.3))
     assert result.loss.item() == pytest.approx(ref.item(), rel=1e-9)
 
     result.loss.backward()
