@@ -29,26 +29,9 @@ import torch
 
 def _tiny_model(out: Path) -> Path:
     """A tiny Qwen3 that speaks toolworld's call format (a few seconds of SFT on generated transcripts)."""
-    from cadenza.experiments.corpus import corpus
-    from cadenza.experiments.tool_hints import CALL_PIECES, _plain_text
-    from cadenza.rl.chat import CHAT_TEMPLATE, train_tokenizer
-    from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
-    from cadenza.rl.sft import SFTConfig, encode_messages, supervised_finetune
+    from cadenza.experiments.warmup import warm_up_toolworld_model
 
-    transcripts = corpus(seed=7, n=300)
-    tok = train_tokenizer(
-        [_plain_text(m) for t in transcripts for m in t] + ["assistant\n"] * 20,
-        vocab_size=400,
-        extra_special_tokens=CALL_PIECES,
-    )
-    tok.chat_template = CHAT_TEMPLATE
-    policy = HFPolicy.from_config(
-        tiny_qwen3_config(len(tok), hidden_size=128, intermediate_size=256, head_dim=32), seed=0
-    )
-    data = [encode_messages(tok, m) for m in transcripts]
-    supervised_finetune(policy, tok, data, SFTConfig(steps=40, batch_size=16, lr=1e-2, warmup=5))
-    policy.model.save_pretrained(str(out))
-    tok.save_pretrained(str(out))
+    warm_up_toolworld_model(out, sft_steps=40, hidden_size=128, intermediate_size=256, head_dim=32)
     return out
 
 

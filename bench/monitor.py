@@ -31,7 +31,8 @@ CALLS = [
     (
         "bash",
         {
-            "command": "cat > /tmp/r.py <<'EOF'\nfrom mypkg.core import scale\nprint(scale(3))\nEOF\npython /tmp/r.py"
+            "command": "cat > /tmp/r.py <<'EOF'\nfrom mypkg.core import scale\nprint(scale(3))\nEOF\npython "
+            "/tmp/r.py"
         },
     ),
     ("bash", {"command": "find . -name '*.py' -not -path '*/__pycache__/*' | xargs wc -l | sort -n | tail"}),

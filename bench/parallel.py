@@ -31,22 +31,15 @@ LAYOUTS = {"dual": dict(dp_shard=4, cp=2, ep=8), "shared": dict(dp_shard=4, cp=2
 
 def _model():
     import torch
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import Qwen3MoeForCausalLM
+
+    from cadenza.rl.policy import tiny_qwen3_moe_config
 
     torch.manual_seed(0)
-    cfg = Qwen3MoeConfig(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        num_experts=16,
-        num_experts_per_tok=2,
-        max_position_embeddings=SEQ,
-    )
+    cfg = tiny_qwen3_moe_config(
+        512, hidden_size=128, intermediate_size=256, moe_intermediate_size=128, head_dim=32, num_experts=16,
+        max_position_embeddings=SEQ, norm_topk_prob=False,
+    )  # fmt: skip
     cfg._attn_implementation = "sdpa"
     return Qwen3MoeForCausalLM(cfg).float()
 

@@ -39,9 +39,9 @@ from cadenza.agent.env import StepResult, ToolCall
 from cadenza.feedback.hints import Hint
 from cadenza.rl.chat import train_tokenizer
 from cadenza.rl.losses import group_advantages, grpo_loss
-from cadenza.rl.policy import HFPolicy, Sample, SamplingParams, tiny_qwen3_config
-from cadenza.rl.rollout import RolloutConfig, RolloutTask, rollout
-from cadenza.rl.step import LossConfig, rl_losses
+from cadenza.rl.policy import HFPolicy, Sample, SampleRequest, tiny_qwen3_config
+from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
+from cadenza.rl.step import StepLossConfig, rl_losses
 from cadenza.rl.teacher import SelfDistillConfig, Teacher, build_hinted_turns
 from cadenza.rl.tokens import collate
 
@@ -106,14 +106,15 @@ class ShellLikeEnv:
 
 
 class FillerPolicy:
-    """Emits a short thought plus one ``run`` call per turn (stands in for a sampler; the step is what's timed)."""
+    """Emits a short thought plus one ``run`` call per turn (stands in for a sampler; the step is what's
+    timed)."""
 
     def __init__(self, tokenizer: Any, seed: int, words: int) -> None:
         self.tok, self.rng, self.words = tokenizer, random.Random(seed), words
 
-    def sample(self, prompts, params: SamplingParams, *, generator=None) -> list[Sample]:
+    def sample(self, request: SampleRequest) -> list[Sample]:
         out = []
-        for _ in prompts:
+        for _ in request.prompts:
             call = json.dumps({"name": "run", "arguments": {"cmd": _text(self.rng, 4)}})
             text = f"{_text(self.rng, self.words)}\n<tool_call>\n{call}\n</tool_call>"
             ids = [*self.tok.encode(text, add_special_tokens=False), self.tok.eos_token_id]
@@ -132,7 +133,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
         FillerPolicy(tok, 0, args.turn_words),
         tok,
         tasks,
-        RolloutConfig(group_size=2, max_turns=args.turns, max_context_tokens=100_000),
+        RolloutParams(group_size=2, max_turns=args.turns, max_context_tokens=100_000),
     )
     trajs = [r.tokens for r in out]
     # 1 model turn in 10 gets a hint (spread over the batch)
@@ -179,7 +180,7 @@ def step(
         env["adv"],
         items=env["items"] if sd else (),
         teacher=teacher,
-        config=LossConfig(chunk_size=chunk_size),
+        config=StepLossConfig(chunk_size=chunk_size),
     )
     res.loss.backward()
     return time.perf_counter() - w0, time.process_time() - c0

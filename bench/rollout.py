@@ -22,7 +22,7 @@ import torch
 
 from cadenza.rl.engines import make_engine
 from cadenza.rl.engines.weights import named_full_tensors
-from cadenza.rl.policy import HFPolicy, SamplingParams, tiny_qwen3_config
+from cadenza.rl.policy import HFPolicy, SampleRequest, SamplingParams, tiny_qwen3_config
 
 
 def _tiny(out: Path) -> tuple[HFPolicy, list[list[int]]]:
@@ -60,9 +60,11 @@ def _smollm2(out: Path) -> tuple[HFPolicy, list[list[int]], Path]:
 
 def _tokens_per_s(engine, prompts: list[list[int]], new_tokens: int) -> float:
     params = SamplingParams(max_new_tokens=new_tokens, temperature=1.0)  # no stop ids: every sample is full
-    engine.sample(prompts[:2], SamplingParams(max_new_tokens=4), generator=torch.Generator().manual_seed(1))
+    engine.sample(
+        SampleRequest(prompts[:2], SamplingParams(max_new_tokens=4), torch.Generator().manual_seed(1))
+    )
     t0 = time.perf_counter()
-    out = engine.sample(prompts, params, generator=torch.Generator().manual_seed(0))
+    out = engine.sample(SampleRequest(prompts, params, torch.Generator().manual_seed(0)))
     return sum(len(s.token_ids) for s in out) / (time.perf_counter() - t0)
 
 

@@ -1,4 +1,5 @@
-"""Teacher erosion under stress: the same GRPO + SD run with each teacher, the hint-following diagnostic logged.
+"""Teacher erosion under stress: the same GRPO + SD run with each teacher, the hint-following diagnostic
+logged.
 
 A stress test, not the pre-registered experiment: a high learning rate (default 2e-3, 4x the
 experiment's) makes a live teacher's erosion show within a few dozen steps. Prints one JSON object: per

@@ -84,23 +84,21 @@ def _convert(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where} must be a table, got {type(value).__name__}")
         return dict(value)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"{where} must be true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"{where} must be an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ConfigError(f"{where} must be a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"{where} must be a string, got {value!r}")
-        return value
+    if tp in _SCALARS:
+        accepted, what = _SCALARS[tp]
+        if not isinstance(value, accepted) or (tp is not bool and isinstance(value, bool)):
+            raise ConfigError(f"{where} must be {what}, got {value!r}")
+        return float(value) if tp is float else value
     raise AssertionError(f"unsupported config type {tp!r} at {where}")
+
+
+# TOML scalar types: what a field of each accepts (never a bool for a number) and how an error names it.
+_SCALARS: dict[Any, tuple[Any, str]] = {
+    bool: (bool, "true or false"),
+    int: (int, "an integer"),
+    float: (int | float, "a number"),
+    str: (str, "a string"),
+}
 
 
 def from_dict(cls: type, data: dict[str, Any], where: str = "") -> Any:

@@ -105,7 +105,8 @@ def serve(policy: Policy) -> Iterator[ChatServer]:
 
 
 def scripted(turns: list[Any]) -> Policy:
-    """Reply with ``turns[k]`` where k counts assistant messages already in the request (one script per conversation)."""
+    """Reply with ``turns[k]`` where k counts assistant messages already in the request (one script per
+    conversation)."""
 
     def policy(body: dict[str, Any]) -> Any:
         k = sum(1 for m in body.get("messages", []) if m.get("role") == "assistant")

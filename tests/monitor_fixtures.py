@@ -45,8 +45,8 @@ def build_pytest_venv(env: Path) -> Path:
     python = str(env / "bin" / "python")
     if subprocess.run([python, "-c", "import pytest"], capture_output=True).returncode != 0:
         # Distributions without a RECORD (unusual installs): fall back to pip, as a user would.
-        subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q", "--disable-pip-version-check",
-                        "pytest"], check=True, timeout=600)  # fmt: skip
+        subprocess.run([sys.executable, "-m", "pip", "--python", python, "install", "-q",
+                        "--disable-pip-version-check", "pytest"], check=True, timeout=600)  # fmt: skip
     return env
 
 

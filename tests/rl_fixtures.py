@@ -12,9 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from cadenza.experiments.corpus import corpus
-from cadenza.experiments.tool_hints import CALL_PIECES, _plain_text
-from cadenza.rl.chat import CHAT_TEMPLATE, train_tokenizer
+from cadenza.experiments.warmup import warm_up_toolworld_model
 from cadenza.rl.config import (
     EnvConfig,
     LossConfig,
@@ -24,8 +22,6 @@ from cadenza.rl.config import (
     RunConfig,
     TrainConfig,
 )
-from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
-from cadenza.rl.sft import SFTConfig, encode_messages, supervised_finetune
 
 TIMING = {"tokens_per_s", "rollout_s", "step_s", "generate_s", "sync_s"}
 
@@ -34,19 +30,8 @@ def _sft(out: Path, **arch) -> Path:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        transcripts = corpus(seed=7, n=300)
-        tok = train_tokenizer(
-            [_plain_text(m) for t in transcripts for m in t] + ["assistant\n"] * 20,
-            vocab_size=400,
-            extra_special_tokens=CALL_PIECES,
-        )
-        tok.chat_template = CHAT_TEMPLATE
-        policy = HFPolicy.from_config(tiny_qwen3_config(len(tok), **arch), seed=0)
-        data = [encode_messages(tok, m) for m in transcripts]
-        losses = supervised_finetune(policy, tok, data, SFTConfig(steps=60, batch_size=16, lr=1e-2, warmup=5))
+        losses = warm_up_toolworld_model(out, **arch)
         assert losses[-1] < losses[0] / 4
-        policy.model.save_pretrained(str(out))
-        tok.save_pretrained(str(out))
     finally:
         torch.set_num_threads(threads)
     return out

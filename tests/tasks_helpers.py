@@ -149,7 +149,8 @@ def make_repo(
 
 
 def shared_env_cache(tmp_path_factory) -> Path:
-    """One base-env cache for the whole test session (or ``CADENZA_TEST_ENV_CACHE`` to keep it across runs)."""
+    """One base-env cache for the whole test session (or ``CADENZA_TEST_ENV_CACHE`` to keep it across
+    runs)."""
     import os
 
     keep = os.environ.get("CADENZA_TEST_ENV_CACHE")

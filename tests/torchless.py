@@ -13,7 +13,8 @@ import importlib.abc, sys
 class _NotInstalled(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path=None, target=None):
         if name.partition(".")[0] in {TRAIN_ONLY!r}:
-            raise ModuleNotFoundError(f"No module named {{name!r}} (blocked: cadenza[train] not installed)", name=name)
+            msg = f"No module named {{name!r}} (blocked: cadenza[train] not installed)"
+            raise ModuleNotFoundError(msg, name=name)
         return None
 sys.meta_path.insert(0, _NotInstalled())
 """

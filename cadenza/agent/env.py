@@ -27,7 +27,8 @@ class StepResult:
 
 class Env(Protocol):
     def reset(self) -> list[dict[str, Any]]:
-        """Start an episode; return the initial OpenAI-format messages (system with tools, user with the task)."""
+        """Start an episode; return the initial OpenAI-format messages (system with tools, user with the
+        task)."""
 
     def tools(self) -> list[dict[str, Any]]:
         """OpenAI function-calling schemas of the tools available in this episode."""
@@ -36,7 +37,8 @@ class Env(Protocol):
         """Execute one tool call."""
 
     def finish(self) -> dict[str, Any]:
-        """End the episode (grade if needed); return the outcome with at least ``reward`` (float) and ``resolved`` (bool)."""
+        """End the episode (grade if needed); return the outcome with at least ``reward`` (float) and
+        ``resolved`` (bool)."""
 
 
 class NoToolsView:

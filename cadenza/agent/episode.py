@@ -141,7 +141,8 @@ class Episode:
         logprobs: list[float] | None = None,
         tokens: int | None = None,
     ) -> StepResult:
-        """Execute ``call``; ``content``/``token_ids``/``logprobs`` describe the assistant message that made it."""
+        """Execute ``call``; ``content``/``token_ids``/``logprobs`` describe the assistant message that made
+        it."""
         traj, box = self._require()
         if self.done:
             return StepResult(observation="Error: the episode is over.", done=True, error_kind="tool_error")
@@ -204,7 +205,8 @@ class Episode:
         logprobs: list[float] | None = None,
         tokens: int | None = None,
     ) -> StepResult:
-        """An assistant message without a tool call: recorded as a turn; the observation asks for a tool call."""
+        """An assistant message without a tool call: recorded as a turn; the observation asks for a tool
+        call."""
         traj, _ = self._require()
         if self.done:
             return StepResult(observation="Error: the episode is over.", done=True, error_kind="tool_error")

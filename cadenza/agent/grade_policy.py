@@ -132,7 +132,8 @@ def is_packaging_metadata(rel: str) -> bool:
 
 
 def is_doctest(nodeid: str) -> bool:
-    """``pkg/mod.py::pkg.mod.func`` is a doctest item: its file is source the agent may edit, not a test file."""
+    """``pkg/mod.py::pkg.mod.func`` is a doctest item: its file is source the agent may edit, not a test
+    file."""
     _, sep, rest = nodeid.partition("::")
     return bool(sep) and "::" not in rest and "." in rest.split("[", 1)[0]
 

@@ -55,7 +55,8 @@ class LLMConfig:
     def __post_init__(self) -> None:
         if not self.endpoint.startswith(("http://", "https://")):
             raise CadenzaError(
-                f"endpoint {self.endpoint!r} is not an http(s) URL; pass e.g. --endpoint http://127.0.0.1:8000/v1"
+                f"endpoint {self.endpoint!r} is not an http(s) URL; pass e.g. --endpoint "
+                "http://127.0.0.1:8000/v1"
             )
         if not self.model:
             raise CadenzaError("no model name given; pass --model NAME as the server knows it")
@@ -200,7 +201,8 @@ _TOOL_CALL_TAG = re.compile(r"<tool_call>\s*(\{.*?\})\s*</tool_call>", re.S)
 
 
 def _calls_in_text(content: str) -> list[dict[str, Any]]:
-    """Tool calls a server left in the text (Hermes/Qwen ``<tool_call>{"name": .., "arguments": ..}</tool_call>``),
+    """Tool calls a server left in the text (Hermes/Qwen ``<tool_call>{"name": .., "arguments":
+    ..}</tool_call>``),
     for servers started without a tool-call parser. Blocks that are not valid JSON are left as text."""
     calls = []
     for i, m in enumerate(_TOOL_CALL_TAG.finditer(content)):

@@ -114,10 +114,19 @@ def run_agent(
                         "tool_calls": [tc],
                     }
                 )
-                own.turns.append(TurnMeta(index=len(own.turns), message_index=len(own.messages) - 1, tool=call.name,
-                                          arguments=call.arguments if isinstance(call.arguments, dict) else {"_raw": call.arguments},
-                                          error_kind=result.error_kind, exit_code=result.info.get("exit_code"),
-                                          duration_s=time.monotonic() - t0))  # fmt: skip
+                own.turns.append(
+                    TurnMeta(
+                        index=len(own.turns),
+                        message_index=len(own.messages) - 1,
+                        tool=call.name,
+                        arguments=call.arguments
+                        if isinstance(call.arguments, dict)
+                        else {"_raw": call.arguments},
+                        error_kind=result.error_kind,
+                        exit_code=result.info.get("exit_code"),
+                        duration_s=time.monotonic() - t0,
+                    )
+                )
                 own.messages.append({"role": "tool", "tool_call_id": call.id, "content": result.observation})
             if result.done:
                 done = True

@@ -60,7 +60,8 @@ class Outcome:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Outcome:
-        """Read a stored outcome (``Trajectory.outcome``); missing parts default to a failed, unflagged one."""
+        """Read a stored outcome (``Trajectory.outcome``); missing parts default to a failed, unflagged
+        one."""
         flags = [
             Flag(
                 rule=f["rule"],

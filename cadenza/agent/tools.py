@@ -179,7 +179,8 @@ class Toolbox:
         args, problem = check_arguments(params, arguments)
         if problem is not None:
             return ToolResult(
-                observation=f"Error: invalid arguments for tool '{name}': {problem}. Expected: {signature(params)}",
+                observation=f"Error: invalid arguments for tool '{name}': {problem}. Expected: "
+                f"{signature(params)}",
                 error_kind="invalid_arguments",
             )
         try:

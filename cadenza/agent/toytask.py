@@ -62,8 +62,10 @@ class TestClamp:
         with pytest.raises(ValueError):
             ops.clamp(1, 5, 0)
 """,
-    "tests/test_text.py": "from calc.text import shout\n\n\ndef test_shout():\n    assert shout('hi') == 'HI!'\n",
-    "pyproject.toml": '[project]\nname = "calc"\nversion = "0.1"\n\n[tool.pytest.ini_options]\ntestpaths = ["tests"]\n',
+    "tests/test_text.py": "from calc.text import shout\n\n\ndef test_shout():\n    assert shout('hi') == "
+    "'HI!'\n",
+    "pyproject.toml": '[project]\nname = "calc"\nversion = "0.1"\n\n[tool.pytest.ini_options]\ntestpaths = '
+    '["tests"]\n',
 }
 F2P = [
     "tests/test_ops.py::test_clamp_inside",
@@ -83,7 +85,8 @@ GOLD_PATCH = "".join(
 
 
 def make_task(taskset: Path, name: str, env: Path) -> Path:
-    """Write the task ``taskset/name`` whose environment is ``env`` (a venv with pytest); return its directory."""
+    """Write the task ``taskset/name`` whose environment is ``env`` (a venv with pytest); return its
+    directory."""
     task_dir = taskset / name
     for rel, text in FILES.items():
         path = task_dir / "workspace" / rel

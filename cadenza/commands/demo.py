@@ -44,7 +44,8 @@ def register(app: typer.Typer) -> None:
             0, "--max-staleness", help="Steps rollouts may run ahead of training (0 = synchronous)."
         ),
     ) -> None:
-        """Tasks from a real package -> tiny policy -> RL (sandbox, monitor, feedback, GRPO + SD, curriculum) -> report."""
+        """Tasks from a real package -> tiny policy -> RL (sandbox, monitor, feedback, GRPO + SD, curriculum)
+        -> report."""
         from rich.console import Console
 
         from cadenza import preflight

@@ -36,7 +36,8 @@ def register(app: typer.Typer) -> None:
         ),
         judge_model: str | None = typer.Option(None, "--judge-model", help="Model name of the LLM judge."),
     ) -> None:
-        """Run a model behind a chat-completions API as the agent on every task; print resolved rate, flags, turns, time."""
+        """Run a model behind a chat-completions API as the agent on every task; print resolved rate, flags,
+        turns, time."""
         from cadenza.agent.evaluate import EvalConfig, discover_tasks, evaluate
         from cadenza.agent.llm import LLMConfig
         from cadenza.errors import CadenzaError
@@ -50,10 +51,10 @@ def register(app: typer.Typer) -> None:
             else None
         )
 
-        llm = LLMConfig(endpoint=endpoint, model=model, api_key=os.environ.get("OPENAI_API_KEY"), timeout_s=timeout_s,
-                        max_retries=retries, temperature=temperature)  # fmt: skip
-        config = EvalConfig(tasks_dir=tasks_dir, llm=llm, out_dir=out, concurrency=concurrency, max_turns=max_turns,
-                            no_sandbox=no_sandbox, judge=judge)  # fmt: skip
+        llm = LLMConfig(endpoint=endpoint, model=model, api_key=os.environ.get("OPENAI_API_KEY"),
+                        timeout_s=timeout_s, max_retries=retries, temperature=temperature)  # fmt: skip
+        config = EvalConfig(tasks_dir=tasks_dir, llm=llm, out_dir=out, concurrency=concurrency,
+                            max_turns=max_turns, no_sandbox=no_sandbox, judge=judge)  # fmt: skip
         n = len(discover_tasks(tasks_dir))
         report = _run_with_progress(config, n, evaluate)
         _print_report(report, out)
@@ -65,8 +66,8 @@ def register(app: typer.Typer) -> None:
 def _run_with_progress(config, n, evaluate):  # type: ignore[no-untyped-def]
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[last]}"),
-                  TimeElapsedColumn(), transient=False) as progress:  # fmt: skip
+    columns = (TextColumn("[bold]eval"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[last]}"))
+    with Progress(*columns, TimeElapsedColumn(), transient=False) as progress:
         bar = progress.add_task("eval", total=n, last="")
 
         def on_result(res) -> None:  # type: ignore[no-untyped-def]
@@ -97,8 +98,15 @@ def _print_report(report, out: Path) -> None:  # type: ignore[no-untyped-def]
             if r.resolved
             else "[red]no[/]"
         )
-        table.add_row(r.task_id, resolved, f"{r.reward:g}", str(r.turns),
-                      ", ".join(sorted(set(r.flags))) or "-", f"{r.seconds:.1f}", (r.error or "")[:60])  # fmt: skip
+        table.add_row(
+            r.task_id,
+            resolved,
+            f"{r.reward:g}",
+            str(r.turns),
+            ", ".join(sorted(set(r.flags))) or "-",
+            f"{r.seconds:.1f}",
+            (r.error or "")[:60],
+        )
     console = Console()
     console.print(table)
     summary = Table(show_header=False, title="summary")

@@ -35,7 +35,8 @@ def register(app: typer.Typer) -> None:
             help="Override model.path: an HF directory, or smollm2 (offline SmolLM2-135M-Instruct).",
         ),
     ) -> None:
-        """Train a policy with GRPO plus self-distillation from text hints; metrics, checkpoints, exact resume."""
+        """Train a policy with GRPO plus self-distillation from text hints; metrics, checkpoints, exact
+        resume."""
         from cadenza import preflight
         from cadenza.rl.config import load_config
         from cadenza.rl.envs import SANDBOXED_ENVS
@@ -69,5 +70,6 @@ def register(app: typer.Typer) -> None:
             )
             if "units_retried" in last:  # rollout actors: the run's faults, as counted by the workers
                 typer.echo(
-                    f"rollout units: {last['units_retried']} retried after a worker died, {last['units_lost']} lost"
+                    f"rollout units: {last['units_retried']} retried after a worker died, "
+                    f"{last['units_lost']} lost"
                 )

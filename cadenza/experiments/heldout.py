@@ -26,7 +26,7 @@ def run_episodes(
     policy: Any, tokenizer: Any, tasks: list[ToolworldTask], *, group_size: int, seed: int, exp: Any
 ) -> tuple[list[Any], list[ToolworldEnv]]:
     """Roll out ``group_size`` episodes per task; also return the envs (in the same order)."""
-    from cadenza.rl.rollout import RolloutConfig, RolloutTask, rollout
+    from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
 
     envs: list[ToolworldEnv] = []
     cfg = ToolworldConfig()
@@ -39,7 +39,7 @@ def run_episodes(
 
         return make
 
-    params = RolloutConfig(
+    params = RolloutParams(
         group_size=group_size,
         max_turns=cfg.max_steps + cfg.extra_turns,
         max_new_tokens=exp.max_new_tokens,

@@ -60,7 +60,8 @@ def _stat(values: list[float | None], fmt: str = "{:.2f}") -> str:
 
 def summary_table(results: dict[str, Any]) -> str:
     lines = [
-        "| arm | held-out episodes to 95% valid calls | final held-out success | final held-out invalid rate | "
+        "| arm | held-out episodes to 95% valid calls | final held-out success | final held-out invalid "
+        "rate | "
         "teacher P(correct \\| hint), first -> last |",
         "|---|---|---|---|---|",
     ]
@@ -73,7 +74,8 @@ def summary_table(results: dict[str, Any]) -> str:
         )
         lines.append(
             f"| {ARM_LABELS.get(arm, arm)} | {_stat([r['episodes_to_95'] for r in runs], '{:.0f}')} | "
-            f"{_stat([r['final_success'] for r in runs])} | {_stat([r['final_invalid_rate'] for r in runs], '{:.3f}')} | "
+            f"{_stat([r['final_success'] for r in runs])} | "
+            f"{_stat([r['final_invalid_rate'] for r in runs], '{:.3f}')} | "
             f"{drift} |"
         )
     return "\n".join(lines)
@@ -139,7 +141,8 @@ def protocol(exp: Any) -> dict[str, Any]:
     return {
         "document": "docs/experiments.md#4-protocol-of-the-redesigned-experiment-pre-registered",
         "scoring": f"{exp.heldout_tasks} fixed held-out tasks (seed {exp.heldout_seed}), 1 sample each, "
-        f"every {exp.eval_every} steps; reached = mean valid rate of 2 consecutive evaluations >= {exp.target}",
+        f"every {exp.eval_every} steps; reached = mean valid rate of 2 consecutive evaluations >= "
+        f"{exp.target}",
         "budget": "largest supervised steps-to-target over seeds (cap max_steps), unless budget_steps > 0",
         "goal": [
             "grpo_sd reaches the target in >= 4 of 5 seeds (80% of seeds) with <= 1/3 of GRPO's episodes "
@@ -215,8 +218,8 @@ def verdict(results: dict[str, Any]) -> list[str]:
         )
     )
     return [
-        f"1. SD reaches 95% held-out valid calls in >= 80% of seeds with <= 1/3 of GRPO's episodes: {_word(a['met'])}"
-        + (f" ({a['seeds_ok']}/{a['seeds']} seeds)" if a["met"] is not None else ""),
+        "1. SD reaches 95% held-out valid calls in >= 80% of seeds with <= 1/3 of GRPO's episodes: "
+        f"{_word(a['met'])}" + (f" ({a['seeds_ok']}/{a['seeds']} seeds)" if a["met"] is not None else ""),
         f"2. Placebo within noise of GRPO (final invalid rate): {_word(p['met'])}"
         + (f" (difference {p['diff']:+.3f}, 2 SE {p['two_se']:.3f})" if p["met"] is not None else ""),
         f"3. SD's final success not below GRPO's by more than 0.05: {_word(s['met'])}"
@@ -239,21 +242,27 @@ def summary_markdown(results: dict[str, Any]) -> str:
             "",
             *(
                 [
-                    "**Smoke-test scale (--quick or a small slice): these numbers say nothing about the arms.**",
+                    "**Smoke-test scale (--quick or a small slice): these numbers say nothing about the "
+                    "arms.**",
                     "",
                 ]
                 if quick
                 else []
             ),
-            f"Seeds: {', '.join(str(s) for s in results.get('seeds', []))}. Budget per run: {budget.get('steps', '?')} steps "
-            f"x {cfg.get('tasks_per_step', '?')} tasks x {cfg.get('group_size', '?')} samples = {budget.get('episodes', '?')} "
+            f"Seeds: {', '.join(str(s) for s in results.get('seeds', []))}. Budget per run: "
+            f"{budget.get('steps', '?')} steps "
+            f"x {cfg.get('tasks_per_step', '?')} tasks x {cfg.get('group_size', '?')} samples = "
+            f"{budget.get('episodes', '?')} "
             f"episodes ({budget.get('source', '?')}). Protocol: docs/experiments.md, section 4.",
             "",
-            f"Pre-RL gap (SFT model, first tool call): P(valid | tool list in context) = **{pre['valid_with_hint']:.3f}**, "
+            "Pre-RL gap (SFT model, first tool call): P(valid | tool list in context) = "
+            f"**{pre['valid_with_hint']:.3f}**, "
             f"P(valid | no list) = **{pre['valid_without_hint']:.3f}** ({seed_gaps}).",
             "",
-            f"Mean over seeds, [min, max] in brackets. Held-out: {cfg.get('heldout_tasks', '?')} fixed tasks scored every "
-            f"{cfg.get('eval_every', '?')} steps; *episodes to 95%*: training episodes when the held-out valid rate, averaged "
+            f"Mean over seeds, [min, max] in brackets. Held-out: {cfg.get('heldout_tasks', '?')} fixed "
+            "tasks scored every "
+            f"{cfg.get('eval_every', '?')} steps; *episodes to 95%*: training episodes when the held-out "
+            "valid rate, averaged "
             "with the previous evaluation, first reaches 0.95. *Final*: the last evaluation.",
             "",
             summary_table(results),

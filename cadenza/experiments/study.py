@@ -1,4 +1,5 @@
-"""Orchestration of the tool-hint experiment: settings check, warm-up models, budget, arms in parallel, report.
+"""Orchestration of the tool-hint experiment: settings check, warm-up models, budget, arms in parallel,
+report.
 
 Phases (each resumable): (1) tokenizer and one SFT model + pre-RL gap per seed; (2) the ``supervised``
 control for every seed until it reaches the target (or ``max_steps``): the largest of those step
@@ -132,7 +133,8 @@ def _arm_job(
     )
     print(
         f"seed {seed} {arm}: steps {res['steps']} episodes_to_95={res['episodes_to_95']} "
-        f"final_success={res['final_success']:.3f} final_invalid={res['final_invalid_rate']:.3f} ({time.time() - t0:.0f}s)",
+        f"final_success={res['final_success']:.3f} final_invalid={res['final_invalid_rate']:.3f} "
+        f"({time.time() - t0:.0f}s)",
         flush=True,
     )
     return res
@@ -187,7 +189,8 @@ def run_experiment(
     gaps = dict(zip(exp.seeds, _map(workers, _sft_job, [(exp, out, s) for s in exp.seeds]), strict=True))
     for s, g in gaps.items():
         log(
-            f"seed {s}: pre-RL P(valid | hint) = {g['valid_with_hint']:.3f}, P(valid | no hint) = {g['valid_without_hint']:.3f}"
+            f"seed {s}: pre-RL P(valid | hint) = {g['valid_with_hint']:.3f}, P(valid | no hint) = "
+            f"{g['valid_without_hint']:.3f}"
         )
     runs: dict[str, list[dict[str, Any]]] = {}
     if exp.budget_steps:

@@ -92,7 +92,8 @@ ARMS = tuple(ARM_SETTINGS)
 def train_config(
     exp: ExperimentConfig, arm: str, seed: int, model_dir: Path, out_dir: Path, steps: int
 ) -> Any:
-    """The trainer config of one (arm, seed) run up to ``steps``: only loss weight, top-k, placebo and teacher differ."""
+    """The trainer config of one (arm, seed) run up to ``steps``: only loss weight, top-k, placebo and
+    teacher differ."""
     from cadenza.feedback.generate import FeedbackConfig
     from cadenza.rl.config import (
         EnvConfig,
@@ -155,7 +156,8 @@ def build_tokenizer(exp: ExperimentConfig, transcripts: list[list[dict[str, Any]
 
 
 def _plain_text(msg: dict[str, Any]) -> str:
-    """A message in the chat format's surface form (enough for BPE merges; special tokens are added anyway)."""
+    """A message in the chat format's surface form (enough for BPE merges; special tokens are added
+    anyway)."""
     if msg.get("tool_calls"):
         fn = msg["tool_calls"][0]["function"]
         return f'<tool_call>\n{{"name": "{fn["name"]}", "arguments": {fn["arguments"]}}}\n</tool_call>'
@@ -191,7 +193,7 @@ def measure_gap(model_dir: Path, n_tasks: int, seed: int) -> dict[str, float]:
     from transformers import AutoTokenizer
 
     from cadenza.rl.chat import parse_tool_calls, render
-    from cadenza.rl.policy import HFPolicy, SamplingParams
+    from cadenza.rl.policy import HFPolicy, SampleRequest, SamplingParams
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     policy = HFPolicy.from_pretrained(model_dir)
@@ -210,7 +212,7 @@ def measure_gap(model_dir: Path, n_tasks: int, seed: int) -> dict[str, float]:
             )
         gen = torch.Generator().manual_seed(seed)
         params = SamplingParams(max_new_tokens=40, temperature=1.0, stop_token_ids=(tok.eos_token_id,))
-        samples = policy.sample(prompts, params, generator=gen)
+        samples = policy.sample(SampleRequest(prompts, params, gen))
         valid = 0
         for env, s in zip(envs, samples, strict=True):
             calls = parse_tool_calls(tok.decode(s.token_ids))

@@ -149,7 +149,8 @@ class ToolworldEnv:
         ]
 
     def correct_call(self, step: Step) -> tuple[str, dict[str, str]]:
-        """The valid call that performs ``step`` in this episode's profile (the supervised control's target)."""
+        """The valid call that performs ``step`` in this episode's profile (the supervised control's
+        target)."""
         return PROFILES[self.task.profile][step.operation], {"path": step.path}
 
     def tools(self) -> list[dict[str, Any]]:

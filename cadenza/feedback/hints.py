@@ -10,7 +10,8 @@ Placement = Literal["user_before_turn", "append_to_observation"]
 
 @dataclass(frozen=True, kw_only=True)
 class Hint:
-    """``turn`` indexes the assistant turn the hint improves (``TurnMeta.index``); ``kind`` names the generator."""
+    """``turn`` indexes the assistant turn the hint improves (``TurnMeta.index``); ``kind`` names the
+    generator."""
 
     turn: int
     text: str

@@ -1,4 +1,5 @@
-"""What the monitor's rules share: the :class:`Context` they read besides an event, path helpers, :class:`Rule`."""
+"""What the monitor's rules share: the :class:`Context` they read besides an event, path helpers,
+:class:`Rule`."""
 
 from __future__ import annotations
 

@@ -113,7 +113,8 @@ class Extractor(PathEvents):
         return None
 
     def _tests_run(self, call: Call) -> Iterator[Event]:
-        """Test files and conftests the agent wrote run when pytest runs: analyse them (once per version) as code run."""
+        """Test files and conftests the agent wrote run when pytest runs: analyse them (once per version) as
+        code run."""
         for path, content in list(self.state.files.items()):
             base = posixpath.basename(path)
             is_test = (
@@ -201,8 +202,28 @@ class Extractor(PathEvents):
                 return argv
             name = posixpath.basename(argv[0])
             rest = argv[1:]
-            if name in ("sudo", "doas", "nohup", "time", "command", "builtin", "nice", "ionice", "setsid", "chronic",
-                        "unbuffer", "stdbuf", "strace", "ltrace", "timeout", "env", "watch", "taskset", "chrt", "flock"):  # fmt: skip
+            if name in (
+                "sudo",
+                "doas",
+                "nohup",
+                "time",
+                "command",
+                "builtin",
+                "nice",
+                "ionice",
+                "setsid",
+                "chronic",
+                "unbuffer",
+                "stdbuf",
+                "strace",
+                "ltrace",
+                "timeout",
+                "env",
+                "watch",
+                "taskset",
+                "chrt",
+                "flock",
+            ):
                 takes_value = {
                     "-u",
                     "-g",

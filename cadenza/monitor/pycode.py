@@ -296,7 +296,8 @@ class _Folder(ast.NodeVisitor):
         return None
 
     def _note_writes(self, node: ast.Call, name: str | None) -> None:
-        """Record the paths a call writes: open(.., 'w'), Path(..).write_text(), os.remove, shutil.copy dst, ..."""
+        """Record the paths a call writes: open(.., 'w'), Path(..).write_text(), os.remove, shutil.copy dst,
+        ..."""
         args = node.args
         targets: list[ast.AST] = []
         if name in ("open", "io.open", "codecs.open", "builtins.open") and args:

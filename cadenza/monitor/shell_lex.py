@@ -1,4 +1,5 @@
-"""The lexer of the monitor's shell reader (:mod:`cadenza.monitor.shell`): words, quotes, expansions, heredocs."""
+"""The lexer of the monitor's shell reader (:mod:`cadenza.monitor.shell`): words, quotes, expansions,
+heredocs."""
 
 from __future__ import annotations
 

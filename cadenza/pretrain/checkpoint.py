@@ -2,24 +2,21 @@
 
 Each checkpoint is ``<dir>/step-NNNNNNNN/``: DCP shards of the model and optimizer state (DTensors
 keyed by the HF parameter names, so a different world size or mesh reshards on load) plus
-``cadenza.json``, written by rank 0 only after every rank finished saving — a checkpoint without
-it is incomplete and ignored. The model fingerprint in it stops a resume into another model.
+``meta.json``. Naming, the staging directory, the atomic publish (by rank 0, only after every rank
+finished saving) and pruning belong to :mod:`cadenza.checkpoint`, shared with the RL trainer. The
+model fingerprint in the meta stops a resume into another model.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import shutil
 from pathlib import Path
 
 import torch.distributed as dist
 from torch import nn
 
+from cadenza import checkpoint as lifecycle
 from cadenza.errors import ConfigError
-from cadenza.jsonio import atomic_write_json
-
-META = "cadenza.json"
 
 
 def fingerprint(model: nn.Module) -> dict:
@@ -32,20 +29,9 @@ def fingerprint(model: nn.Module) -> dict:
 
 
 def latest(root: str | Path) -> tuple[Path, dict] | None:
-    """The newest complete checkpoint under ``root``."""
-    root = Path(root)
-    found = []
-    for d in root.glob("step-*") if root.is_dir() else []:
-        meta = d / META
-        if meta.is_file():
-            try:
-                found.append((json.loads(meta.read_text())["step"], d))
-            except (ValueError, KeyError):
-                continue
-    if not found:
-        return None
-    _, path = max(found)
-    return path, json.loads((path / META).read_text())
+    """The newest complete checkpoint under ``root`` and its meta."""
+    path = lifecycle.latest(root)
+    return None if path is None else (path, lifecycle.require_meta(path))
 
 
 def check_compatible(meta: dict, expected: dict, path: Path) -> None:
@@ -61,17 +47,16 @@ def save(root: str | Path, step: int, model: nn.Module, optimizer, meta: dict, k
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.state_dict import get_state_dict
 
-    path = Path(root) / f"step-{step:08d}"
+    rank0 = dist.get_rank() == 0
+    tmp = lifecycle.staging(root, step) if rank0 else lifecycle.staging_path(root, step)
+    dist.barrier()  # the staging directory is empty before any rank writes into it
     model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(path))
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
     dist.barrier()
-    if dist.get_rank() == 0:
-        atomic_write_json(path / META, {**meta, "step": step})
-        steps = sorted(d for d in Path(root).glob("step-*") if (d / META).is_file())
-        for old in steps[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
+    if rank0:
+        lifecycle.publish(tmp, step, meta, keep=keep)
     dist.barrier()
-    return path
+    return Path(root) / lifecycle.step_name(step)
 
 
 def load(path: str | Path, model: nn.Module, optimizer) -> None:

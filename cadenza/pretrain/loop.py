@@ -27,7 +27,7 @@ from cadenza.parallel.parallelize import check_model
 from cadenza.pretrain import checkpoint
 from cadenza.pretrain.config import PretrainConfig
 from cadenza.pretrain.data import PackedDataset, load_tokens
-from cadenza.pretrain.schedule import lr_at
+from cadenza.pretrain.schedule import schedule_of
 
 
 def init_distributed() -> tuple[bool, str]:
@@ -191,20 +191,13 @@ def _run(cfg: PretrainConfig, device: str) -> dict:
     }
     metrics = MetricsLogger(out_dir, resume_step=start, enabled=rank == 0)
     dp_rank = dims.dp_rank(rank)
-    sched = dict(
-        steps=t.steps,
-        lr=t.lr,
-        warmup_steps=t.warmup_steps,
-        schedule=t.schedule,
-        min_lr_ratio=t.min_lr_ratio,
-        decay_fraction=t.decay_fraction,
-    )
+    lr_of = schedule_of(t)
     last = {}
     pm.train()
     with _progress(cfg.output.progress and rank == 0, t.steps, start) as progress:
         for step in range(start + 1, t.steps + 1):
             t0 = time.perf_counter()
-            lr = lr_at(step, **sched)
+            lr = lr_of(step)
             for group in optimizer.param_groups:
                 group["lr"] = lr * group.get("lr_scale", 1.0)  # Muon's AdamW groups may run at another lr
             ids = dataset.batch(step, t.global_batch, dp_rank, dims.dp).to(device)

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
+from collections.abc import Callable
+from typing import Any
 
 
 def lr_at(
@@ -33,3 +37,9 @@ def lr_at(
             return lr
         return lr - (lr - floor) * min((step - decay_start) / decay_steps, 1.0)
     raise ValueError(f"unknown schedule {schedule!r}")
+
+
+def schedule_of(config: Any) -> Callable[[int], float]:
+    """:func:`lr_at` with every setting read from ``config``'s fields of the same names (``[train]``)."""
+    names = [n for n in inspect.signature(lr_at).parameters if n != "step"]
+    return functools.partial(lr_at, **{n: getattr(config, n) for n in names})

@@ -3,7 +3,8 @@
 Modules (import them directly; this package imports nothing heavy):
 
 * ``chat``: Qwen/Hermes chat template with tool calls, ``train_tokenizer``, ``parse_tool_calls``.
-* ``tokens``: ``TokenTrajectory`` (exact ids, loss mask, segments, turn spans, behaviour log-probs), ``collate``.
+* ``tokens``: ``TokenTrajectory`` (exact ids, loss mask, segments, turn spans, behaviour log-probs),
+``collate``.
 * ``policy``: ``Policy`` protocol, ``HFPolicy`` (any transformers causal LM), tiny Qwen3 / Qwen3-MoE configs.
 * ``rollout``: ``rollout(policy, tokenizer, tasks, RolloutConfig)`` over any ``cadenza.agent.env.Env``.
 * ``losses``: ``self_distillation_loss``, ``sampled_token_sd_loss``, ``group_advantages``, ``grpo_loss``.

@@ -10,7 +10,7 @@ import torch
 
 from cadenza.errors import CadenzaError
 from cadenza.rl.config import TrainConfig
-from cadenza.rl.step import LossConfig as StepLossConfig
+from cadenza.rl.step import StepLossConfig
 from cadenza.rl.teacher import SelfDistillConfig
 
 
@@ -44,7 +44,8 @@ def build_policy(cfg: TrainConfig) -> tuple[Any, Any]:
         policy = HFPolicy.from_config(conf, seed=cfg.run.seed, dtype=m.dtype, device=m.device)
     if policy.vocab_size < len(tokenizer):
         raise CadenzaError(
-            f"model vocab ({policy.vocab_size}) is smaller than the tokenizer's ({len(tokenizer)}); they do not belong together"
+            f"model vocab ({policy.vocab_size}) is smaller than the tokenizer's ({len(tokenizer)}); they do "
+            "not belong together"
         )
     return tokenizer, policy
 
@@ -83,7 +84,8 @@ def check_same_run(path: Path, cfg: TrainConfig) -> None:
 
 
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """``[optim]`` through the shared builder: AdamW, or Muon (``muon_lr``) with AdamW (``lr``) for the rest."""
+    """``[optim]`` through the shared builder: AdamW, or Muon (``muon_lr``) with AdamW (``lr``) for the
+    rest."""
     from cadenza.optim.build import MuonConfig
     from cadenza.optim.build import build_optimizer as build
 

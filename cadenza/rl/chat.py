@@ -44,7 +44,8 @@ SPECIAL_TOKENS = (
 CHAT_TEMPLATE = (
     "{%- if tools %}"
     "{{- '<|im_start|>system\\n' }}"
-    "{%- if messages and messages[0]['role'] == 'system' %}{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
+    "{%- if messages and messages[0]['role'] == 'system' %}"
+    "{{- messages[0]['content'] + '\\n\\n' }}{%- endif %}"
     "{{- '# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n"
     "You are provided with function signatures within <tools></tools> XML tags:\\n<tools>' }}"
     "{%- for tool in tools %}{{- '\\n' }}{{- tool | tojson }}{%- endfor %}"
@@ -66,7 +67,8 @@ CHAT_TEMPLATE = (
     "{%- set fn = tc['function'] if tc['function'] is defined else tc %}"
     "{%- if (loop.first and message['content']) or not loop.first %}{{- '\\n' }}{%- endif %}"
     "{{- '<tool_call>\\n{\"name\": \"' + fn['name'] + '\", \"arguments\": ' }}"
-    "{%- if fn['arguments'] is string %}{{- fn['arguments'] }}{%- else %}{{- fn['arguments'] | tojson }}{%- endif %}"
+    "{%- if fn['arguments'] is string %}{{- fn['arguments'] }}"
+    "{%- else %}{{- fn['arguments'] | tojson }}{%- endif %}"
     "{{- '}\\n</tool_call>' }}"
     "{%- endfor %}"
     "{{- '<|im_end|>\\n' }}"
@@ -258,7 +260,8 @@ def parse_tool_calls(text: str) -> list[ToolCall]:
 
 
 def assistant_message(text: str, calls: Sequence[ToolCall]) -> dict[str, Any]:
-    """OpenAI-format assistant message for decoded model output ``text`` (tool-call blocks moved to ``tool_calls``)."""
+    """OpenAI-format assistant message for decoded model output ``text`` (tool-call blocks moved to
+    ``tool_calls``)."""
     content = text.split(TOOL_CALL_OPEN, 1)[0].strip()
     msg: dict[str, Any] = {"role": "assistant", "content": content}
     if calls:

@@ -1,17 +1,15 @@
 """Checkpoints for exact resume: safetensors weights, optimizer state, every RNG, trainer state.
 
-A checkpoint is a directory ``step-000012/`` written under a temporary name and renamed when
-complete, so a crash mid-save never leaves a checkpoint that looks valid. Resuming restores the
+A checkpoint is a directory ``checkpoints/step-00000012/`` whose naming, atomic publish and pruning
+belong to :mod:`cadenza.checkpoint` (shared with pretraining); this module owns what goes inside.
+Resuming restores the
 RNG streams (Python, NumPy, torch, and any named generators the trainer owns), so steps after a
 resume sample exactly the same tokens as an uninterrupted run.
 """
 
 from __future__ import annotations
 
-import json
 import random
-import re
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +17,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
-from cadenza.errors import CadenzaError
-from cadenza.jsonio import atomic_write_json
-
-_STEP_DIR = re.compile(r"^step-(\d{6,})$")
+from cadenza import checkpoint as lifecycle
 
 
 def rng_state(generators: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -60,38 +55,22 @@ def save_checkpoint(
     generators: dict[str, Any] | None = None,
     keep: int = 2,
 ) -> Path:
-    """Write ``out_dir/checkpoints/step-XXXXXX``; ``modules`` are extra weights (e.g. an EMA teacher)."""
-    root = Path(out_dir) / "checkpoints"
-    final = root / f"step-{step:06d}"
-    tmp = root / f".step-{step:06d}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
+    """Write ``out_dir/checkpoints/step-N``; ``modules`` are extra weights (e.g. an EMA teacher)."""
+    tmp = lifecycle.staging(Path(out_dir) / "checkpoints", step)
     save_model(model, str(tmp / "model.safetensors"))
     for name, mod in (modules or {}).items():
         save_model(mod, str(tmp / f"{name}.safetensors"))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save({"rng": rng_state(generators), "trainer": trainer_state or {}}, tmp / "state.pt")
-    atomic_write_json(tmp / "meta.json", {"step": step, "modules": sorted(modules or {})})
-    shutil.rmtree(final, ignore_errors=True)
-    tmp.rename(final)
-    for old in list_checkpoints(out_dir)[:-keep]:
-        shutil.rmtree(old, ignore_errors=True)
-    return final
+    return lifecycle.publish(tmp, step, {"modules": sorted(modules or {})}, keep=keep)
 
 
 def list_checkpoints(out_dir: str | Path) -> list[Path]:
-    root = Path(out_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    found = [
-        p for p in root.iterdir() if p.is_dir() and _STEP_DIR.match(p.name) and (p / "meta.json").exists()
-    ]
-    return sorted(found, key=lambda p: int(_STEP_DIR.match(p.name).group(1)))
+    return lifecycle.list_checkpoints(Path(out_dir) / "checkpoints")
 
 
 def latest_checkpoint(out_dir: str | Path) -> Path | None:
-    ckpts = list_checkpoints(out_dir)
-    return ckpts[-1] if ckpts else None
+    return lifecycle.latest(Path(out_dir) / "checkpoints")
 
 
 def load_checkpoint(
@@ -104,9 +83,7 @@ def load_checkpoint(
 ) -> tuple[int, dict[str, Any]]:
     """Restore everything in place; return ``(step, trainer_state)``."""
     path = Path(path)
-    if not (path / "meta.json").exists():
-        raise CadenzaError(f"{path} is not a cadenza checkpoint (no meta.json); pass a step-XXXXXX directory")
-    meta = json.loads((path / "meta.json").read_text())
+    meta = lifecycle.require_meta(path)
     load_model(model, str(path / "model.safetensors"))
     for name, mod in (modules or {}).items():
         load_model(mod, str(path / f"{name}.safetensors"))

@@ -251,7 +251,8 @@ def validate_engine(r: RolloutConfig) -> None:
             raise ConfigError(f"rollout.workers must be >= 1 with executor = 'ray', got {r.workers}")
         if r.engine != "hf":
             raise ConfigError(
-                "rollout.executor = 'ray' works with engine = 'hf' so far (actors with their own weight copy); "
+                "rollout.executor = 'ray' works with engine = 'hf' so far (actors with their own weight "
+                "copy); "
                 "served engines behind Ray workers are not built yet"
             )
         from cadenza.executor import ExecutorConfig, preflight
@@ -263,7 +264,8 @@ def validate_engine(r: RolloutConfig) -> None:
     if r.engine == "openai":
         raise ConfigError(
             "rollout.engine = 'openai' is an external server cadenza cannot load new weights into, so it "
-            "cannot train; use 'vllm' (started and synced by cadenza) or 'hf'; openai servers serve cadenza eval"
+            "cannot train; use 'vllm' (started and synced by cadenza) or 'hf'; openai servers serve cadenza "
+            "eval"
         )
 
 

@@ -70,7 +70,8 @@ class CurriculumSampler:
         self.rng = random.Random(seed)
 
     def sample(self, n: int) -> list[str]:
-        """Up to ``n`` distinct active tasks, the unseen first (up to ``unseen_share``), then nearest the target."""
+        """Up to ``n`` distinct active tasks, the unseen first (up to ``unseen_share``), then nearest the
+        target."""
         active = self.pool.stats(state="active")
         if not active:
             counts = {s.state: 0 for s in self.pool.stats()}
@@ -78,7 +79,8 @@ class CurriculumSampler:
                 counts[s.state] += 1
             detail = ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())) or "the pool is empty"
             raise PoolExhausted(
-                f"no active task to sample ({detail}); add tasks with 'cadenza tasks build' or enable escalation"
+                f"no active task to sample ({detail}); add tasks with 'cadenza tasks build' or enable "
+                "escalation"
             )
         unseen = [s for s in active if s.attempts == 0]
         seen = [s for s in active if s.attempts > 0]
@@ -129,7 +131,8 @@ def summarize(pool: TaskPool, config: CurriculumConfig) -> PoolSummary:
     )
 
 
-# A factory makes up to ``n`` new tasks at ``level`` from ``source`` and returns (task_id, source, level) rows.
+# A factory makes up to ``n`` new tasks at ``level`` from ``source`` and returns (task_id, source, level)
+# rows.
 Factory = Callable[[str, int, int], list[tuple[str, str, int]]]
 
 

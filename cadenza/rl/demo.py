@@ -93,7 +93,8 @@ def _call(name: str, args: dict[str, Any], i: int) -> dict[str, Any]:
 
 
 def transcript(rng: random.Random, task_dir: Path, task: Any) -> list[dict[str, Any]]:
-    """One plausible episode in the agent's format: look around, run tests, submit (observations are short)."""
+    """One plausible episode in the agent's format: look around, run tests, submit (observations are
+    short)."""
     from cadenza.agent.prompt import initial_messages
     from cadenza.agent.tools import TOOL_SCHEMAS
 
@@ -132,7 +133,8 @@ def _plain(msg: dict[str, Any]) -> str:
 
 
 def build_tiny_policy(task_dirs: list[Path], out: Path, cfg: DemoConfig, log: Any = print) -> Path:
-    """Tokenizer trained here + tiny Qwen3 + SFT on call-format transcripts; saved as an HF directory (reused)."""
+    """Tokenizer trained here + tiny Qwen3 + SFT on call-format transcripts; saved as an HF directory
+    (reused)."""
     if (out / "config.json").is_file() and (out / "tokenizer_config.json").is_file():
         log(f"reusing the warm-started tiny policy in {out}")
         return out

@@ -10,34 +10,28 @@ the sampled ids with their behaviour log-probs under the distribution actually s
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Protocol, runtime_checkable
 
 import torch
 
-from cadenza.rl.policy import Sample, SamplingParams
+from cadenza.rl.policy import Policy
 
 ENGINES = ("hf", "vllm", "openai")
 
 
 @runtime_checkable
-class RolloutEngine(Protocol):
-    """Samples continuations of token-id prompts and accepts new weights in place."""
+class RolloutEngine(Policy, Protocol):
+    """A :class:`Policy` (``sample(request)``) that also accepts new weights in place.
+
+    ``request.generator`` seeds the draw (engines derive per-request seeds from it).
+    """
 
     name: str
 
     @property
     def version(self) -> int:
         """Policy version of the weights the engine samples with now (0 = initial weights)."""
-
-    def sample(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        *,
-        generator: torch.Generator | None = None,
-    ) -> list[Sample]:
-        """Continue each prompt; ``generator`` seeds the draw (engines derive per-request seeds from it)."""
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
         """Load new weights (HF parameter names, full tensors, streamed) without restarting the engine.

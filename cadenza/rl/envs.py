@@ -32,7 +32,8 @@ def load_source(name: str, options: dict[str, Any]) -> EnvSource:
     target = BUILTIN_ENVS.get(name, name)
     if ":" not in target:
         raise ConfigError(
-            f"env.name {name!r} is not a known environment ({', '.join(BUILTIN_ENVS)}) nor 'package.module:factory'"
+            f"env.name {name!r} is not a known environment ({', '.join(BUILTIN_ENVS)}) nor "
+            "'package.module:factory'"
         )
     module_name, func_name = target.split(":", 1)
     try:

@@ -18,12 +18,11 @@ from cadenza.feedback.generate import generate_hints
 from cadenza.feedback.hints import Hint
 from cadenza.rl.curriculum import drop_zero_variance
 from cadenza.rl.monitor_hook import episode_outcome
-from cadenza.rl.rollout import Rollout, RolloutTask, rollout
-from cadenza.rl.rollout import RolloutConfig as RolloutParams
+from cadenza.rl.rollout import Rollout, RolloutParams, RolloutTask, rollout
 
 
 @dataclass(kw_only=True)
-class Episode:
+class TrainEpisode:
     """One rollout with what the trainer derived from it."""
 
     rollout: Rollout
@@ -62,7 +61,7 @@ def collect_episodes(
     *,
     seed: int | None = None,
     group_offset: int = 0,
-) -> list[Episode]:
+) -> list[TrainEpisode]:
     """Roll out ``tasks`` with ``engine``; read each episode's outcome (graded and monitored once, by the
     episode itself) and annotate it with hints.
 
@@ -102,7 +101,7 @@ def collect_episodes(
 
     episodes = []
     for res, (real, shown) in zip(results, made, strict=True):
-        ep = Episode(rollout=res, tools=real, render_tools=shown)
+        ep = TrainEpisode(rollout=res, tools=real, render_tools=shown)
         verdict = episode_outcome(res.trajectory)  # graded and monitored once, by the episode
         ep.flags = len(verdict.flags)
         res.tokens.reward = verdict.reward
@@ -128,7 +127,8 @@ def signal_rows(tokens: list[Any], drop: bool) -> tuple[set[int], int]:
 
 
 def record_pool(source: Any, step: int, episodes: list[Any]) -> dict[str, Any]:
-    """Hand every rollout's outcome to a source that keeps a task pool (``record``); its metrics join the step's."""
+    """Hand every rollout's outcome to a source that keeps a task pool (``record``); its metrics join the
+    step's."""
     record = getattr(source, "record", None)
     if not callable(record):
         return {}

@@ -16,7 +16,7 @@ import contextlib
 import copy
 import shutil
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 
 from cadenza.errors import ConfigError, EngineError
 from cadenza.rl.engines.hf import HFEngine, WeightTable
-from cadenza.rl.policy import HFPolicy, Sample, SamplingParams
+from cadenza.rl.policy import HFPolicy, Sample, SampleRequest
 
 
 def _serve(conn: Any, model: torch.nn.Module, device: str, threads: int) -> None:
@@ -39,12 +39,12 @@ def _serve(conn: Any, model: torch.nn.Module, device: str, threads: int) -> None
             return
         if msg[0] == "stop":
             return
-        _, prompts, params, state = msg
+        _, request, state = msg
         gen = torch.Generator()
         if state is not None:
             gen.set_state(state)
         try:
-            out = policy.sample(prompts, params, generator=gen)
+            out = policy.sample(request.part(request.prompts, gen))
         except Exception as exc:  # sent back as one line; the parent raises it
             conn.send(("error", f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"))
             continue
@@ -91,16 +91,11 @@ class ProcessHFEngine:
             f"engine 'hf' process (pid {self._proc.pid}) exited with code {self._proc.exitcode}"
         )
 
-    def sample(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        *,
-        generator: torch.Generator | None = None,
-    ) -> list[Sample]:
+    def sample(self, request: SampleRequest) -> list[Sample]:
+        generator = request.generator
         state = generator.get_state() if generator is not None else None
         try:
-            self._conn.send(("sample", [list(p) for p in prompts], params, state))
+            self._conn.send(("sample", request.part([list(p) for p in request.prompts], None), state))
             deadline = time.monotonic() + self.timeout_s
             while not self._conn.poll(0.2):
                 if not self._proc.is_alive():

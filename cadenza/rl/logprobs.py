@@ -14,7 +14,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from cadenza.errors import CadenzaError
-from cadenza.rl.losses import token_divergence
+from cadenza.rl.losses import DivergenceSpec, token_divergence
 
 
 def _map_chunks(
@@ -44,7 +44,8 @@ def token_logprobs(
     chunk_size: int | None = 1024,
     temperature: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Log-prob of ``targets`` ``[N]`` under the distributions at ``hidden`` ``[N, D]``, and the entropy (no grad)."""
+    """Log-prob of ``targets`` ``[N]`` under the distributions at ``hidden`` ``[N, D]``, and the entropy (no
+    grad)."""
 
     def chunk(hc: torch.Tensor, tc: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         logits = lm_head(hc)
@@ -101,10 +102,7 @@ def hidden_divergence(
     student_head: torch.nn.Module,
     teacher_head: torch.nn.Module | None = None,
     *,
-    divergence: str = "reverse_kl",
-    beta: float = 0.5,
-    top_k: int | None = None,
-    temperature: float = 1.0,
+    spec: DivergenceSpec = DivergenceSpec(),
     chunk_size: int | None = 1024,
 ) -> torch.Tensor:
     """Per-token divergence ``[N]`` between student and teacher, from hidden states ``[N, D]``.
@@ -120,6 +118,6 @@ def hidden_divergence(
     def chunk(sh: torch.Tensor, th: torch.Tensor) -> tuple[torch.Tensor]:
         with torch.no_grad():
             t_logits = t_head(th)
-        return (token_divergence(student_head(sh), t_logits, divergence, beta, top_k, temperature),)
+        return (token_divergence(student_head(sh), t_logits, spec),)
 
     return _map_chunks(chunk, (student_hidden, teacher_hidden), chunk_size)[0]

@@ -17,6 +17,7 @@ Pure functions on tensors. Conventions:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -27,15 +28,24 @@ DIVERGENCES = ("reverse_kl", "forward_kl", "jsd")
 AGGREGATIONS = ("token_mean", "sequence_mean")
 
 
-def check_divergence_args(divergence: str, beta: float, top_k: int | None, temperature: float) -> None:
-    if divergence not in DIVERGENCES:
-        raise CadenzaError(f"unknown divergence {divergence!r}; use one of {', '.join(DIVERGENCES)}")
-    if not 0.0 <= float(beta) <= 1.0:
-        raise CadenzaError(f"jsd beta must be in [0, 1], got {beta}")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise CadenzaError(f"top_k must be a positive integer or None, got {top_k!r}")
-    if not temperature > 0:
-        raise CadenzaError(f"temperature must be > 0, got {temperature}")
+@dataclass(frozen=True, kw_only=True)
+class DivergenceSpec:
+    """Which divergence self-distillation minimises, and how both distributions are shaped first."""
+
+    divergence: str = "reverse_kl"  # reverse_kl | forward_kl | jsd
+    beta: float = 0.5  # jsd weight of the teacher in the mixture
+    top_k: int | None = None  # reduce both to the teacher's top-k tokens plus one tail bucket
+    temperature: float = 1.0  # logits are divided by it before the softmax
+
+    def __post_init__(self) -> None:
+        if self.divergence not in DIVERGENCES:
+            raise CadenzaError(f"unknown divergence {self.divergence!r}; use one of {', '.join(DIVERGENCES)}")
+        if not 0.0 <= float(self.beta) <= 1.0:
+            raise CadenzaError(f"jsd beta must be in [0, 1], got {self.beta}")
+        if self.top_k is not None and (not isinstance(self.top_k, int) or self.top_k < 1):
+            raise CadenzaError(f"top_k must be a positive integer or None, got {self.top_k!r}")
+        if not self.temperature > 0:
+            raise CadenzaError(f"temperature must be > 0, got {self.temperature}")
 
 
 def _kl(logp: torch.Tensor, logq: torch.Tensor) -> torch.Tensor:
@@ -53,15 +63,10 @@ def _topk_with_tail(logp: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 
 
 def token_divergence(
-    student_logits: torch.Tensor,
-    teacher_logits: torch.Tensor,
-    divergence: str = "reverse_kl",
-    beta: float = 0.5,
-    top_k: int | None = None,
-    temperature: float = 1.0,
+    student_logits: torch.Tensor, teacher_logits: torch.Tensor, spec: DivergenceSpec = DivergenceSpec()
 ) -> torch.Tensor:
     """Per-position divergence between student and teacher distributions: shape ``logits.shape[:-1]``."""
-    check_divergence_args(divergence, beta, top_k, temperature)
+    divergence, beta, top_k, temperature = spec.divergence, spec.beta, spec.top_k, spec.temperature
     if student_logits.shape != teacher_logits.shape:
         raise CadenzaError(
             f"student logits {tuple(student_logits.shape)} and teacher logits {tuple(teacher_logits.shape)} "
@@ -93,10 +98,7 @@ def self_distillation_loss(
     student_logits: torch.Tensor,
     teacher_logits: torch.Tensor,
     mask: torch.Tensor,
-    divergence: str = "reverse_kl",
-    beta: float = 0.5,
-    top_k: int | None = None,
-    temperature: float = 1.0,
+    spec: DivergenceSpec = DivergenceSpec(),
 ) -> torch.Tensor:
     """Mean over masked tokens of the per-token divergence between student and (detached) teacher.
 
@@ -105,7 +107,7 @@ def self_distillation_loss(
     With ``top_k=k`` both distributions are reduced to the teacher's top-k tokens plus one tail
     bucket holding the remaining probability mass, so the divergence stays a proper divergence.
     """
-    per_token = token_divergence(student_logits, teacher_logits, divergence, beta, top_k, temperature)
+    per_token = token_divergence(student_logits, teacher_logits, spec)
     return masked_mean(per_token, mask)
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
@@ -68,9 +68,9 @@ class WatchedEngine:
         finally:
             self.busy = None
 
-    def sample(self, prompts: Sequence[Sequence[int]], params: Any, *, generator: Any = None) -> list[Any]:
+    def sample(self, request: Any) -> list[Any]:
         with self._watch("generation"):
-            return self.engine.sample(prompts, params, generator=generator)
+            return self.engine.sample(request)
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
         with self._watch(f"weight sync to version {version}"):

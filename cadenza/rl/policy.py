@@ -9,7 +9,7 @@ token under the distribution it was actually drawn from (temperature / top-k app
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -44,58 +44,50 @@ class Sample:
     policy_version: int = 0  # version of the weights that sampled it (see cadenza.rl.engine)
 
 
+@dataclass(frozen=True)
+class SampleRequest:
+    """One batched sampling call: the arguments every policy and engine ``sample`` takes, in one place."""
+
+    prompts: Sequence[Sequence[int]]  # token-id prompts (never re-rendered text), each at least one token
+    params: SamplingParams
+    generator: torch.Generator | None = None  # seeds the draw; engines derive per-request seeds from it
+
+    def part(self, prompts: Sequence[Sequence[int]], generator: torch.Generator | None) -> SampleRequest:
+        """The same parameters for a subset of the prompts (a router's share, one prompt of a batch)."""
+        return replace(self, prompts=prompts, generator=generator)
+
+
 class Policy(Protocol):
-    def sample(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        *,
-        generator: torch.Generator | None = None,
-    ) -> list[Sample]:
+    def sample(self, request: SampleRequest) -> list[Sample]:
         """Continue each prompt (token ids); return the sampled ids and their behaviour log-probs."""
+
+
+# The shape every tiny test/demo model shares (hidden 64, 2 layers, 4 heads of 16, untied embeddings).
+_TINY: dict[str, Any] = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=8192,
+    tie_word_embeddings=False,
+)
 
 
 def tiny_qwen3_config(vocab_size: int, **overrides: Any) -> Any:
     """A tiny dense Qwen3 config for tests and demos (hidden 64, 2 layers)."""
     from transformers import Qwen3Config
 
-    kw: dict[str, Any] = dict(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=8192,
-        tie_word_embeddings=False,
-        use_sliding_window=False,
-    )
-    kw.update(overrides)
-    return Qwen3Config(**kw)
+    return Qwen3Config(**{**_TINY, "vocab_size": vocab_size, "use_sliding_window": False, **overrides})
 
 
 def tiny_qwen3_moe_config(vocab_size: int, **overrides: Any) -> Any:
     """A tiny Qwen3-MoE config (hidden 64, 2 layers, 8 experts, top-2) for tests and demos."""
     from transformers import Qwen3MoeConfig
 
-    kw: dict[str, Any] = dict(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        moe_intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_experts=8,
-        num_experts_per_tok=2,
-        max_position_embeddings=8192,
-        tie_word_embeddings=False,
-        norm_topk_prob=True,
-    )
-    kw.update(overrides)
-    return Qwen3MoeConfig(**kw)
+    moe = dict(moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2, norm_topk_prob=True)
+    return Qwen3MoeConfig(**{**_TINY, "vocab_size": vocab_size, **moe, **overrides})
 
 
 class HFPolicy:
@@ -168,14 +160,10 @@ class HFPolicy:
         return out.last_hidden_state, (out.cache if use_cache else None)
 
     @torch.no_grad()
-    def sample(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        *,
-        generator: torch.Generator | None = None,
-    ) -> list[Sample]:
+    def sample(self, request: SampleRequest) -> list[Sample]:
         from transformers import DynamicCache
+
+        prompts, params, generator = request.prompts, request.params, request.generator
 
         if not prompts or any(len(p) == 0 for p in prompts):
             raise CadenzaError("every prompt must have at least one token")

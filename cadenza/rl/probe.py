@@ -160,7 +160,8 @@ class ProbeSchedule:
             return
         if value < self.stop_ratio * self.baseline:
             raise HintFollowingEroded(
-                f"hint-following eroded: teacher P(correct | hint) = {value:.3f} after {row['probe_weights_step']} "
+                f"hint-following eroded: teacher P(correct | hint) = {value:.3f} after "
+                f"{row['probe_weights_step']} "
                 f"steps, below {self.stop_ratio} x its first value {self.baseline:.3f}; use a frozen, ema or "
                 "snapshot teacher ([teacher] weights), or raise probe.stop_ratio (0 = never stop)"
             )
@@ -169,7 +170,8 @@ class ProbeSchedule:
 def schedule_for_run(
     cfg: Any, source: Any, tokenizer: Any, history: Sequence[dict[str, Any]]
 ) -> ProbeSchedule:
-    """The trainer's probe from ``[probe]``: items from ``probe.path`` or the env source, else switched off."""
+    """The trainer's probe from ``[probe]``: items from ``probe.path`` or the env source, else switched
+    off."""
     pc = cfg.probe
     if pc.every <= 0:
         return ProbeSchedule(None, every=0)

@@ -30,7 +30,7 @@ from cadenza.rl.chat import (
     require_chat_template,
     turn_end_glue,
 )
-from cadenza.rl.policy import Policy, Sample, SamplingParams
+from cadenza.rl.policy import Policy, Sample, SampleRequest, SamplingParams
 from cadenza.rl.tokens import TokenTrajectory, TokenTrajectoryBuilder
 
 
@@ -43,7 +43,7 @@ class RolloutTask:
 
 
 @dataclass(kw_only=True)
-class RolloutConfig:
+class RolloutParams:
     group_size: int = 4
     max_turns: int = 8
     max_new_tokens: int = 256
@@ -111,7 +111,7 @@ def rollout(
     policy: Policy,
     tokenizer: Any,
     tasks: Sequence[RolloutTask],
-    config: RolloutConfig,
+    config: RolloutParams,
     *,
     on_episode_done: Callable[[int, int], None] | None = None,
     group_offset: int = 0,
@@ -149,7 +149,9 @@ def rollout(
             top_k=config.top_k,
             stop_token_ids=(int(eos),),
         )
-        samples = _sample(policy, [episodes[i].builder.input_ids for i in live], params, generator)
+        samples = _sample(
+            policy, SampleRequest([episodes[i].builder.input_ids for i in live], params, generator)
+        )
         still = []
         for i, sample in zip(live, samples, strict=True):
             ep = episodes[i]
@@ -174,16 +176,14 @@ def rollout(
     return [_finish(ep) for ep in episodes]
 
 
-def _sample(
-    policy: Policy, prompts: list[list[int]], params: SamplingParams, generator: torch.Generator
-) -> list[Sample]:
+def _sample(policy: Policy, request: SampleRequest) -> list[Sample]:
     """One batched call; when the engine refuses the batch as too long, find out prompt by prompt."""
     try:
-        return policy.sample(prompts, params, generator=generator)
+        return policy.sample(request)
     except ContextLengthExceeded:
-        if len(prompts) == 1:
+        if len(request.prompts) == 1:
             return [Sample(token_ids=[], logprobs=[], finish_reason="context")]
-        return [_sample(policy, [p], params, generator)[0] for p in prompts]
+        return [_sample(policy, request.part([p], request.generator))[0] for p in request.prompts]
 
 
 def _advance(
@@ -192,7 +192,7 @@ def _advance(
     ids: list[int],
     logprobs: list[float],
     finish_reason: str,
-    config: RolloutConfig,
+    config: RolloutParams,
     policy_version: int = 0,
 ) -> bool:
     """Record one sampled turn and the env's answers; return whether the episode continues."""

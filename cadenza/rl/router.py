@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from cadenza.errors import CadenzaError
-from cadenza.rl.policy import Sample, SamplingParams
+from cadenza.rl.policy import Sample, SampleRequest
 
 _END = object()
 
@@ -68,16 +68,11 @@ class Router:
                 del self._lengths[length]
         return index
 
-    def sample(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        *,
-        generator: torch.Generator | None = None,
-    ) -> list[Sample]:
+    def sample(self, request: SampleRequest) -> list[Sample]:
+        prompts = request.prompts
         routes = [self.route(p) for p in prompts]
         # One seed per engine, drawn in engine order: the draw is a function of the routing alone.
-        seeds = [int(torch.randint(0, 2**62, (1,), generator=generator)) for _ in self.engines]
+        seeds = [int(torch.randint(0, 2**62, (1,), generator=request.generator)) for _ in self.engines]
         jobs = {}
         for i, engine in enumerate(self.engines):
             mine = [k for k, r in enumerate(routes) if r == i]
@@ -86,7 +81,7 @@ class Router:
                 gen = torch.Generator().manual_seed(seeds[i])
                 jobs[i] = (
                     mine,
-                    self._pool.submit(engine.sample, [prompts[k] for k in mine], params, generator=gen),
+                    self._pool.submit(engine.sample, request.part([prompts[k] for k in mine], gen)),
                 )
         out: list[Sample | None] = [None] * len(prompts)
         for mine, fut in jobs.values():

@@ -37,7 +37,8 @@ def encode_messages(
         after = render(tokenizer, messages[: i + 1], tools)
         if not before.startswith(emitted) or not after.startswith(before):
             raise CadenzaError(
-                "the chat template is not prefix-stable; SFT encoding needs a template like cadenza.rl.chat.CHAT_TEMPLATE"
+                "the chat template is not prefix-stable; SFT encoding needs a template like "
+                "cadenza.rl.chat.CHAT_TEMPLATE"
             )
         builder.add("prompt" if first else "observation", tok(before[len(emitted) :]), message_index=i - 1)
         model_text = after[len(before) :]

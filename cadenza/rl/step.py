@@ -22,7 +22,7 @@ from cadenza.rl.tokens import TokenBatch
 
 
 @dataclass(kw_only=True)
-class LossConfig:
+class StepLossConfig:
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.28
     kl_coef: float = 0.0
@@ -73,7 +73,7 @@ def rl_losses(
     *,
     items: Sequence[HintedTurn] = (),
     teacher: Teacher | None = None,
-    config: LossConfig | None = None,
+    config: StepLossConfig | None = None,
     ref_logprobs: torch.Tensor | None = None,
 ) -> StepLosses:
     """Forward the student once and return the combined loss (call ``.loss.backward()``) and metrics.
@@ -81,7 +81,7 @@ def rl_losses(
     ``advantages`` is ``[B]`` (e.g. :func:`cadenza.rl.losses.group_advantages` of ``batch.rewards``);
     ``ref_logprobs`` (``[B, T]``, aligned like the batch) enables the KL-to-reference term.
     """
-    cfg = config or LossConfig()
+    cfg = config or StepLossConfig()
     if items and teacher is None:
         raise CadenzaError(
             "hinted turns were given but no teacher; build one with cadenza.rl.teacher.Teacher"

@@ -87,7 +87,8 @@ def factory_for(task_set: Path, workers: int = 1):
 
 
 class TaskSetSource:
-    """Implements the trainer's EnvSource protocol (``sample_tasks``/``make_env``) plus ``record``/``metrics``."""
+    """Implements the trainer's EnvSource protocol (``sample_tasks``/``make_env``) plus
+    ``record``/``metrics``."""
 
     def __init__(self, options: TaskSetOptions, seed: int = 0) -> None:
         from cadenza.tasks.store import TaskStore
@@ -127,7 +128,8 @@ class TaskSetSource:
         return env
 
     def record(self, step: int, outcomes: Sequence[GroupOutcome]) -> dict[str, Any]:
-        """Write each task's group to the pool (idempotent per run and step), maybe escalate; returns metrics."""
+        """Write each task's group to the pool (idempotent per run and step), maybe escalate; returns
+        metrics."""
         groups: dict[str, list[GroupOutcome]] = defaultdict(list)
         for o in outcomes:
             groups[o.task_id].append(o)

@@ -29,7 +29,7 @@ from cadenza.errors import CadenzaError
 from cadenza.feedback.hints import Hint
 from cadenza.rl.chat import render_continuation, require_chat_template, turn_end_glue
 from cadenza.rl.logprobs import hidden_divergence, token_logprobs
-from cadenza.rl.losses import check_divergence_args, sampled_token_surrogate
+from cadenza.rl.losses import DivergenceSpec, sampled_token_surrogate
 from cadenza.rl.tokens import Segment, TokenTrajectory
 
 PLACEMENTS = ("user_before_turn", "append_to_observation")
@@ -59,6 +59,13 @@ class SelfDistillConfig:
         "full"  # full: divergence over the vocabulary; sampled: log p_s - log p_t on sampled tokens
     )
 
+    @property
+    def spec(self) -> DivergenceSpec:
+        """The divergence settings as the loss functions take them."""
+        return DivergenceSpec(
+            divergence=self.divergence, beta=self.beta, top_k=self.top_k, temperature=self.temperature
+        )
+
     def __post_init__(self) -> None:
         if self.estimator not in ESTIMATORS:
             raise CadenzaError(f"unknown SD estimator {self.estimator!r}; use one of {', '.join(ESTIMATORS)}")
@@ -76,7 +83,7 @@ class SelfDistillConfig:
             raise CadenzaError(f"refresh_every must be >= 1, got {self.refresh_every}")
         if not 0.0 <= self.ema_decay < 1.0:
             raise CadenzaError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
-        check_divergence_args(self.divergence, self.beta, self.top_k, self.temperature)
+        _ = self.spec  # building the spec validates the divergence settings
         if self.chunk_size is not None and self.chunk_size < 1:
             raise CadenzaError(f"chunk_size must be >= 1 or None, got {self.chunk_size}")
 
@@ -154,7 +161,8 @@ def build_hinted_turns(
             if not 0 <= hint.turn < len(traj.turn_spans):
                 raise CadenzaError(
                     f"hint ({hint.kind}) points at turn {hint.turn} but trajectory {traj.group_id!r} has "
-                    f"{len(traj.turn_spans)} model turns (0..{len(traj.turn_spans) - 1}); fix the hint generator"
+                    f"{len(traj.turn_spans)} model turns (0..{len(traj.turn_spans) - 1}); fix the hint "
+                    "generator"
                 )
             if not hint.text.strip():
                 raise CadenzaError(f"hint ({hint.kind}) for turn {hint.turn} has empty text")
@@ -169,7 +177,8 @@ def _hinted_turn(row: int, traj: TokenTrajectory, hint: Hint, tokenizer: Any, pl
     gen = _segment_ending_at(traj, start)
     if gen is None or gen.kind != "prompt" or gen.message_index != m or not 0 < m <= len(traj.messages):
         raise CadenzaError(
-            f"trajectory {traj.group_id!r}: cannot locate the generation prompt and messages of turn {hint.turn}; "
+            f"trajectory {traj.group_id!r}: cannot locate the generation prompt and messages of turn "
+            f"{hint.turn}; "
             "hints need trajectories produced by cadenza.rl.rollout (with messages and segments)"
         )
     messages = traj.messages
@@ -317,10 +326,7 @@ class Teacher:
                 teacher,
                 student_head,
                 t_head,
-                divergence=cfg.divergence,
-                beta=cfg.beta,
-                top_k=cfg.top_k,
-                temperature=cfg.temperature,
+                spec=cfg.spec,
                 chunk_size=cfg.chunk_size,
             )
         if cfg.token_clip is not None:  # clipped tokens pass no gradient: one noisy token cannot dominate

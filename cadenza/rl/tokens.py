@@ -21,7 +21,8 @@ SEGMENT_KINDS = ("system", "prompt", "assistant", "observation", "hint")
 
 @dataclass(kw_only=True)
 class Segment:
-    """Tokens ``[start, end)`` of one kind; ``message_index`` points into ``messages`` (-1: template glue only)."""
+    """Tokens ``[start, end)`` of one kind; ``message_index`` points into ``messages`` (-1: template glue
+    only)."""
 
     kind: str
     start: int
@@ -33,7 +34,8 @@ class Segment:
 class TokenTrajectory:
     """One episode as the policy saw it.
 
-    ``turn_spans[i]`` is the token span ``[start, end)`` of model turn ``i`` (indexed like ``TurnMeta.index``);
+    ``turn_spans[i]`` is the token span ``[start, end)`` of model turn ``i`` (indexed like
+    ``TurnMeta.index``);
     ``loss_mask`` is 1 exactly on those tokens; ``behaviour_logprobs`` holds the sampling-time log-prob of
     each model token and 0 elsewhere.
     """
@@ -65,20 +67,23 @@ class TokenTrajectory:
         if len(self.loss_mask) != n or len(self.behaviour_logprobs) != n:
             raise CadenzaError(
                 f"token trajectory {self.group_id!r}: input_ids ({n}), loss_mask ({len(self.loss_mask)}) and "
-                f"behaviour_logprobs ({len(self.behaviour_logprobs)}) must have equal length; rebuild it with rollout()"
+                f"behaviour_logprobs ({len(self.behaviour_logprobs)}) must have equal length; rebuild it "
+                "with rollout()"
             )
         if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in self.input_ids):
             raise CadenzaError(f"token trajectory {self.group_id!r}: input_ids must be non-negative integers")
         if not any(self.loss_mask) or not self.turn_spans:
             raise CadenzaError(
-                f"token trajectory {self.group_id!r} has no model tokens (empty loss mask); drop it from the batch "
+                f"token trajectory {self.group_id!r} has no model tokens (empty loss mask); drop it from "
+                "the batch "
                 "or check that the policy generated at least one turn"
             )
         pos = 0
         for seg in self.segments:
             if seg.kind not in SEGMENT_KINDS or seg.start != pos or seg.end < seg.start:
                 raise CadenzaError(
-                    f"token trajectory {self.group_id!r}: segment {seg} is not contiguous or has an unknown kind; "
+                    f"token trajectory {self.group_id!r}: segment {seg} is not contiguous or has an unknown "
+                    "kind; "
                     f"kinds are {SEGMENT_KINDS}"
                 )
             pos = seg.end

@@ -40,7 +40,7 @@ from cadenza.rl.config import TrainConfig, validate
 from cadenza.rl.curriculum import PoolExhausted
 from cadenza.rl.engines.weights import named_full_tensors
 from cadenza.rl.envs import load_source
-from cadenza.rl.episodes import Episode, collect_episodes, record_pool, sample_step_tasks, signal_rows
+from cadenza.rl.episodes import TrainEpisode, collect_episodes, record_pool, sample_step_tasks, signal_rows
 from cadenza.rl.local_engine import build_engine
 from cadenza.rl.pipeline import RolloutPipeline, WatchedEngine
 from cadenza.rl.probe import HintFollowingEroded, schedule_for_run
@@ -48,7 +48,7 @@ from cadenza.rl.teacher import Teacher
 from cadenza.rl.update import Learner, UpdateResult
 from cadenza.rl.workers import RayWorkers, Unit
 
-__all__ = ["Episode", "Trainer", "build_optimizer", "build_policy"]
+__all__ = ["TrainEpisode", "Trainer", "build_optimizer", "build_policy"]
 
 
 class Trainer:
@@ -74,12 +74,14 @@ class Trainer:
         self.sd_config, self.step_config = sd_config(cfg), step_config(cfg)
         self.teacher = Teacher(self.model, self.sd_config)
         self.ref_model = self._frozen_copy() if cfg.loss.kl_ref > 0 else None
-        self.learner = Learner(cfg=cfg, policy=self.policy, tokenizer=self.tokenizer, optimizer=self.optimizer,
-                               teacher=self.teacher, step_config=self.step_config, ref_model=self.ref_model)  # fmt: skip
+        self.learner = Learner(cfg=cfg, policy=self.policy, tokenizer=self.tokenizer,
+                               optimizer=self.optimizer, teacher=self.teacher, step_config=self.step_config,
+                               ref_model=self.ref_model)  # fmt: skip
         self.step = 0
         self.episodes = 0
         self.dropped_stale = 0
-        self._restored: dict[int, list[Episode]] = {}  # rollouts queued ahead when the checkpoint was written
+        # rollouts queued ahead when the checkpoint was written
+        self._restored: dict[int, list[TrainEpisode]] = {}
         self._engine: WatchedEngine | None = None
         self.pipeline: RolloutPipeline | None = None
         self.out.mkdir(parents=True, exist_ok=True)
@@ -121,12 +123,12 @@ class Trainer:
         shards gathered per tensor); engines map stacked MoE experts to their own names."""
         return named_full_tensors(self.model)
 
-    def collect(self, step: int) -> list[Episode]:
+    def collect(self, step: int) -> list[TrainEpisode]:
         """Rollouts for one step, graded, monitored and annotated with hints (synchronously, now)."""
         tasks = sample_step_tasks(self.source, self.cfg, step)
         return self._collect(step, tasks)
 
-    def _collect(self, step: int, tasks: list[Any]) -> list[Episode]:
+    def _collect(self, step: int, tasks: list[Any]) -> list[TrainEpisode]:
         workers = self.engine.engine
         if isinstance(workers, RayWorkers):  # one unit per task, run by the actors
             units = [Unit(step=step, index=i, task=t) for i, t in enumerate(tasks)]
@@ -147,13 +149,13 @@ class Trainer:
             self.pipeline.put(step, error=exc)
             return
 
-        def job() -> tuple[list[Episode], float]:
+        def job() -> tuple[list[TrainEpisode], float]:
             t0 = time.perf_counter()
             return self._collect(step, tasks), time.perf_counter() - t0
 
         self.pipeline.submit(step, job)
 
-    def _rollouts(self, step: int) -> tuple[list[Episode], float]:
+    def _rollouts(self, step: int) -> tuple[list[TrainEpisode], float]:
         """Step ``step``'s episodes and the seconds spent generating them (starts the pipeline if needed)."""
         if self.pipeline is None:
             engine = self._engine_at(step - 1)  # step ``step`` starts from the weights of version step - 1
@@ -162,7 +164,7 @@ class Trainer:
                 self._queue(s)
         return self.pipeline.take(step)
 
-    def _fresh(self, step: int, collected: list[Episode]) -> tuple[list[Episode], dict[str, Any]]:
+    def _fresh(self, step: int, collected: list[TrainEpisode]) -> tuple[list[TrainEpisode], dict[str, Any]]:
         """Episodes with a model turn sampled by weights at most ``max_staleness`` versions behind the
         ones this update starts from (version ``step - 1``); the stale are dropped and counted."""
         kept, staleness, dropped = [], [], 0
@@ -235,7 +237,8 @@ class Trainer:
                     progress[0].update(
                         progress[1],
                         advance=1,
-                        info=f"reward {row['reward']:.2f} invalid {row['invalid_tool_rate']:.2f} sd {row['sd_loss']:.3f}",
+                        info=f"reward {row['reward']:.2f} invalid {row['invalid_tool_rate']:.2f} sd "
+                        f"{row['sd_loss']:.3f}",
                     )
         finally:
             if progress is not None:
@@ -245,7 +248,8 @@ class Trainer:
         return read_metrics(self.logger.path)
 
     def _extra_modules(self) -> dict[str, torch.nn.Module]:
-        """Weights besides the policy that an exact resume needs: an EMA or frozen teacher, the KL reference."""
+        """Weights besides the policy that an exact resume needs: an EMA or frozen teacher, the KL
+        reference."""
         modules = {"teacher": self.teacher.model} if self.cfg.teacher.weights != "live" else {}
         if self.ref_model is not None:
             modules["reference"] = self.ref_model
@@ -259,8 +263,15 @@ class Trainer:
             "dropped_stale": self.dropped_stale,
             "pending": {s: eps for s, (eps, _) in pending.items() if self.step < s <= ahead},
         }
-        return ckpt.save_checkpoint(self.out, self.step, self.model, self.optimizer, trainer_state=state,
-                                    modules=self._extra_modules(), keep=self.cfg.run.keep_checkpoints)  # fmt: skip
+        return ckpt.save_checkpoint(
+            self.out,
+            self.step,
+            self.model,
+            self.optimizer,
+            trainer_state=state,
+            modules=self._extra_modules(),
+            keep=self.cfg.run.keep_checkpoints,
+        )
 
     def train_step(self, step: int) -> dict[str, Any]:
         """Rollouts -> drop the stale -> update -> sync the engine -> record the pool -> queue ahead."""
@@ -287,12 +298,12 @@ class Trainer:
     def _signal_rows(self, tokens: list[Any]) -> tuple[set[int], int]:
         return signal_rows(tokens, self.cfg.loss.drop_zero_variance)
 
-    def _record_pool(self, step: int, episodes: list[Episode]) -> dict[str, Any]:
+    def _record_pool(self, step: int, episodes: list[TrainEpisode]) -> dict[str, Any]:
         return record_pool(self.source, step, episodes)
 
 
 def _metrics_row(
-    episodes: list[Episode], upd: UpdateResult, kl: float, pool_row: dict[str, Any]
+    episodes: list[TrainEpisode], upd: UpdateResult, kl: float, pool_row: dict[str, Any]
 ) -> dict[str, Any]:
     """The step's metrics about its episodes and its update (timings are added by the caller)."""
     tokens = [e.rollout.tokens for e in episodes]
@@ -328,8 +339,14 @@ def _metrics_row(
 def _progress_bar(total: int, done: int) -> tuple[Any, Any]:
     from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-    progress = Progress(TextColumn("[bold]train"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                        TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)  # fmt: skip
+    progress = Progress(
+        TextColumn("[bold]train"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+        transient=False,
+    )
     bar = progress.add_task("train", total=total, completed=done, info="")
     progress.start()
     return progress, bar

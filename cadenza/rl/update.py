@@ -14,11 +14,10 @@ from typing import Any
 import torch
 
 from cadenza.optim.clip import clip_grad_norm_
-from cadenza.rl.episodes import Episode, signal_rows
+from cadenza.rl.episodes import TrainEpisode, signal_rows
 from cadenza.rl.logprobs import sequence_logprobs
 from cadenza.rl.losses import group_advantages
-from cadenza.rl.step import LossConfig as StepLossConfig
-from cadenza.rl.step import hinted_mask, rl_losses
+from cadenza.rl.step import StepLossConfig, hinted_mask, rl_losses
 from cadenza.rl.teacher import Teacher, build_hinted_turns
 from cadenza.rl.tokens import collate
 
@@ -50,7 +49,7 @@ class Learner:
     step_config: StepLossConfig
     ref_model: torch.nn.Module | None = None
 
-    def update(self, episodes: list[Episode], step: int | None = None) -> UpdateResult:
+    def update(self, episodes: list[TrainEpisode], step: int | None = None) -> UpdateResult:
         cfg, lc = self.cfg, self.cfg.loss
         tokens = [e.rollout.tokens for e in episodes]
         adv = group_advantages(
@@ -134,7 +133,8 @@ class Learner:
 
     @torch.no_grad()
     def update_kl(self, tokens: list[Any], hinted: set[tuple[int, int]]) -> float:
-        """KL(before || after) of this step's update on un-hinted turns: k3 on the tokens sampled before it."""
+        """KL(before || after) of this step's update on un-hinted turns: k3 on the tokens sampled before
+        it."""
         total = count = 0.0
         mb = self.cfg.optim.microbatch
         for lo in range(0, len(tokens), mb):

@@ -24,7 +24,7 @@ import torch
 
 from cadenza.errors import CadenzaError
 from cadenza.executor import ExecutorConfig
-from cadenza.rl.episodes import Episode, collect_episodes, step_seed
+from cadenza.rl.episodes import TrainEpisode, collect_episodes, step_seed
 
 
 @dataclass(kw_only=True)
@@ -68,7 +68,7 @@ class RolloutWorker:
         self.engine.sync_weights(state.items(), version=version)
         return version
 
-    def run(self, unit: Unit) -> list[Episode]:
+    def run(self, unit: Unit) -> list[TrainEpisode]:
         seed = unit_seed(self.cfg, unit.step, unit.index)
         return collect_episodes(
             self.engine,
@@ -103,7 +103,7 @@ class LocalWorkers:
     def sync(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         self.worker.sync(_state(named), version)
 
-    def run(self, units: list[Unit]) -> list[list[Episode] | None]:
+    def run(self, units: list[Unit]) -> list[list[TrainEpisode] | None]:
         self.counts.units += len(units)
         return [self.worker.run(u) for u in units]
 
@@ -180,11 +180,11 @@ class RayWorkers:
             [s.actor.sync.remote(ref, version) for s in self.slots], f"weight push to version {version}"
         )
 
-    def run(self, units: list[Unit]) -> list[list[Episode] | None]:
+    def run(self, units: list[Unit]) -> list[list[TrainEpisode] | None]:
         """Every unit's episodes, in unit order (``None`` for a lost unit)."""
         import ray
 
-        results: list[list[Episode] | None] = [None] * len(units)
+        results: list[list[TrainEpisode] | None] = [None] * len(units)
         todo = [(pos, 0) for pos in range(len(units))]  # (position, tries so far)
         self.counts.units += len(units)
         deadline = time.monotonic() + self.timeout_s * max(1, len(units))

@@ -238,7 +238,10 @@ class Sandbox:
         def watch() -> str | None:
             used = disk_usage(root)
             if used > limit:
-                return f"disk quota exceeded: the workspace holds {used >> 20} MiB, the limit is {limit >> 20} MiB"
+                return (
+                    f"disk quota exceeded: the workspace holds {used >> 20} MiB, the limit is "
+                    f"{limit >> 20} MiB"
+                )
             return None
 
         return watch
@@ -342,7 +345,8 @@ class Sandbox:
         return direct
 
     def close(self) -> None:
-        """Stop this sandbox's exec server or spawner and remove its cgroup (also done when garbage-collected)."""
+        """Stop this sandbox's exec server or spawner and remove its cgroup (also done when
+        garbage-collected)."""
         self._server_finalizer()
         self._server = None
         self._finalizer()
@@ -371,5 +375,6 @@ def _check_bwrap(bwrap: str, system_args: tuple[str, ...]) -> None:
     if out.returncode != 0:
         msg = (out.stderr.strip().splitlines() or ["unknown error"])[-1]
         raise SandboxError(
-            f"bubblewrap cannot create namespaces here ({msg}); allow unprivileged user namespaces or run as root"
+            f"bubblewrap cannot create namespaces here ({msg}); allow unprivileged user namespaces or run "
+            "as root"
         )

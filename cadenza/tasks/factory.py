@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from cadenza.errors import CadenzaError
 from cadenza.executor import ExecutorConfig, emit, make_executor, preflight, set_sink
+from cadenza.tasks.owners import owner_alive, owner_tag
 from cadenza.tasks.progress import BuildProgress
 from cadenza.tasks.scan import Finding, scan_tasks
 from cadenza.tasks.scrub import scrub_env, scrub_workspace
 from cadenza.tasks.secret import derive_secret
-from cadenza.tasks.store import SourceReport, TaskStore, owner_alive, owner_tag
+from cadenza.tasks.store import SourceReport, TaskStore
 from cadenza.tasks.task import GOLD_PATCH, WORKSPACE, save_task
 
 if TYPE_CHECKING:

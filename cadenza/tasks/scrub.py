@@ -19,24 +19,8 @@ from pathlib import Path
 from cadenza.errors import CadenzaError
 from cadenza.tasks.scan import env_roots, read_content, scan_paths
 from cadenza.tasks.secret import Secret, stub_definitions
+from cadenza.tasks.source import BUILD_DIRS, CACHE_DIRS
 
-CACHE_DIRS = frozenset(
-    {
-        "__pycache__",
-        ".mypy_cache",
-        ".pytest_cache",
-        ".ruff_cache",
-        ".hypothesis",
-        ".tox",
-        ".nox",
-        ".eggs",
-        "htmlcov",
-        ".pyre",
-        ".pytype",
-        ".dmypy",
-    }
-)
-BUILD_DIRS = frozenset({"build", "dist"})
 JUNK_FILES_SUFFIX = (".pyc", ".pyo", ".orig", ".rej")
 GIT_IDENTITY = {
     "GIT_AUTHOR_NAME": "cadenza",

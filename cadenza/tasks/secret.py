@@ -42,7 +42,8 @@ JUNK_DIRS = frozenset(
 MIN_NEEDLE_LEN = 10
 # A line this common in Python code is no evidence on its own.
 _IMPORT = re.compile(
-    r"^(import\s|from\s+\S+\s+import\s|if __name__ == |if TYPE_CHECKING:|raise NotImplementedError|super\(\)\.__init__\()"
+    r"^(import\s|from\s+\S+\s+import\s|if __name__ == |if TYPE_CHECKING:|raise "
+    r"NotImplementedError|super\(\)\.__init__\()"
 )
 _GENERIC = re.compile(
     r"^(return|pass|else:|try:|finally:|raise|continue|break|yield|\)|\]|\}|\"\"\"|'''|#)"

@@ -21,27 +21,29 @@ from cadenza.errors import SourceError
 
 Layout = Literal["flat", "src", "tests-inside-package"]
 
+#: Tool caches: never source, never copied, and deleted from a task's workspace (they can hold the answer).
+CACHE_DIRS = frozenset(
+    {
+        "__pycache__",
+        ".mypy_cache",
+        ".pytest_cache",
+        ".ruff_cache",
+        ".hypothesis",
+        ".tox",
+        ".nox",
+        ".eggs",
+        "htmlcov",
+        ".pyre",
+        ".pytype",
+        ".dmypy",
+    }
+)
+#: Build outputs (a package of that name is kept where it holds an ``__init__.py``).
+BUILD_DIRS = frozenset({"build", "dist"})
 #: Directories never copied from a source (build outputs, caches, VCS and tool state).
-IGNORED_DIRS = {
-    ".git",
-    ".hg",
-    ".svn",
-    "__pycache__",
-    ".mypy_cache",
-    ".pytest_cache",
-    ".ruff_cache",
-    ".hypothesis",
-    ".tox",
-    ".nox",
-    ".venv",
-    "venv",
-    ".eggs",
-    "build",
-    "dist",
-    "node_modules",
-    ".idea",
-    ".vscode",
-}
+IGNORED_DIRS = (
+    CACHE_DIRS | BUILD_DIRS | {".git", ".hg", ".svn", ".venv", "venv", "node_modules", ".idea", ".vscode"}
+)
 IGNORED_SUFFIXES = (".pyc", ".pyo", ".egg-info")
 #: Top-level names that are never the project's importable package.
 NON_PACKAGE_NAMES = {

@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import shutil
-import socket
 import sqlite3
 import time
 import uuid
@@ -24,58 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from cadenza.errors import CadenzaError
+from cadenza.tasks.owners import owner_alive, owner_tag
+from cadenza.tasks.schema import MIGRATIONS
 from cadenza.tasks.task import TASK_JSON, Task, load_task
 
 INDEX = "index.sqlite"
 STAGING = ".staging"
-
-# Append-only: migration N brings the schema from version N-1 to N.
-MIGRATIONS: list[str] = [
-    """
-    CREATE TABLE tasks (
-        id TEXT PRIMARY KEY,
-        spec TEXT NOT NULL,
-        source TEXT NOT NULL,
-        level INTEGER NOT NULL,
-        qualname TEXT NOT NULL,
-        kind TEXT NOT NULL,
-        path TEXT NOT NULL,
-        f2p INTEGER NOT NULL,
-        p2p INTEGER NOT NULL,
-        state TEXT NOT NULL DEFAULT 'ready',
-        created TEXT NOT NULL,
-        UNIQUE (source, qualname, level)
-    );
-    CREATE TABLE builds (
-        id INTEGER PRIMARY KEY AUTOINCREMENT,
-        started TEXT NOT NULL,
-        finished TEXT,
-        params TEXT NOT NULL
-    );
-    CREATE TABLE build_sources (
-        build_id INTEGER NOT NULL REFERENCES builds(id),
-        source TEXT NOT NULL,
-        params_key TEXT NOT NULL,
-        status TEXT NOT NULL,
-        reason TEXT NOT NULL DEFAULT '',
-        candidates INTEGER NOT NULL DEFAULT 0,
-        validated INTEGER NOT NULL DEFAULT 0,
-        emitted INTEGER NOT NULL DEFAULT 0,
-        rejected INTEGER NOT NULL DEFAULT 0,
-        suite_runs REAL NOT NULL DEFAULT 0,
-        seconds REAL NOT NULL DEFAULT 0,
-        PRIMARY KEY (build_id, source)
-    );
-    CREATE TABLE rejections (
-        build_id INTEGER NOT NULL REFERENCES builds(id),
-        source TEXT NOT NULL,
-        task_id TEXT NOT NULL,
-        reason TEXT NOT NULL
-    );
-    """,
-    # 2: candidates skipped because the set already held their task (resumed builds).
-    "ALTER TABLE build_sources ADD COLUMN skipped INTEGER NOT NULL DEFAULT 0",
-]
 
 
 def _now() -> str:
@@ -375,34 +328,3 @@ class TaskStore:
 def _check_id(task_id: str) -> None:
     if not task_id or "/" in task_id or task_id.startswith(".") or "\x00" in task_id:
         raise CadenzaError(f"invalid task id {task_id!r}: ids are plain names such as 'cachetools-0001'")
-
-
-def owner_tag() -> str:
-    """``pid@host`` of this process: names of staging and work dirs, which may sit on a filesystem
-    shared by several machines (a Ray build), where a bare pid says nothing."""
-    return f"{os.getpid()}@{socket.gethostname().replace('.', '_')}"
-
-
-def owner_alive(tag: str) -> bool:
-    """Whether the owner ``tag`` (see :func:`owner_tag`; a bare pid = this host) may still run.
-
-    Owners on another host are assumed alive: their directories are theirs to clean up."""
-    pid, _, host = tag.partition("@")
-    if not pid.isdigit():
-        return False
-    if host and host != socket.gethostname().replace(".", "_"):
-        return True
-    return pid_alive(int(pid))
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether process ``pid`` still runs (owners of staging and work dirs)."""
-    if pid == os.getpid():
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

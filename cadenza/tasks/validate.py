@@ -162,7 +162,8 @@ def prepare_workspace(ctx: ValidationContext, deletion: Deletion, workspace: Pat
 
 
 def validate(ctx: ValidationContext, deletion: Deletion, workspace: Path, scratch: Path) -> Validation:
-    """Validate ``deletion`` already applied in ``workspace``; ``scratch`` is an empty dir for envs and copies."""
+    """Validate ``deletion`` already applied in ``workspace``; ``scratch`` is an empty dir for envs and
+    copies."""
     passing = set(ctx.baseline.passing)
     covering = sorted(deletion.candidate.tests & passing)
     if not covering:

@@ -2,7 +2,8 @@
 
 One spawn per world size; inside it three layouts: 1-D FSDP, HSDP (2-D mesh), and two meshes (dense
 params on one, experts on another, as dual-mesh HSDP does). Dims are chosen so shards are uneven
-(30 q rows, 10 k rows, 5 experts; FSDP2 allows uneven only on dim 0) and some ranks hold empty shards at world 8.
+(30 q rows, 10 k rows, 5 experts; FSDP2 allows uneven only on dim 0) and some ranks hold empty shards at
+world 8.
 The reference is the same optimizer on an unsharded copy fed the gathered FSDP gradients.
 """
 

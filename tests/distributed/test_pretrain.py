@@ -115,14 +115,14 @@ def test_kill_and_resume_on_another_world_size(tmp_path: Path) -> None:
     proc = _torchrun(4, run4)
     first = tmp_path / "run" / "checkpoints" / "step-00000002"
     deadline = time.monotonic() + 300
-    while not (first / "cadenza.json").exists():
+    while not (first / "meta.json").exists():
         assert proc.poll() is None, proc.communicate()[0][-3000:]
         assert time.monotonic() < deadline, "no checkpoint within 300 s"
         time.sleep(0.05)
     _kill_tree(proc.pid)
     proc.communicate()
     assert len(list(first.glob("*.distcp"))) == 4  # sharded: one file per rank
-    assert json.loads((first / "cadenza.json").read_text())["world_size"] == 4
+    assert json.loads((first / "meta.json").read_text())["world_size"] == 4
 
     # Resume at world 2 (FSDP 2, EP 2, no CP).
     run2 = _config(tmp_path, "w2.toml", out="run", dp_shard=2, ep=2, files=files)

@@ -9,24 +9,13 @@ import torch
 
 def tiny_model(kind: str, seed: int = 0):
     """hidden 64, 2 layers, 8 experts, float32; routers initialised wide so top-k has no near-ties."""
-    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, Qwen3MoeConfig, Qwen3MoeForCausalLM
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, Qwen3MoeForCausalLM
+
+    from cadenza.rl.policy import tiny_qwen3_moe_config
 
     torch.manual_seed(seed)
     if kind == "qwen3_moe":
-        cfg = Qwen3MoeConfig(
-            vocab_size=96,
-            hidden_size=64,
-            intermediate_size=96,
-            moe_intermediate_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            head_dim=16,
-            num_experts=8,
-            num_experts_per_tok=2,
-            norm_topk_prob=True,
-            max_position_embeddings=128,
-        )
+        cfg = tiny_qwen3_moe_config(96, intermediate_size=96, max_position_embeddings=128)
     elif kind in ("deepseek_v3", "deepseek_v3_starved"):
         # Layer 0 dense MLP, layer 1 MoE with a shared expert, grouped routing and a score-correction bias.
         cfg = DeepseekV3Config(

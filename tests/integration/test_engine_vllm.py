@@ -23,8 +23,8 @@ from cadenza.errors import CadenzaError, EngineError
 from cadenza.rl.chat import assistant_message, parse_tool_calls
 from cadenza.rl.engines import make_engine
 from cadenza.rl.engines.vllm_server import _group_pids
-from cadenza.rl.policy import HFPolicy, SamplingParams, tiny_qwen3_config
-from cadenza.rl.rollout import RolloutConfig, RolloutTask, rollout
+from cadenza.rl.policy import HFPolicy, SampleRequest, SamplingParams, tiny_qwen3_config
+from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
 from cadenza.rl.sft import SFTConfig, encode_messages, supervised_finetune
 from tests.integration.engine_helpers import TOL, check_sync_parity, hf_logprobs, requires_vllm, save
 from tests.unit.rl_helpers import TOOLS, CounterEnv, make_tokenizer
@@ -72,7 +72,7 @@ def setup(tmp_path_factory):
 
 def test_multi_turn_tool_episodes_are_token_exact(setup):
     tok, policy, engine, _ = setup
-    cfg = RolloutConfig(group_size=4, max_turns=4, max_new_tokens=40, temperature=TEMPERATURE, seed=0)
+    cfg = RolloutParams(group_size=4, max_turns=4, max_new_tokens=40, temperature=TEMPERATURE, seed=0)
     tasks = [RolloutTask(task_id="count3", make_env=CounterEnv)]
     out = rollout(engine, tok, tasks, cfg)
     assert max(len(r.trajectory.turns) for r in out) >= 2, "no multi-turn tool episode was sampled"
@@ -94,7 +94,7 @@ def test_sample_tags_version_and_stops_on_stop_ids(setup):
     tok, _, engine, _ = setup
     prompt = tok.encode("counter = 1 2 3", add_special_tokens=False)
     params = SamplingParams(max_new_tokens=30, temperature=1.0, stop_token_ids=(tok.eos_token_id,))
-    out = engine.sample([prompt] * 3, params, generator=torch.Generator().manual_seed(1))
+    out = engine.sample(SampleRequest([prompt] * 3, params, torch.Generator().manual_seed(1)))
     for s in out:
         assert s.policy_version == engine.version
         assert len(s.token_ids) == len(s.logprobs) >= 1
@@ -110,10 +110,10 @@ def test_many_seeded_prompts_in_one_batch(setup):
     _, _, engine, _ = setup
     prompts = [[(7 * i + j) % 300 + 3 for j in range(60)] for i in range(48)]
     params = SamplingParams(max_new_tokens=3, temperature=1.0)
-    batch = engine.sample(prompts, params, generator=torch.Generator().manual_seed(5))
+    batch = engine.sample(SampleRequest(prompts, params, torch.Generator().manual_seed(5)))
     seeds_gen = torch.Generator().manual_seed(5)
     assert len(batch) == 48 and all(len(s.token_ids) == 3 for s in batch)
-    first = engine.sample(prompts[:1], params, generator=seeds_gen)  # same first seed: same draw
+    first = engine.sample(SampleRequest(prompts[:1], params, seeds_gen))  # same first seed: same draw
     assert first[0].token_ids == batch[0].token_ids
 
 
@@ -164,7 +164,7 @@ def test_kill_mid_call_is_one_line_error(setup):
 
     def call() -> None:
         try:
-            engine.sample([[5, 6, 7]] * 8, params, generator=torch.Generator().manual_seed(0))
+            engine.sample(SampleRequest([[5, 6, 7]] * 8, params, torch.Generator().manual_seed(0)))
         except BaseException as e:
             errors.append(e)
 
@@ -190,13 +190,13 @@ CHILD = """
 import sys, time
 from cadenza.rl.engines import make_engine
 from cadenza.rl.engines.vllm_server import _group_pids, _shm_mapped
-from cadenza.rl.policy import SamplingParams
+from cadenza.rl.policy import SampleRequest, SamplingParams
 if __name__ == "__main__":
     eng = make_engine("vllm", model=sys.argv[1], max_model_len=1024)
     pgid = eng.server.proc.pid
     print("READY", pgid, *sorted(_shm_mapped(_group_pids(pgid))), flush=True)
     while True:
-        eng.sample([[5, 6, 7]] * 4, SamplingParams(max_new_tokens=200))
+        eng.sample(SampleRequest([[5, 6, 7]] * 4, SamplingParams(max_new_tokens=200)))
 """
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cadenza.rl.engines import make_engine
-from cadenza.rl.policy import HFPolicy, SamplingParams, tiny_qwen3_moe_config
+from cadenza.rl.policy import HFPolicy, SampleRequest, SamplingParams, tiny_qwen3_moe_config
 from tests.integration.engine_helpers import TOL, check_sync_parity, hf_logprobs, requires_vllm, save
 from tests.unit.rl_helpers import make_tokenizer
 
@@ -34,7 +34,7 @@ def test_sampled_logprobs_are_the_trainers(setup):
     tok, policy, engine = setup
     prompt = tok.encode("Make the counter reach 3, then submit.", add_special_tokens=False)
     params = SamplingParams(max_new_tokens=16, temperature=0.8, top_k=20)
-    for s in engine.sample([prompt] * 4, params, generator=torch.Generator().manual_seed(0)):
+    for s in engine.sample(SampleRequest([prompt] * 4, params, torch.Generator().manual_seed(0))):
         ref = hf_logprobs(policy, prompt + s.token_ids, temperature=0.8)[len(prompt) - 1 :]
         # top-k renormalises: the engine's processed log-prob is the trainer's minus log of the kept mass
         with torch.no_grad():

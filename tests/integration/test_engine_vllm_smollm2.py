@@ -9,7 +9,7 @@ import torch
 from cadenza.rl.engines import make_engine
 from cadenza.rl.models import ensure_smollm2
 from cadenza.rl.policy import HFPolicy
-from cadenza.rl.rollout import RolloutConfig, RolloutTask, rollout
+from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
 from tests.integration.engine_helpers import TOL, check_sync_parity, hf_logprobs, requires_vllm
 from tests.unit.rl_helpers import CounterEnv
 
@@ -39,7 +39,7 @@ def setup():
 
 def test_smollm2_rollout_is_token_exact(setup):
     tok, policy, engine = setup
-    cfg = RolloutConfig(group_size=2, max_turns=2, max_new_tokens=24, temperature=0.7, seed=0)
+    cfg = RolloutParams(group_size=2, max_turns=2, max_new_tokens=24, temperature=0.7, seed=0)
     out = rollout(engine, tok, [RolloutTask(task_id="count3", make_env=CounterEnv)], cfg)
     for r in out:
         t = r.tokens

@@ -14,9 +14,9 @@ from cadenza.agent.replay import replay
 from cadenza.agent.toytask import OPS_SOLVED
 from cadenza.agent.trajectory import Trajectory
 from cadenza.rl.curriculum import CurriculumConfig
+from cadenza.rl.episodes import TrainEpisode
 from cadenza.rl.monitor_hook import episode_outcome
 from cadenza.rl.taskset import TaskSetSource
-from cadenza.rl.trainer import Episode as TrainerEpisode
 from cadenza.rl.trainer import Trainer
 from cadenza.tasks.pool import TaskPool
 from tests.sandbox_fixtures import F2P, P2P, task_dir, task_env, taskset  # noqa: F401
@@ -69,7 +69,7 @@ def test_a_flagged_episode_is_never_recorded_as_a_pool_success(task_dir: Path, t
     stored = outcome.to_dict()
     traj = Trajectory(task_id="calc-clamp", messages=[], turns=[], outcome=stored, reward=outcome.reward)
     tokens = SimpleNamespace(group_id="g0:calc-clamp", reward=float(outcome.reward))
-    episode = TrainerEpisode(
+    episode = TrainEpisode(
         rollout=SimpleNamespace(tokens=tokens, trajectory=traj, outcome=stored), tools=[], render_tools=[]
     )
     episode.flags = len(episode_outcome(traj).flags)  # the trainer's one source of flags and reward

@@ -16,8 +16,12 @@ from tests.chat_server import closed_port_url, serve, tool_call
 from tests.sandbox_fixtures import GOLD_PATCH
 
 ROOT = Path(__file__).resolve().parents[2]
-SOLVER = [tool_call("view", path="calc/ops.py"), *[tool_call(a["tool"], **a["args"]) for a in patch_actions(GOLD_PATCH)],
-          tool_call("run_tests", selector="tests/test_ops.py"), tool_call("submit")]  # fmt: skip
+SOLVER = [
+    tool_call("view", path="calc/ops.py"),
+    *[tool_call(a["tool"], **a["args"]) for a in patch_actions(GOLD_PATCH)],
+    tool_call("run_tests", selector="tests/test_ops.py"),
+    tool_call("submit"),
+]
 HACKER = [tool_call("bash", command="git log -p --all | head"), *SOLVER]
 
 
@@ -38,8 +42,14 @@ def policy(body: dict) -> dict:
 
 
 def _eval(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cadenza", "eval", *args], capture_output=True, text=True,
-                          timeout=300, cwd=ROOT, env={**os.environ, "COLUMNS": "200"})  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "cadenza", "eval", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "COLUMNS": "200"},
+    )
 
 
 def test_eval_runs_model_over_task_set(taskset, tmp_path):
@@ -48,8 +58,23 @@ def test_eval_runs_model_over_task_set(taskset, tmp_path):
     save_task(taskset / "calc-other", hack)
     out = tmp_path / "out"
     with serve(policy) as srv:
-        res = _eval(str(taskset), "--endpoint", srv.url, "--model", "scripted", "--concurrency", "2",
-                    "--max-turns", "10", "--out", str(out), "--judge-endpoint", srv.url, "--judge-model", "judge")  # fmt: skip
+        res = _eval(
+            str(taskset),
+            "--endpoint",
+            srv.url,
+            "--model",
+            "scripted",
+            "--concurrency",
+            "2",
+            "--max-turns",
+            "10",
+            "--out",
+            str(out),
+            "--judge-endpoint",
+            srv.url,
+            "--judge-model",
+            "judge",
+        )
     assert res.returncode == 0, res.stderr + res.stdout
     assert (
         "resolved rate" in res.stdout

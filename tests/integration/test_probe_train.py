@@ -1,4 +1,5 @@
-"""The hint-following diagnostic inside real trainer runs on toolworld: logged, and stopping a run by threshold."""
+"""The hint-following diagnostic inside real trainer runs on toolworld: logged, and stopping a run by
+threshold."""
 
 from __future__ import annotations
 

@@ -66,7 +66,11 @@ def test_workspace_is_writable_and_cwd(episode: Episode):
     assert (episode.workspace / "note.txt").read_text() == "hello\n"
 
 
-def test_writes_outside_workspace_do_not_reach_host(episode: Episode, task_dir: Path, task_env: Path):  # noqa: F811
+def test_writes_outside_workspace_do_not_reach_host(
+    episode: Episode,
+    task_dir: Path,  # noqa: F811
+    task_env: Path,  # noqa: F811
+):
     targets = [
         task_dir / "gold.patch",
         task_dir / "pwned",
@@ -100,7 +104,8 @@ def test_task_set_gold_patch_and_other_tasks_are_invisible(episode: Episode, tas
     res = bash(
         episode,
         f"cat {taskset}/calc-clamp/gold.patch; ls {taskset}; cat {other}/task.json; "
-        f"ls {other}/workspace; find / -path /proc -prune -o -path /usr -prune -o -name gold.patch -print; echo end",
+        f"ls {other}/workspace; find / -path /proc -prune -o -path /usr -prune -o -name gold.patch -print; "
+        "echo end",
     )
     assert "max(lo, min(x, hi))" not in res.observation
     assert "calc-other" not in res.observation.replace(str(other), "")

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from cadenza.checkpoint import step_name
 from cadenza.errors import CadenzaError
 from cadenza.metrics import read_metrics
 from cadenza.rl import trainer as trainer_mod
@@ -51,7 +52,11 @@ def test_k0_is_the_synchronous_loop_bit_for_bit(sft_model, tmp_path, monkeypatch
     and the pre-engine loop (rollouts sampled inline from the trainer's own policy, no thread)."""
     default = Trainer(run_config(sft_model, tmp_path / "a", steps=3, k=0)).train()
 
-    monkeypatch.setattr(trainer_mod, "build_engine", lambda cfg, policy, tok, version: HFEngine(policy, share=False, version=version))  # fmt: skip
+    monkeypatch.setattr(
+        trainer_mod,
+        "build_engine",
+        lambda cfg, policy, tok, version: HFEngine(policy, share=False, version=version),
+    )
     copied = Trainer(run_config(sft_model, tmp_path / "b", steps=3, k=0)).train()
     monkeypatch.undo()
 
@@ -102,17 +107,21 @@ class _CrashAtVersion(HFEngine):
         super().__init__(*a, **kw)
         self.at = at
 
-    def sample(self, prompts, params, *, generator=None):
+    def sample(self, request):
         if self.version == self.at:
             raise RuntimeError("engine process died")
-        return super().sample(prompts, params, generator=generator)
+        return super().sample(request)
 
 
 def test_k1_resume_after_a_crash_is_exact(sft_model, tmp_path, monkeypatch):
     """The checkpoint of step 2 keeps step 3's rollouts (sampled by version 1 while step 2 trained), so a
     run that dies in step 4's rollouts resumes exactly where an uninterrupted run would be."""
     full = Trainer(run_config(sft_model, tmp_path / "a", steps=4, k=1)).train()
-    monkeypatch.setattr(trainer_mod, "build_engine", lambda cfg, policy, tok, version: _CrashAtVersion(policy, share=False, version=version, at=2))  # fmt: skip
+    monkeypatch.setattr(
+        trainer_mod,
+        "build_engine",
+        lambda cfg, policy, tok, version: _CrashAtVersion(policy, share=False, version=version, at=2),
+    )
     with pytest.raises(EngineError, match="engine process died"):
         Trainer(run_config(sft_model, tmp_path / "b", steps=4, k=1)).train()
     monkeypatch.undo()
@@ -124,14 +133,18 @@ def test_k1_resume_after_a_crash_is_exact(sft_model, tmp_path, monkeypatch):
 class _LaggingEngine(HFEngine):
     """Stamps the first prompt of every batch with weights two versions older than it really used."""
 
-    def sample(self, prompts, params, *, generator=None):
-        out = super().sample(prompts, params, generator=generator)
+    def sample(self, request):
+        out = super().sample(request)
         out[0].policy_version -= 2
         return out
 
 
 def test_stale_trajectories_are_dropped_and_counted(sft_model, tmp_path, monkeypatch):
-    monkeypatch.setattr(trainer_mod, "build_engine", lambda cfg, policy, tok, version: _LaggingEngine(policy, share=False, version=version))  # fmt: skip
+    monkeypatch.setattr(
+        trainer_mod,
+        "build_engine",
+        lambda cfg, policy, tok, version: _LaggingEngine(policy, share=False, version=version),
+    )
     rows = Trainer(run_config(sft_model, tmp_path / "run", steps=3, k=1)).train()
     # the first episode of each step is stale by min(s - 1, 1) + 2 > K = 1 and leaves the update
     assert [r["dropped_stale"] for r in rows] == [1, 1, 1]
@@ -146,13 +159,13 @@ class _FailingEngine(HFEngine):
         super().__init__(*a, **kw)
         self.at, self.mode, self.calls, self.released = at, mode, 0, threading.Event()
 
-    def sample(self, prompts, params, *, generator=None):
+    def sample(self, request):
         self.calls += 1
         if self.calls == self.at:
             if self.mode == "hang":
                 self.released.wait(60)
             raise RuntimeError("connection reset by peer\nsecond line")
-        return super().sample(prompts, params, generator=generator)
+        return super().sample(request)
 
     def sync_weights(self, named_tensors, *, version):
         if self.mode == "sync" and version == 2:
@@ -188,7 +201,7 @@ def test_engine_failure_mid_step_is_one_line_and_leaves_nothing(sft_model, tmp_p
     assert done == list(range(1, len(done) + 1)) and len(done) < 6  # only whole steps were logged
     root = tmp_path / "run" / "checkpoints"
     ckpts = sorted(p.name for p in root.iterdir()) if root.exists() else []
-    assert ckpts == [f"step-{s:06d}" for s in done][-2:]  # one per logged step (keep 2), none half-written
+    assert ckpts == [step_name(s) for s in done][-2:]  # one per logged step (keep 2), none half-written
 
 
 def test_subprocess_engine_samples_exactly_like_in_process(sft_model, tmp_path, monkeypatch):
@@ -206,7 +219,11 @@ def test_subprocess_engine_samples_exactly_like_in_process(sft_model, tmp_path, 
     monkeypatch.setattr(trainer_mod, "build_engine", build)
     rows = Trainer(run_config(sft_model, tmp_path / "proc", steps=3, k=1)).train()
     assert isinstance(engines[0], ProcessHFEngine) and not engines[0]._proc.is_alive()
-    monkeypatch.setattr(trainer_mod, "build_engine", lambda cfg, policy, tok, version: HFEngine(policy, share=False, version=version))  # fmt: skip
+    monkeypatch.setattr(
+        trainer_mod,
+        "build_engine",
+        lambda cfg, policy, tok, version: HFEngine(policy, share=False, version=version),
+    )
     same = Trainer(run_config(sft_model, tmp_path / "local", steps=3, k=1)).train()
     assert strip(rows) == strip(same)
 
@@ -248,12 +265,16 @@ def test_engine_context_overflow_ends_episodes_as_context_and_training_goes_on(
     probe.close()
 
     class Windowed(HFEngine):
-        def sample(self, prompts, params, *, generator=None):
-            if any(len(p) > window for p in prompts):
+        def sample(self, request):
+            if any(len(p) > window for p in request.prompts):
                 raise RuntimeError(f"HTTP 400: This model's maximum context length is {window} tokens.")
-            return super().sample(prompts, params, generator=generator)
+            return super().sample(request)
 
-    monkeypatch.setattr(trainer_mod, "build_engine", lambda cfg, policy, tok, version: Windowed(policy, share=False, version=version))  # fmt: skip
+    monkeypatch.setattr(
+        trainer_mod,
+        "build_engine",
+        lambda cfg, policy, tok, version: Windowed(policy, share=False, version=version),
+    )
     trainer = Trainer(run_config(sft_model, tmp_path / "run", steps=2, k=1))
     eps = trainer.collect(1)
     reasons = {e.rollout.tokens.metadata["stop_reason"] for e in eps}

@@ -1,4 +1,5 @@
-"""The trainer end to end on toolworld: CLI run, SD loss on hinted turns goes down, exact resume, bad configs."""
+"""The trainer end to end on toolworld: CLI run, SD loss on hinted turns goes down, exact resume, bad
+configs."""
 
 from __future__ import annotations
 
@@ -79,7 +80,7 @@ def test_train_cli_end_to_end_sd_loss_on_hinted_turns_decreases(sft_model, tmp_p
     ):
         assert all(r[key] is not None for r in rows), key
     assert rows[-1]["episodes"] == 6 * 8 and all(r["hinted_turns"] > 0 for r in rows[:2])
-    ckpt = tmp_path / "run" / "checkpoints" / "step-000006"
+    ckpt = tmp_path / "run" / "checkpoints" / "step-00000006"
     assert {"model.safetensors", "optimizer.pt", "state.pt", "meta.json"} <= {p.name for p in ckpt.iterdir()}
 
     # held-out check: the hinted turns of a fixed batch, before vs after training
@@ -103,8 +104,8 @@ def test_exact_resume_matches_uninterrupted_run(sft_model, tmp_path):
     rows_resumed = resumed.train()
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]  # noqa: E731
     assert strip(rows_resumed) == strip(rows_full)
-    a = load_file(str(tmp_path / "a" / "checkpoints" / "step-000004" / "model.safetensors"))
-    b = load_file(str(tmp_path / "b" / "checkpoints" / "step-000004" / "model.safetensors"))
+    a = load_file(str(tmp_path / "a" / "checkpoints" / "step-00000004" / "model.safetensors"))
+    b = load_file(str(tmp_path / "b" / "checkpoints" / "step-00000004" / "model.safetensors"))
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     # a checkpoint is never resumed under a different config
     with pytest.raises(CadenzaError, match=r"different config \(loss.lambda_sd\)"):

@@ -58,7 +58,8 @@ def _server_pid(box: Sandbox) -> int:
 def test_calls_share_one_instance_but_no_state_but_workspace_files(box: Sandbox):
     marker = f"bg{uuid.uuid4().hex[:8]}"
     first = box.run(
-        "echo data > /tmp/t; mkdir -p ~/.cache/d; echo h > ~/.cache/d/f; echo s > /dev/shm/s; chmod 000 ~/.cache/d;"
+        "echo data > /tmp/t; mkdir -p ~/.cache/d; echo h > ~/.cache/d/f; echo s > /dev/shm/s; chmod 000 "
+        "~/.cache/d;"
         f" echo kept > ws-file; ipcmk -M 4096 >/dev/null && echo shm-made;"
         f" nohup sh -c 'sleep 600; echo {marker}' >/dev/null 2>&1 & setsid sleep 601 & echo started"
     )

@@ -1,4 +1,5 @@
-"""The whole pipeline on a synthetic project in real venvs with real pytest: levels 1-3, gold patch, bad input."""
+"""The whole pipeline on a synthetic project in real venvs with real pytest: levels 1-3, gold patch, bad
+input."""
 
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ from cadenza.agent.env import StepResult, ToolCall
 
 
 class ReachFiveEnv:
-    """A tiny Env: ``add(n)`` adds to a counter, ``bash`` echoes, ``submit`` ends; reward 1 when the counter hits 5."""
+    """A tiny Env: ``add(n)`` adds to a counter, ``bash`` echoes, ``submit`` ends; reward 1 when the counter
+    hits 5."""
 
     def __init__(self) -> None:
         self.total = 0

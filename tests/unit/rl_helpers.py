@@ -7,7 +7,7 @@ from typing import Any
 
 from cadenza.agent.env import StepResult, ToolCall
 from cadenza.rl.chat import train_tokenizer
-from cadenza.rl.policy import Sample, SamplingParams
+from cadenza.rl.policy import Sample, SampleRequest
 
 TOOLS = [
     {
@@ -94,12 +94,13 @@ class ScriptedPolicy:
         self.turns = turns
         self.calls = 0
 
-    def sample(self, prompts, params: SamplingParams, *, generator=None) -> list[Sample]:
+    def sample(self, request: SampleRequest) -> list[Sample]:
         text = self.turns[min(self.calls, len(self.turns) - 1)]
         self.calls += 1
         ids = [*self.tokenizer.encode(text, add_special_tokens=False), self.tokenizer.eos_token_id]
-        ids = ids[: params.max_new_tokens]
+        ids = ids[: request.params.max_new_tokens]
         finish = "stop" if ids[-1] == self.tokenizer.eos_token_id else "length"
         return [
-            Sample(token_ids=list(ids), logprobs=[-1.0] * len(ids), finish_reason=finish) for _ in prompts
+            Sample(token_ids=list(ids), logprobs=[-1.0] * len(ids), finish_reason=finish)
+            for _ in request.prompts
         ]

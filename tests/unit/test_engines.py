@@ -16,7 +16,13 @@ from cadenza.rl.engines import make_engine
 from cadenza.rl.engines import vllm_server as vs
 from cadenza.rl.engines.openai import OpenAIEngine, OpenAIEngineConfig, parse_choice
 from cadenza.rl.engines.weights import buckets, engine_names, named_full_tensors
-from cadenza.rl.policy import HFPolicy, SamplingParams, tiny_qwen3_config, tiny_qwen3_moe_config
+from cadenza.rl.policy import (
+    HFPolicy,
+    SampleRequest,
+    SamplingParams,
+    tiny_qwen3_config,
+    tiny_qwen3_moe_config,
+)
 from cadenza.testing import spawn
 from tests.chat_server import closed_port_url, serve
 
@@ -90,7 +96,7 @@ def test_hf_engine_samples_with_its_own_copy_until_synced():
     prompts = [[1, 2, 3], [4, 5]]
 
     def draw(policy):
-        return policy.sample(prompts, params, generator=torch.Generator().manual_seed(0))
+        return policy.sample(SampleRequest(prompts, params, torch.Generator().manual_seed(0)))
 
     with torch.no_grad():
         for p in trainer.model.parameters():
@@ -106,7 +112,7 @@ def test_hf_engine_samples_with_its_own_copy_until_synced():
         engine.sync_weights([("nope.weight", torch.zeros(1))], version=2)
     engine.close()
     with pytest.raises(CadenzaError, match="closed"):
-        engine.sample(prompts, params)
+        engine.sample(SampleRequest(prompts, params))
 
 
 def test_make_engine_rejects_bad_names_and_options():
@@ -158,14 +164,14 @@ def test_openai_engine_token_ids_seeds_and_errors():
     with serve(policy) as srv:
         eng = OpenAIEngine(OpenAIEngineConfig(base_url=srv.url.removesuffix("/v1"), model="m", timeout_s=5))
         out = eng.sample(
-            [[1, 2], [7]], SamplingParams(max_new_tokens=3), generator=torch.Generator().manual_seed(0)
+            SampleRequest([[1, 2], [7]], SamplingParams(max_new_tokens=3), torch.Generator().manual_seed(0))
         )
         assert [s.token_ids for s in out] == [[2, 3, 4], [7, 8, 9]] and out[0].logprobs == [-0.5] * 3
         assert sorted(b["prompt"] for b in seen) == [[1, 2], [7]]  # token ids in, never text
         seeds = sorted(b["seed"] for b in seen)
         seen.clear()
         eng.sample(
-            [[1, 2], [7]], SamplingParams(max_new_tokens=3), generator=torch.Generator().manual_seed(0)
+            SampleRequest([[1, 2], [7]], SamplingParams(max_new_tokens=3), torch.Generator().manual_seed(0))
         )
         assert sorted(b["seed"] for b in seen) == seeds and len(set(seeds)) == 2
         with pytest.raises(CadenzaError, match="cannot load new weights"):
@@ -175,13 +181,13 @@ def test_openai_engine_token_ids_seeds_and_errors():
     with serve(lambda body: ("sleep", 3)) as srv:
         eng = OpenAIEngine(OpenAIEngineConfig(base_url=srv.url.removesuffix("/v1"), model="m", timeout_s=0.5))
         with pytest.raises(EngineError, match=r"engine 'openai' generation failed: no answer within"):
-            eng.sample([[1]], SamplingParams(max_new_tokens=2))
+            eng.sample(SampleRequest([[1]], SamplingParams(max_new_tokens=2)))
     with serve(lambda body: (400, b'{"error": {"message": "maximum context length is 8 tokens"}}')) as srv:
         eng = OpenAIEngine(OpenAIEngineConfig(base_url=srv.url.removesuffix("/v1"), model="m", timeout_s=5))
         with pytest.raises(ContextLengthExceeded, match="maximum context length"):  # not an engine failure
-            eng.sample([[1]], SamplingParams(max_new_tokens=2))
+            eng.sample(SampleRequest([[1]], SamplingParams(max_new_tokens=2)))
     eng = OpenAIEngine(
         OpenAIEngineConfig(base_url=closed_port_url().removesuffix("/v1"), model="m", timeout_s=5)
     )
     with pytest.raises(EngineError, match=r"^engine 'openai' generation failed: .*refused"):
-        eng.sample([[1]], SamplingParams(max_new_tokens=2))
+        eng.sample(SampleRequest([[1]], SamplingParams(max_new_tokens=2)))

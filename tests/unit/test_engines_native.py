@@ -48,7 +48,8 @@ from vllm.engine.arg_utils import EngineArgs
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from cadenza.rl.engines.gpu_sync import ModuleWeights, weight_source
 from cadenza.rl.policy import HFPolicy, tiny_qwen3_moe_config
-args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(["--model", "x", *json.loads(sys.argv[1])])
+argv = ["--model", "x", *json.loads(sys.argv[1])]
+args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(argv)
 src = weight_source(ModuleWeights(HFPolicy.from_config(tiny_qwen3_moe_config(64), seed=0).model))
 n = sum(len(names) for names, tensors in src.iter_groups())  # vLLM checks stream order against metadata
 print(json.dumps({"backend": json.loads(args.weight_transfer_config)["backend"]
@@ -62,8 +63,11 @@ def test_weight_source_and_server_flag_with_the_installed_vllm():
     env = {**os.environ, "PYTHONPATH": ROOT}
     out = subprocess.run(
         [engine_python(), "-c", CHECK, json.dumps(server_args("nccl"))],
-        capture_output=True, text=True, timeout=300, env=env,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["backend"] == "nccl" and res["tensors"] == res["meta"] > 0

@@ -1,4 +1,5 @@
-"""Task discovery and the evaluation driver on tiny environments (no sandbox): concurrency, errors, summary."""
+"""Task discovery and the evaluation driver on tiny environments (no sandbox): concurrency, errors,
+summary."""
 
 from __future__ import annotations
 
@@ -20,8 +21,18 @@ from tests.unit.llm_helpers import ReachFiveEnv
 
 def make_tasks(root: Path, names: list[str]) -> None:
     for name in names:
-        save_task(root / name, Task(id=name, source="local:x", feature=Feature(qualname="x.f", path="x.py", kind="function"),
-                                    level=1, statement="s", fail_to_pass=[], pass_to_pass=[]))  # fmt: skip
+        save_task(
+            root / name,
+            Task(
+                id=name,
+                source="local:x",
+                feature=Feature(qualname="x.f", path="x.py", kind="function"),
+                level=1,
+                statement="s",
+                fail_to_pass=[],
+                pass_to_pass=[],
+            ),
+        )
 
 
 def test_discover_tasks(tmp_path):
@@ -106,7 +117,8 @@ def test_eval_config_validation(tmp_path):
 
 
 def test_context_overflow_in_eval_is_a_graded_context_exhausted_episode(tmp_path):
-    """The served model's HTTP 400 'maximum context length' ends the task as "context", graded, not errored."""
+    """The served model's HTTP 400 'maximum context length' ends the task as "context", graded, not
+    errored."""
     from tests.unit.test_llm_loop import VLLM_CONTEXT_400
 
     make_tasks(tmp_path / "set", ["t1"])

@@ -117,7 +117,10 @@ def test_repeated_failure_needs_same_command_and_same_result():
 def test_style_reports_only_newly_introduced_ruff_violations():
     before = "import os\n\n\ndef f(x):\n    return os.path.join(x)\n"
     # moves existing code down (line shift), adds an unused import and a `== None` comparison
-    after = "import os\nimport sys\n\n\ndef f(x):\n    if x == None:\n        return None\n    return os.path.join(x)\n"
+    after = (
+        "import os\nimport sys\n\n\ndef f(x):\n    if x == None:\n        return None\n    return "
+        "os.path.join(x)\n"
+    )
     found = new_violations(before, after, "m.py")
     assert sorted(v.code for v in found) == ["E711", "F401"]
     assert {v.line for v in found} == {2, 6}
@@ -223,7 +226,8 @@ def test_llm_critic_over_openai_compatible_http(monkeypatch):
             [{"tool": "view", "arguments": {"path": "a"}}, {"tool": "view", "arguments": {"path": "a"}}]
         )
         _Critic.replies[:] = [
-            'Sure: [{"turn": 1, "hint": "You already read a; edit it."}, {"turn": 7, "hint": "no such turn"}, {"turn": "x"}]',
+            'Sure: [{"turn": 1, "hint": "You already read a; edit it."}, '
+            '{"turn": 7, "hint": "no such turn"}, {"turn": "x"}]',
             "500",
         ]
         hints = critic(traj, cfg)

@@ -192,7 +192,8 @@ VLLM_CONTEXT_400 = json.dumps(
     {
         "object": "error",
         "message": "This model's maximum context length is 8192 tokens. However, you requested 8230 tokens "
-        "(8102 in the messages, 128 in the completion). Please reduce the length of the messages or completion.",
+        "(8102 in the messages, 128 in the completion). Please reduce the length of the messages or "
+        "completion.",
         "type": "BadRequestError",
         "param": None,
         "code": 400,

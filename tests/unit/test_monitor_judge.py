@@ -1,4 +1,5 @@
-"""The optional LLM judge: adds flags with source llm_judge; an unusable endpoint leaves the rules' verdict."""
+"""The optional LLM judge: adds flags with source llm_judge; an unusable endpoint leaves the rules'
+verdict."""
 
 from __future__ import annotations
 

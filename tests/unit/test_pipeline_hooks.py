@@ -1,4 +1,5 @@
-"""The trainer's curriculum hooks without a model: which rows keep their GRPO term, what ``record`` receives."""
+"""The trainer's curriculum hooks without a model: which rows keep their GRPO term, what ``record``
+receives."""
 
 from __future__ import annotations
 

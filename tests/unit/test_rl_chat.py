@@ -60,13 +60,14 @@ def test_template_renders_hermes_style(tok):
     assert text.startswith("<|im_start|>system\nYou fix bugs.\n\n# Tools")
     assert json.dumps(TOOLS[0]) in text
     assert (
-        '<|im_start|>assistant\nLet me look.\n<tool_call>\n{"name": "view", "arguments": {"path": "a.py"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>assistant\nLet me "
+        'look.\n<tool_call>\n{"name": "view", "arguments": {"path": "a.py"}}\n</tool_call><|im_end|>\n'
         in text
     )
     # consecutive tool results share one user turn
     assert (
-        "<|im_start|>user\n<tool_response>\nx = 1\n</tool_response>\n<tool_response>\nsecond\n</tool_response><|im_end|>\n"
-        in text
+        "<|im_start|>user\n<tool_response>\nx = "
+        "1\n</tool_response>\n<tool_response>\nsecond\n</tool_response><|im_end|>\n" in text
     )
     assert text.endswith("<|im_start|>user\ngo on<|im_end|>\n<|im_start|>assistant\n")
 

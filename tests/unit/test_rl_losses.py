@@ -10,6 +10,7 @@ import torch
 
 from cadenza.errors import CadenzaError
 from cadenza.rl.losses import (
+    DivergenceSpec,
     group_advantages,
     grpo_loss,
     sampled_token_sd_loss,
@@ -96,14 +97,16 @@ def _inputs(seed: int, B: int = 2, T: int = 5, V: int = 11):
 def test_sd_loss_matches_float64_reference(case):
     s, t, mask = _inputs(0)
     ref = _ref_loss(s, t, mask, **case)
-    got64 = self_distillation_loss(torch.tensor(s), torch.tensor(t), torch.tensor(mask), **case)
+    got64 = self_distillation_loss(
+        torch.tensor(s), torch.tensor(t), torch.tensor(mask), DivergenceSpec(**case)
+    )
     assert got64.dtype == torch.float64
     assert got64.item() == pytest.approx(ref, rel=1e-10, abs=1e-12)
     got32 = self_distillation_loss(
         torch.tensor(s, dtype=torch.float32),
         torch.tensor(t, dtype=torch.float32),
         torch.tensor(mask).float(),
-        **case,
+        DivergenceSpec(**case),
     )
     assert got32.item() == pytest.approx(ref, rel=1e-4, abs=1e-6)
 
@@ -113,7 +116,7 @@ def test_sd_gradient_masked_and_matches_finite_differences(case):
     s, t, mask = _inputs(1, B=2, T=4, V=7)
     student = torch.tensor(s, requires_grad=True)
     teacher = torch.tensor(t, requires_grad=True)
-    loss = self_distillation_loss(student, teacher, torch.tensor(mask), **case)
+    loss = self_distillation_loss(student, teacher, torch.tensor(mask), DivergenceSpec(**case))
     loss.backward()
     grad = student.grad.numpy()
     assert teacher.grad is None  # the teacher never receives gradient
@@ -133,7 +136,7 @@ def test_sd_loss_zero_when_identical_and_empty_mask():
     x = torch.tensor(s)
     for div in ("reverse_kl", "forward_kl", "jsd"):
         assert self_distillation_loss(
-            x, x.clone(), torch.tensor(mask), divergence=div
+            x, x.clone(), torch.tensor(mask), DivergenceSpec(divergence=div)
         ).item() == pytest.approx(0, abs=1e-12)
     assert self_distillation_loss(x, x + 1.0, torch.zeros(mask.shape)).item() == 0.0
 
@@ -142,7 +145,7 @@ def test_sd_loss_zero_when_identical_and_empty_mask():
 def test_sd_loss_rejects_bad_options(bad):
     s, t, mask = _inputs(3)
     with pytest.raises(CadenzaError):
-        self_distillation_loss(torch.tensor(s), torch.tensor(t), torch.tensor(mask), **bad)
+        self_distillation_loss(torch.tensor(s), torch.tensor(t), torch.tensor(mask), DivergenceSpec(**bad))
 
 
 def test_sd_loss_rejects_misaligned_shapes():

@@ -12,7 +12,7 @@ import torch
 from cadenza.errors import CadenzaError, ContextLengthExceeded, EngineError
 from cadenza.rl.engines.hf import HFEngine
 from cadenza.rl.pipeline import RolloutPipeline, WatchedEngine
-from cadenza.rl.policy import HFPolicy, SamplingParams, tiny_qwen3_config
+from cadenza.rl.policy import HFPolicy, SampleRequest, SamplingParams, tiny_qwen3_config
 
 
 class _Engine:
@@ -26,7 +26,7 @@ class _Engine:
         self.block = False
         self.released = threading.Event()
 
-    def sample(self, prompts, params, *, generator=None):
+    def sample(self, request):
         self.log.append("sample")
         if self.block:
             self.released.wait(30)
@@ -64,7 +64,7 @@ def test_hung_engine_call_times_out_with_one_line_and_close_releases_it():
     eng.block = True
     watched = WatchedEngine(eng)
     pipe = RolloutPipeline(watched, timeout_s=0.3)
-    pipe.submit(1, lambda: watched.sample([[1]], SamplingParams()))
+    pipe.submit(1, lambda: watched.sample(SampleRequest([[1]], SamplingParams())))
     t0 = time.monotonic()
     with pytest.raises(EngineError, match=r"engine 'fake' did not finish a generation within 0.3 s"):
         pipe.take(1)
@@ -72,21 +72,24 @@ def test_hung_engine_call_times_out_with_one_line_and_close_releases_it():
     pipe.close()  # closes the engine, which ends the hung call; the thread is joined
     assert eng.released.is_set() and not pipe.thread.is_alive()
     with pytest.raises(EngineError, match="training stopped"):
-        watched.sample([[1]], SamplingParams())
+        watched.sample(SampleRequest([[1]], SamplingParams()))
 
 
 def test_watched_engine_errors_become_one_line_and_overflow_stays_an_overflow():
     class Broken(_Engine):
-        def sample(self, prompts, params, *, generator=None):
-            raise ValueError(f"HTTP 400: This model's maximum context length is 8 tokens\n{prompts}")
+        def sample(self, request):
+            raise ValueError(f"HTTP 400: This model's maximum context length is 8 tokens\n{request.prompts}")
 
         def sync_weights(self, named_tensors, *, version):
             raise OSError("connection refused\ntraceback...")
 
     w = WatchedEngine(Broken())
     with pytest.raises(ContextLengthExceeded, match=r"maximum context length is 8 tokens$"):
-        w.sample([[1]], SamplingParams())
-    with pytest.raises(EngineError, match=r"^engine 'fake' failed during weight sync to version 3: OSError: connection refused$"):  # fmt: skip
+        w.sample(SampleRequest([[1]], SamplingParams()))
+    with pytest.raises(
+        EngineError,
+        match=r"^engine 'fake' failed during weight sync to version 3: OSError: connection refused$",
+    ):
         w.sync_weights(iter(()), version=3)
     assert w.busy is None
 
@@ -112,6 +115,6 @@ def test_local_engine_sync_checks_names_shapes_and_completeness():
     with pytest.raises(CadenzaError, match=r"left .* tensor\(s\) out"):
         engine.sync_weights([(first, named[first].detach())], version=5)
     samples = engine.sample(
-        [[1, 2, 3]], SamplingParams(max_new_tokens=2), generator=torch.Generator().manual_seed(0)
+        SampleRequest([[1, 2, 3]], SamplingParams(max_new_tokens=2), torch.Generator().manual_seed(0))
     )
     assert samples[0].policy_version == 4 and len(samples[0].token_ids) == 2

@@ -1,4 +1,5 @@
-"""The hint-following diagnostic: exact probabilities, and it catches an eroding live teacher (not a frozen one)."""
+"""The hint-following diagnostic: exact probabilities, and it catches an eroding live teacher (not a frozen
+one)."""
 
 from __future__ import annotations
 

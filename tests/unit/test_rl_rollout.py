@@ -8,7 +8,7 @@ import torch
 from cadenza.errors import CadenzaError
 from cadenza.rl.chat import render
 from cadenza.rl.policy import HFPolicy, tiny_qwen3_config, tiny_qwen3_moe_config
-from cadenza.rl.rollout import RolloutConfig, RolloutTask, rollout
+from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
 from cadenza.rl.tokens import TokenTrajectory, collate
 from tests.unit.rl_helpers import CounterEnv, ScriptedPolicy, make_tokenizer
 
@@ -46,7 +46,7 @@ def test_scripted_multi_turn_rollout_matches_template(tok):
         pol,
         tok,
         [RolloutTask(task_id="count3", make_env=CounterEnv)],
-        RolloutConfig(group_size=1, max_turns=8),
+        RolloutParams(group_size=1, max_turns=8),
     )
     _check_consistent(tok, r)
     assert r.reward == 1.0 and r.outcome["resolved"] is True
@@ -64,7 +64,7 @@ def test_scripted_multi_turn_rollout_matches_template(tok):
 
 def test_random_model_rollout_spans_and_masks(tok):
     pol = HFPolicy.from_config(tiny_qwen3_moe_config(len(tok)), seed=0)
-    cfg = RolloutConfig(group_size=2, max_turns=3, max_new_tokens=10, temperature=1.0, seed=1)
+    cfg = RolloutParams(group_size=2, max_turns=3, max_new_tokens=10, temperature=1.0, seed=1)
     tasks = [
         RolloutTask(task_id="a", make_env=CounterEnv),
         RolloutTask(task_id="b", make_env=lambda: CounterEnv(2)),
@@ -95,7 +95,7 @@ def test_random_model_rollout_spans_and_masks(tok):
 
 def test_rollout_is_deterministic_under_seed(tok):
     pol = HFPolicy.from_config(tiny_qwen3_config(len(tok)), seed=0)
-    cfg = RolloutConfig(group_size=2, max_turns=2, max_new_tokens=6, seed=7)
+    cfg = RolloutParams(group_size=2, max_turns=2, max_new_tokens=6, seed=7)
     tasks = [RolloutTask(task_id="a", make_env=CounterEnv)]
     a = [r.tokens.input_ids for r in rollout(pol, tok, tasks, cfg)]
     b = [r.tokens.input_ids for r in rollout(pol, tok, tasks, cfg)]
@@ -107,11 +107,11 @@ def test_rollout_bad_input(tok):
     bare = make_tokenizer()
     bare.chat_template = None
     with pytest.raises(CadenzaError, match="chat template"):
-        rollout(pol, bare, [RolloutTask(task_id="a", make_env=CounterEnv)], RolloutConfig(group_size=1))
+        rollout(pol, bare, [RolloutTask(task_id="a", make_env=CounterEnv)], RolloutParams(group_size=1))
     with pytest.raises(CadenzaError, match="group_size"):
-        RolloutConfig(group_size=0)
+        RolloutParams(group_size=0)
     with pytest.raises(CadenzaError, match="no tasks"):
-        rollout(pol, tok, [], RolloutConfig())
+        rollout(pol, tok, [], RolloutParams())
 
 
 def test_context_limit_truncates_turn_and_closes_it(tok):
@@ -121,10 +121,10 @@ def test_context_limit_truncates_turn_and_closes_it(tok):
         ScriptedPolicy(tok, [long_call]),
         tok,
         [RolloutTask(task_id="a", make_env=CounterEnv)],
-        RolloutConfig(group_size=1, max_turns=1),
+        RolloutParams(group_size=1, max_turns=1),
     )
     prompt_len = probe.tokens.turn_spans[0][0]
-    cfg = RolloutConfig(group_size=1, max_turns=5, max_context_tokens=prompt_len + 5)
+    cfg = RolloutParams(group_size=1, max_turns=5, max_context_tokens=prompt_len + 5)
     [r] = rollout(pol, tok, [RolloutTask(task_id="a", make_env=CounterEnv)], cfg)
     r.tokens.validate()
     start, end = r.tokens.turn_spans[0]
@@ -141,13 +141,13 @@ class _WindowedEngine(ScriptedPolicy):
         super().__init__(tokenizer, turns)
         self.window = window
 
-    def sample(self, prompts, params, *, generator=None):
+    def sample(self, request):
         from cadenza.errors import ContextLengthExceeded
 
-        if any(len(p) > self.window for p in prompts):
+        if any(len(p) > self.window for p in request.prompts):
             raise ContextLengthExceeded(f"maximum context length is {self.window} tokens")
         version = self.calls
-        out = super().sample(prompts, params, generator=generator)
+        out = super().sample(request)
         for s in out:
             s.policy_version = version
         return out
@@ -159,11 +159,11 @@ def test_turns_record_their_policy_version_and_context_overflow_ends_as_context(
         ScriptedPolicy(tok, [call]),
         tok,
         [RolloutTask(task_id="a", make_env=CounterEnv)],
-        RolloutConfig(group_size=1, max_turns=2),
+        RolloutParams(group_size=1, max_turns=2),
     )
     second_prompt = probe.tokens.turn_spans[1][0]  # the context length at which turn 2 is asked for
     engine = _WindowedEngine(tok, [call], window=second_prompt + 3)  # turn 2 fits, turn 3 does not
-    [r] = rollout(engine, tok, [RolloutTask(task_id="a", make_env=CounterEnv)], RolloutConfig(group_size=1))
+    [r] = rollout(engine, tok, [RolloutTask(task_id="a", make_env=CounterEnv)], RolloutParams(group_size=1))
     _check_consistent(tok, r)
     assert [t.extra["policy_version"] for t in r.trajectory.turns] == [0, 1]
     assert r.trajectory.meta["policy_version"] == 0 and r.tokens.metadata["policy_version"] == 0

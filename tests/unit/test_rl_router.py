@@ -1,4 +1,5 @@
-"""The engine router: a session's turns stay on one engine, new sessions spread by load, syncs stream to all."""
+"""The engine router: a session's turns stay on one engine, new sessions spread by load, syncs stream to
+all."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import torch
 from cadenza.errors import CadenzaError
 from cadenza.rl.engines.hf import HFEngine
 from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
-from cadenza.rl.rollout import RolloutConfig, RolloutTask, rollout
+from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
 from cadenza.rl.router import Router
 from tests.unit.rl_helpers import CounterEnv, ScriptedPolicy, make_tokenizer
 
@@ -27,8 +28,8 @@ class Stamped:
     def __init__(self, tokenizer, version: int) -> None:
         self.policy, self.version = ScriptedPolicy(tokenizer, TURNS), version
 
-    def sample(self, prompts, params, *, generator=None):
-        out = self.policy.sample(prompts, params, generator=generator)
+    def sample(self, request):
+        out = self.policy.sample(request)
         for s in out:
             s.policy_version = self.version
         return out
@@ -41,7 +42,7 @@ def test_sessions_stick_to_one_engine_and_spread_by_load():
     tok = make_tokenizer()
     router = Router([Stamped(tok, 1), Stamped(tok, 2)])
     tasks = [RolloutTask(task_id=f"t{n}", make_env=lambda n=n: CounterEnv(target=n)) for n in (3, 4, 5, 6)]
-    results = rollout(router, tok, tasks, RolloutConfig(group_size=2, max_turns=4, max_new_tokens=64))
+    results = rollout(router, tok, tasks, RolloutParams(group_size=2, max_turns=4, max_new_tokens=64))
     per_episode = [[t.extra["policy_version"] for t in r.trajectory.turns] for r in results]
     assert all(len(v) == 3 for v in per_episode)  # add, add, submit: three turns each
     assert all(len(set(v)) == 1 for v in per_episode), per_episode  # affinity: one engine per episode

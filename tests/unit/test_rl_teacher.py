@@ -10,9 +10,9 @@ import torch
 from cadenza.errors import CadenzaError
 from cadenza.feedback.hints import Hint
 from cadenza.rl.chat import render
-from cadenza.rl.losses import self_distillation_loss
+from cadenza.rl.losses import DivergenceSpec, self_distillation_loss
 from cadenza.rl.policy import HFPolicy, tiny_qwen3_config, tiny_qwen3_moe_config
-from cadenza.rl.rollout import RolloutConfig, RolloutTask, rollout
+from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
 from cadenza.rl.teacher import SelfDistillConfig, Teacher, build_hinted_turns, select_rows
 from cadenza.rl.tokens import TokenTrajectory, collate
 from tests.unit.rl_helpers import CounterEnv, ScriptedPolicy, make_tokenizer
@@ -41,7 +41,7 @@ def trajectories(tok):
             ScriptedPolicy(tok, turns),
             tok,
             [RolloutTask(task_id="t", make_env=CounterEnv)],
-            RolloutConfig(group_size=1),
+            RolloutParams(group_size=1),
         )
         out.append(r.tokens)
     return out
@@ -129,7 +129,7 @@ def test_sd_loss_matches_public_loss_and_gradients_stay_in_target_turns(tok, tra
                 it.teacher_turn_start - 1 : it.teacher_turn_start - 1 + it.num_tokens
             ]
             mask[i, : it.num_tokens] = 1
-        ref = self_distillation_loss(s_logits, t_logits, mask, divergence="jsd", beta=0.3)
+        ref = self_distillation_loss(s_logits, t_logits, mask, DivergenceSpec(divergence="jsd", beta=0.3))
     assert result.loss.item() == pytest.approx(ref.item(), rel=1e-9)
 
     result.loss.backward()

@@ -9,9 +9,15 @@ from cadenza.errors import CadenzaError
 from cadenza.feedback.hints import Hint
 from cadenza.rl.logprobs import sequence_logprobs
 from cadenza.rl.losses import group_advantages
-from cadenza.rl.policy import HFPolicy, SamplingParams, tiny_qwen3_config, tiny_qwen3_moe_config
-from cadenza.rl.rollout import RolloutConfig, RolloutTask, rollout
-from cadenza.rl.step import LossConfig, rl_losses
+from cadenza.rl.policy import (
+    HFPolicy,
+    SampleRequest,
+    SamplingParams,
+    tiny_qwen3_config,
+    tiny_qwen3_moe_config,
+)
+from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
+from cadenza.rl.step import StepLossConfig, rl_losses
 from cadenza.rl.teacher import SelfDistillConfig, Teacher, build_hinted_turns
 from cadenza.rl.tokens import TokenTrajectory, TokenTrajectoryBuilder, collate
 from tests.unit.rl_helpers import CounterEnv, ScriptedPolicy, make_tokenizer
@@ -102,8 +108,8 @@ def test_policy_paths_and_save_load(tmp_path):
     pol.model.save_pretrained(tmp_path / "m")
     again = HFPolicy.from_pretrained(tmp_path / "m")
     params = SamplingParams(max_new_tokens=6, temperature=0.9, top_k=10)
-    a = pol.sample([[1, 2, 3], [4]], params, generator=torch.Generator().manual_seed(0))
-    b = again.sample([[1, 2, 3], [4]], params, generator=torch.Generator().manual_seed(0))
+    a = pol.sample(SampleRequest([[1, 2, 3], [4]], params, torch.Generator().manual_seed(0)))
+    b = again.sample(SampleRequest([[1, 2, 3], [4]], params, torch.Generator().manual_seed(0)))
     assert [s.token_ids for s in a] == [s.token_ids for s in b]
     with pytest.raises(CadenzaError):
         SamplingParams(max_new_tokens=0)
@@ -113,9 +119,11 @@ def test_sampled_logprobs_are_those_of_the_sampling_distribution():
     pol = HFPolicy.from_config(tiny_qwen3_config(60, initializer_range=0.2), seed=2)
     prompt = [3, 4, 5]
     [s] = pol.sample(
-        [prompt],
-        SamplingParams(max_new_tokens=5, temperature=0.7, top_k=4),
-        generator=torch.Generator().manual_seed(1),
+        SampleRequest(
+            [prompt],
+            SamplingParams(max_new_tokens=5, temperature=0.7, top_k=4),
+            torch.Generator().manual_seed(1),
+        )
     )
     with torch.no_grad():
         ids = torch.tensor([prompt + s.token_ids])
@@ -138,7 +146,7 @@ def test_rl_losses_combines_grpo_and_sd():
         ScriptedPolicy(tok, turns),
         tok,
         [RolloutTask(task_id="a", make_env=CounterEnv)],
-        RolloutConfig(group_size=2),
+        RolloutParams(group_size=2),
     )
     pol = HFPolicy.from_config(tiny_qwen3_config(len(tok), initializer_range=0.2), seed=0)
     trajs = [r.tokens for r in out]
@@ -149,12 +157,12 @@ def test_rl_losses_combines_grpo_and_sd():
         trajs, [[Hint(turn=0, text="Tools: add, submit.", kind="tool_not_found")], []], tok
     )
     teacher = Teacher(pol.model, SelfDistillConfig())
-    res = rl_losses(pol, batch, adv, items=items, teacher=teacher, config=LossConfig(lambda_sd=0.5))
+    res = rl_losses(pol, batch, adv, items=items, teacher=teacher, config=StepLossConfig(lambda_sd=0.5))
     assert res.sd.num_tokens == items[0].num_tokens and res.sd.loss.item() > 0
     assert res.loss.item() == pytest.approx(res.grpo.item() + 0.5 * res.sd.loss.item(), rel=1e-6)
     assert res.entropy_unhinted > 0 and res.num_model_tokens == int(batch.loss_mask.sum())
     res.loss.backward()
-    plain = rl_losses(pol, batch, adv, config=LossConfig(lambda_sd=0.5))
+    plain = rl_losses(pol, batch, adv, config=StepLossConfig(lambda_sd=0.5))
     assert plain.sd.num_tokens == 0 and plain.loss.item() == pytest.approx(res.grpo.item(), rel=1e-6)
     with pytest.raises(CadenzaError, match="no teacher"):
         rl_losses(pol, batch, adv, items=items)
@@ -170,7 +178,7 @@ def test_sd_loss_decreases_under_training_and_token_clip_caps_it():
         ScriptedPolicy(tok, turns),
         tok,
         [RolloutTask(task_id="a", make_env=CounterEnv)],
-        RolloutConfig(group_size=1),
+        RolloutParams(group_size=1),
     )
     pol = HFPolicy.from_config(tiny_qwen3_config(len(tok), initializer_range=0.2), seed=0)
     trajs = [r.tokens for r in out]
@@ -188,7 +196,9 @@ def test_sd_loss_decreases_under_training_and_token_clip_caps_it():
     history = []
     for _ in range(8):
         opt.zero_grad()
-        res = rl_losses(pol, batch, zero_adv, items=items, teacher=teacher, config=LossConfig(lambda_sd=1.0))
+        res = rl_losses(
+            pol, batch, zero_adv, items=items, teacher=teacher, config=StepLossConfig(lambda_sd=1.0)
+        )
         res.loss.backward()
         opt.step()
         history.append(res.sd.loss.item())

@@ -50,7 +50,8 @@ def _imports(root: Path, stmt: str) -> subprocess.CompletedProcess[str]:
 
 
 def _git_apply_restores(root: Path, deletion, tmp: Path) -> None:
-    """Apply the deletion to a copy, then the gold patch with real `git apply`: the tree equals the original."""
+    """Apply the deletion to a copy, then the gold patch with real `git apply`: the tree equals the
+    original."""
     work = tmp / "work"
     shutil.copytree(root, work)
     apply_deletion(work, deletion)

@@ -117,12 +117,13 @@ def test_per_test_timeout_fails_only_that_test(tmp_path: Path) -> None:
 
 
 def test_addopts_needing_plugins_are_neutralised(tmp_path: Path) -> None:
+    addopts = "--cov=pkg --cov-report=term -p xdist -n 4 --doctest-modules -p no:warnings -x --strict-markers"
     ws = _ws(
         tmp_path,
         {
-            "pyproject.toml": """
+            "pyproject.toml": f"""
             [tool.pytest.ini_options]
-            addopts = "--cov=pkg --cov-report=term -p xdist -n 4 --doctest-modules -p no:warnings -x --strict-markers"
+            addopts = "{addopts}"
             required_plugins = ["pytest-cov"]
         """,
             "mod.py": '"""\n>>> 1 + 1\n2\n"""\n',
@@ -174,7 +175,8 @@ def test_addopts_of_installed_plugins_and_conftests_survive(tmp_path: Path) -> N
     ws = _ws(
         tmp_path,
         {
-            "pytest.ini": "[pytest]\naddopts = --my-mode fast --runslow -x --maxfail=2 --nonexistent-plugin-opt=3 -m 'not net' -p no:warnings\n",
+            "pytest.ini": "[pytest]\naddopts = --my-mode fast --runslow -x --maxfail=2 "
+            "--nonexistent-plugin-opt=3 -m 'not net' -p no:warnings\n",
             "conftest.py": """
             def pytest_addoption(parser):
                 parser.addoption("--my-mode", default="slow")
@@ -183,7 +185,8 @@ def test_addopts_of_installed_plugins_and_conftests_survive(tmp_path: Path) -> N
             "test_o.py": """
             import pytest
             def test_mode(request):
-                assert request.config.getoption("--my-mode") == "fast" and request.config.getoption("--runslow")
+                assert request.config.getoption("--my-mode") == "fast"
+                assert request.config.getoption("--runslow")
             @pytest.mark.net
             def test_net(): pass
             def test_fails(): assert 0
@@ -194,7 +197,8 @@ def test_addopts_of_installed_plugins_and_conftests_survive(tmp_path: Path) -> N
     args = pytest_args_for(ws, PY)
     assert args[:2] == ["-o", "addopts=--my-mode fast --runslow -m 'not net' -p no:warnings"]
     rep = run_pytest(PY, ws, None, timeout_s=120, per_test_timeout_s=None, extra_args=args)
-    # Custom options reached the tests, -x/--maxfail did not stop the run, the marker expression still applies.
+    # Custom options reached the tests, -x/--maxfail did not stop the run, the marker expression still
+    # applies.
     assert rep.outcomes == {
         "test_o.py::test_mode": "passed",
         "test_o.py::test_fails": "failed",

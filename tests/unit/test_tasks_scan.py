@@ -168,8 +168,10 @@ def plant_docs(t: Path, tmp: Path) -> None:
 
 def plant_stub(t: Path, tmp: Path) -> None:
     (t / "workspace" / "minipkg" / "core.pyi").write_text(
-        "from typing import Mapping, overload\n\n@overload\ndef merge_counts(first: None, second: None) -> dict[str, int]: ...\n"
-        "@overload\ndef merge_counts(first: Mapping[str, int], second: Mapping[str, int], *, floor: int = ...) -> dict[str, int]: ...\n"
+        "from typing import Mapping, overload\n\n@overload\ndef merge_counts(first: None, second: None) -> "
+        "dict[str, int]: ...\n"
+        "@overload\ndef merge_counts(first: Mapping[str, int], second: Mapping[str, int], *, floor: int = "
+        "...) -> dict[str, int]: ...\n"
         "def top_token(counts: Mapping[str, int]) -> str: ...\n"
     )
 
@@ -295,7 +297,10 @@ def test_statement_may_quote_docstring_but_not_code(task):
     t.statement += "\nMerge two count mappings, dropping totals at or below the floor.\n"
     save_task(task, t)
     assert scan_tasks([task]) == []
-    t.statement += "\n    survivors = {tok: n for tok, n in combined.items() if n > floor}\n    combined = Counter(first)\n"
+    t.statement += (
+        "\n    survivors = {tok: n for tok, n in combined.items() if n > floor}\n    combined = "
+        "Counter(first)\n"
+    )
     save_task(task, t)
     assert [f.channel for f in scan_tasks([task])] == ["statement"]
     t.statement = t.statement.replace(
@@ -325,8 +330,10 @@ def test_needles_skip_generic_lines_and_know_wrapped_signatures(tmp_path):
     (ws / "pkg" / "m.py").write_text("X = 1\n")
     patch = (
         "diff --git a/pkg/m.py b/pkg/m.py\n--- a/pkg/m.py\n+++ b/pkg/m.py\n@@ -1 +1,8 @@\n X = 1\n"
-        "+def update_many(\n+    self,\n+    updates: Iterable[Tuple[Mapping, QueryLike]],\n+) -> List[int]:\n"
-        "+    applied = [self._apply(u) for u in updates]\n+    self._journal.extend(applied)\n+    return applied\n"
+        "+def update_many(\n+    self,\n+    updates: Iterable[Tuple[Mapping, QueryLike]],\n+) -> "
+        "List[int]:\n"
+        "+    applied = [self._apply(u) for u in updates]\n+    self._journal.extend(applied)\n+    return "
+        "applied\n"
     )
     secret = derive_secret("t", ws, patch)
     assert "updates: Iterable[Tuple[Mapping, QueryLike]]," in secret.signature_lines

@@ -13,7 +13,8 @@ from tests.tasks_helpers import make_repo
 
 
 def _base_from_this_interpreter(info) -> BaseEnv:
-    # Stand-in base: this interpreter's own site-packages (has pytest); the real one is built in integration tests.
+    # Stand-in base: this interpreter's own site-packages (has pytest); the real one is built in integration
+    # tests.
     site = Path(sysconfig.get_paths()["purelib"])
     return BaseEnv(
         root=site.parents[2],
@@ -30,7 +31,8 @@ def test_task_env_imports_workspace_editable_and_is_relocatable(tmp_path: Path) 
     py = make_task_env(_base_from_this_interpreter(info), info.root, tmp_path / "task" / "env")
     code = (
         "import minilib, importlib.metadata as m, pytest; "
-        "print(minilib.__file__); print(m.version('minilib')); print(m.distribution('minilib').read_text('top_level.txt'))"
+        "print(minilib.__file__); print(m.version('minilib')); "
+        "print(m.distribution('minilib').read_text('top_level.txt'))"
     )
     out = subprocess.run([str(py), "-c", code], capture_output=True, text=True, env={}, cwd=tmp_path)
     assert out.returncode == 0, out.stderr

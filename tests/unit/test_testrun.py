@@ -165,7 +165,8 @@ def test_tampering_fails_every_node(tmp_path: Path):
     ws = _ws(
         tmp_path,
         {
-            "pkg/__init__.py": "import _pytest.runner\n_pytest.runner.call_and_report = lambda *a, **k: None\n",
+            "pkg/__init__.py": "import _pytest.runner\n_pytest.runner.call_and_report = lambda *a, **k: "
+            "None\n",
             "tests/test_b.py": "import pkg\ndef test_ok(): pass\n",
         },
     )

@@ -42,7 +42,8 @@ def test_placebo_reminder_is_the_rl_placebo_token_sequence():
 
 
 def _episode(task: ToolworldTask, names: list[str]) -> tuple[Rollout, ToolworldEnv]:
-    """A scripted episode: the calls ``names`` (with the pending step's path), as a rollout would record it."""
+    """A scripted episode: the calls ``names`` (with the pending step's path), as a rollout would record
+    it."""
     env = ToolworldEnv(task)
     messages = env.reset()
     turns = []

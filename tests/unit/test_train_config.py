@@ -126,7 +126,10 @@ def test_vllm_engine_without_vllm_is_one_line_before_work(tmp_path):
     """An interpreter without vLLM (this one: vLLM lives in its own venv) stands for a missing install."""
     import sys
 
-    text = f'[model]\ntokenizer = "tok"\n[rollout]\nengine = "vllm"\nengine_options = {{python = "{sys.executable}"}}'
+    text = (
+        '[model]\ntokenizer = "tok"\n[rollout]\nengine = "vllm"\nengine_options = '
+        f'{{python = "{sys.executable}"}}'
+    )
     with pytest.raises(
         ConfigError, match=r"needs vLLM, which is not installed; run: python -m cadenza.rl.engines"
     ):

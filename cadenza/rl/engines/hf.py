@@ -9,13 +9,13 @@ must: sampling with stale weights between syncs is what asynchronous training re
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 
 import torch
 
 from cadenza.errors import CadenzaError
 from cadenza.rl.engines.weights import engine_names
-from cadenza.rl.policy import HFPolicy, Sample, SamplingParams
+from cadenza.rl.policy import HFPolicy, Sample, SampleRequest
 
 
 class WeightTable:
@@ -41,7 +41,8 @@ class WeightTable:
             target = self.targets.get(name)
             if target is None:
                 raise CadenzaError(
-                    f"engine 'hf': the model has no weight named {name!r}; sync weights of the same architecture"
+                    f"engine 'hf': the model has no weight named {name!r}; sync weights of the same "
+                    "architecture"
                 )
             if target.shape != t.shape:
                 raise CadenzaError(
@@ -78,17 +79,11 @@ class HFEngine:
     def version(self) -> int:
         return self._version
 
-    def sample(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        *,
-        generator: torch.Generator | None = None,
-    ) -> list[Sample]:
+    def sample(self, request: SampleRequest) -> list[Sample]:
         if self._closed:
             raise CadenzaError("engine 'hf' is closed; create a new engine")
         version = self._version
-        out = self.policy.sample(prompts, params, generator=generator)
+        out = self.policy.sample(request)
         for s in out:
             s.policy_version = version
         return out

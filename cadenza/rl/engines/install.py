@@ -55,7 +55,10 @@ def _imports(python: str, module: str) -> bool:
 
 
 def _installed(dist: str, python: str = sys.executable) -> str | None:
-    code = f"import importlib.metadata as m\ntry: print(m.version({dist!r}))\nexcept m.PackageNotFoundError: pass"
+    code = (
+        f"import importlib.metadata as m\ntry: print(m.version({dist!r}))\nexcept "
+        "m.PackageNotFoundError: pass"
+    )
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
     return out or None
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from cadenza.errors import CadenzaError, ContextLengthExceeded, EngineError
-from cadenza.rl.policy import Sample, SamplingParams
+from cadenza.rl.policy import Sample, SampleRequest, SamplingParams
 
 
 def draw_seeds(n: int, generator: torch.Generator | None) -> list[int]:
@@ -224,14 +224,10 @@ class OpenAIEngine:
     def version(self) -> int:
         return 0
 
-    def sample(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        *,
-        generator: torch.Generator | None = None,
-    ) -> list[Sample]:
-        return self.client.complete(prompts, params, draw_seeds(len(prompts), generator))
+    def sample(self, request: SampleRequest) -> list[Sample]:
+        return self.client.complete(
+            request.prompts, request.params, draw_seeds(len(request.prompts), request.generator)
+        )
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
         raise CadenzaError(

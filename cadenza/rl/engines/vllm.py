@@ -29,7 +29,7 @@ from cadenza.errors import CadenzaError, EngineError
 from cadenza.rl.engines.openai import CompletionsClient, draw_seeds
 from cadenza.rl.engines.vllm_server import VLLMServer, VLLMServerConfig
 from cadenza.rl.engines.weights import DEFAULT_BUCKET_BYTES, buckets, engine_names, to_safetensors_bytes
-from cadenza.rl.policy import Sample, SamplingParams
+from cadenza.rl.policy import Sample, SampleRequest
 
 
 @dataclass(kw_only=True)
@@ -128,17 +128,11 @@ class VLLMEngine:
                 self._in_flight -= 1
                 self._cond.notify_all()
 
-    def sample(
-        self,
-        prompts: Sequence[Sequence[int]],
-        params: SamplingParams,
-        *,
-        generator: torch.Generator | None = None,
-    ) -> list[Sample]:
-        seeds = draw_seeds(len(prompts), generator)
+    def sample(self, request: SampleRequest) -> list[Sample]:
+        seeds = draw_seeds(len(request.prompts), request.generator)
         self._check_running()
         with self._generating() as version:
-            out = self.client.complete(prompts, params, seeds)
+            out = self.client.complete(request.prompts, request.params, seeds)
         for s in out:
             s.policy_version = version
         return out

@@ -182,8 +182,9 @@ def _cpu_args(max_model_len: int) -> list[str]:
     return [
         "--enforce-eager",
         "--no-enable-chunked-prefill",
-        "--max-num-batched-tokens", str(max(max_model_len, 8192)),
-    ]  # fmt: skip
+        "--max-num-batched-tokens",
+        str(max(max_model_len, 8192)),
+    ]
 
 
 class VLLMServer:
@@ -203,16 +204,37 @@ class VLLMServer:
         c = self.config
         cpu = vllm_is_cpu_build(c.python)
         return [
-            engine_python(c.python), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", c.model, "--served-model-name", "cadenza",
-            "--host", c.host, "--port", str(self.port),
-            "--dtype", c.dtype, "--max-model-len", str(c.max_model_len), "--seed", str(c.seed),
-            "--worker-extension-cls", EXTENSION,
-            "--logprobs-mode", "processed_logprobs",
-            "--generation-config", "vllm", "--disable-log-stats",
-            *(_cpu_args(c.max_model_len) if cpu else ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]),
+            engine_python(c.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            c.model,
+            "--served-model-name",
+            "cadenza",
+            "--host",
+            c.host,
+            "--port",
+            str(self.port),
+            "--dtype",
+            c.dtype,
+            "--max-model-len",
+            str(c.max_model_len),
+            "--seed",
+            str(c.seed),
+            "--worker-extension-cls",
+            EXTENSION,
+            "--logprobs-mode",
+            "processed_logprobs",
+            "--generation-config",
+            "vllm",
+            "--disable-log-stats",
+            *(
+                _cpu_args(c.max_model_len)
+                if cpu
+                else ["--gpu-memory-utilization", str(c.gpu_memory_utilization)]
+            ),
             *c.extra_args,
-        ]  # fmt: skip
+        ]
 
     def env(self) -> dict[str, str]:
         env = dict(os.environ)
@@ -236,7 +258,8 @@ class VLLMServer:
         c = self.config
         if not vllm_installed(c.python):
             raise CadenzaError(
-                f"engine 'vllm' needs vLLM, which is not installed for {engine_python(c.python)}; {INSTALL_HINT}"
+                f"engine 'vllm' needs vLLM, which is not installed for {engine_python(c.python)}; "
+                f"{INSTALL_HINT}"
             )
         check_model(c.model, cpu=vllm_is_cpu_build(c.python))
         if self.port == 0:
