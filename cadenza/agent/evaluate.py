@@ -90,18 +90,20 @@ class EvalReport:
         return sum(r.error is not None for r in self.results)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"tasks": len(self.results), "resolved_rate": self.resolved_rate, "graded_rate": self.graded_rate,
-                "mean_turns": self.mean_turns,
+        return {"tasks": len(self.results), "resolved_rate": self.resolved_rate,
+                "graded_rate": self.graded_rate, "mean_turns": self.mean_turns,
                 "flags_per_rule": self.flags_per_rule, "errored": self.errored, "seconds": self.seconds,
                 "results": [asdict(r) for r in self.results]}  # fmt: skip
 
 
 def discover_tasks(tasks_dir: Path) -> list[Path]:
-    """Task directories under ``tasks_dir``: itself if it is a task, the set's index if present, else every child with task.json."""
+    """Task directories under ``tasks_dir``: itself if it is a task, the set's index if present, else every
+    child with task.json."""
     tasks_dir = Path(tasks_dir)
     if not tasks_dir.is_dir():
         raise CadenzaError(
-            f"{tasks_dir} is not a directory; pass a task set made by 'cadenza tasks build' or a task directory"
+            f"{tasks_dir} is not a directory; pass a task set made by 'cadenza tasks build' or a task "
+            "directory"
         )
     if (tasks_dir / TASK_JSON).is_file():
         return [tasks_dir]
@@ -197,7 +199,8 @@ def evaluate(
     make_env: Callable[[Path], Env] | None = None,
     on_result: Callable[[TaskResult], None] | None = None,
 ) -> EvalReport:
-    """Run every task of ``config.tasks_dir``; ``on_result`` is called (from the caller's thread) as each finishes."""
+    """Run every task of ``config.tasks_dir``; ``on_result`` is called (from the caller's thread) as each
+    finishes."""
     tasks = discover_tasks(config.tasks_dir)
     config.out_dir.mkdir(parents=True, exist_ok=True)
     make_env = make_env or _episode_factory(config)
