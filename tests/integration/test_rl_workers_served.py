@@ -28,6 +28,29 @@ pytestmark = [pytest.mark.slow, requires_vllm]
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 
 
+def test_trainer_with_ray_actors_and_a_vllm_engine_trains_and_leaves_nothing(sft_model_32, tmp_path):
+    """``executor = "ray"`` with ``engine = "vllm"``: the trainer starts the engine, syncs it after every
+    update, the actors sample from it; the run ends with no engine process. (Runs before the module's
+    shared engine starts: one engine at a time.)"""
+    from cadenza.rl.trainer import Trainer
+    from tests.integration.test_train_vllm import _engine_processes, _free_port
+
+    port = _free_port()
+    cfg = config(sft_model_32, tmp_path / "run", steps=2, lambda_sd=1.0)
+    cfg.rollout = dataclasses.replace(
+        cfg.rollout, engine="vllm", executor="ray", workers=2, engine_timeout_s=300,
+        engine_options={"max_model_len": 1024, "kv_cache_gib": 1, "port": port},
+    )  # fmt: skip
+    rows = Trainer(cfg).train()
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["sync_s"] > 0 and r["episodes"] > 0 for r in rows)  # the engine took every update
+    assert [r["units_retried"] for r in rows] == [0, 0] and [r["units_lost"] for r in rows] == [0, 0]
+    assert [r["staleness_max"] for r in rows] == [0, 0]  # K = 0: step 2 sampled by version 1
+    assert max(r["mismatch_kl"] for r in rows) < 1e-3  # engine and trainer hold the same weights
+    assert (tmp_path / "run" / "engine.log").is_file()
+    assert _engine_processes(port) == []
+
+
 @pytest.fixture(scope="module")
 def engine(sft_model_32):
     threads = torch.get_num_threads()
