@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from cadenza.commands.options import executor_option, ray_address_option
+
 
 def register(app: typer.Typer) -> None:
     @app.command(name="eval")
@@ -35,14 +37,8 @@ def register(app: typer.Typer) -> None:
             None, "--judge-endpoint", help="Optional LLM judge (OpenAI-compatible) adding monitor flags."
         ),
         judge_model: str | None = typer.Option(None, "--judge-model", help="Model name of the LLM judge."),
-        executor: str = typer.Option(
-            "local", "--executor", help="Where episodes run: local (threads here) or ray (a cluster)."
-        ),
-        ray_address: str = typer.Option(
-            "",
-            "--ray-address",
-            help="With --executor ray: host:port or auto (default: a private local cluster).",
-        ),
+        executor: str = executor_option("Where episodes run: local (threads here) or ray (a cluster)."),
+        ray_address: str = ray_address_option(),
     ) -> None:
         """Run a model behind a chat-completions API as the agent on every task; print resolved rate, flags, turns, time."""
         from cadenza.agent.evaluate import EvalConfig, discover_tasks, evaluate
