@@ -52,6 +52,7 @@ def build(sources: list[str], out: Path, executor: str, workers: int, max_tasks:
         "startup_seconds": round(summary.startup_seconds, 1),
         "tasks_per_min": round(len(ids) / wall * 60, 2) if wall else None,
         "driver_cpu_seconds": round(cpu, 1),  # local inline builds: all of it; others: the driver's share
+        "loadavg": round(os.getloadavg()[0], 2),  # the machine is shared: other load lowers every figure
         "retried": summary.retried,
         "lost": summary.lost,
         "ids": ids,
@@ -101,6 +102,7 @@ def bench_episodes(root: Path, n_units: int) -> dict:
         finally:
             workers.close()
         out[name] = {
+            "loadavg": round(os.getloadavg()[0], 2),
             "episodes": episodes,
             "wall_seconds": round(wall, 2),
             "episodes_per_min": round(episodes / wall * 60, 1),
@@ -129,6 +131,7 @@ def main() -> None:
             runs[f"{executor}_{workers}"] = build(
                 sources, Path(tmp) / f"{executor}{workers}", executor, workers, args.max_tasks
             )
+            print(f"{executor}_{workers}: {runs[f'{executor}_{workers}']}", file=sys.stderr, flush=True)
     base = runs["local_1"]
     core_s = base["driver_cpu_seconds"] / base["tasks"] if base["tasks"] else float("nan")
     cores = os.cpu_count() or 1
