@@ -37,6 +37,7 @@ class EvalConfig:
     max_turns: int = 30
     no_sandbox: bool = False
     judge: Any = None  # cadenza.monitor.JudgeConfig: an LLM judge adding monitor flags
+    executor: Any = None  # cadenza.executor.ExecutorConfig; None or local: threads in this process
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -193,35 +194,73 @@ def _result(traj: Trajectory, outcome: Outcome, path: Path, seconds: float) -> T
                       stop_reason=traj.meta.get("stop_reason") or outcome.end_reason or None)  # fmt: skip
 
 
+def run_task_on_worker(task_dir: Path, config: EvalConfig) -> TaskResult:
+    """:func:`run_task` in an executor worker: its own chat client and episode factory."""
+    return run_task(task_dir, ChatClient(config.llm), _episode_factory(config), config)
+
+
+def _pool(config: EvalConfig, make_env: Callable[[Path], Env] | None) -> Any:
+    """Threads in this process, or an executor backend (one task per unit, ``concurrency`` CPUs)."""
+    ex = config.executor
+    if ex is None or ex.kind == "local":
+        return ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="cadenza-eval")
+    if make_env is not None:
+        raise CadenzaError("a custom make_env runs only in this process; use executor 'local'")
+    from cadenza.executor import make_executor
+
+    return make_executor(ex)
+
+
 def evaluate(
     config: EvalConfig,
     *,
     make_env: Callable[[Path], Env] | None = None,
     on_result: Callable[[TaskResult], None] | None = None,
 ) -> EvalReport:
-    """Run every task of ``config.tasks_dir``; ``on_result`` is called (from the caller's thread) as each
-    finishes."""
+    """Run every task of ``config.tasks_dir``; ``on_result`` is called (from the caller's thread) as
+    each finishes. With ``config.executor`` of kind ``ray`` each task is a unit on the cluster
+    (trajectories are written by the worker into ``out_dir``, which must then be on a filesystem every
+    node mounts)."""
     tasks = discover_tasks(config.tasks_dir)
     config.out_dir.mkdir(parents=True, exist_ok=True)
-    make_env = make_env or _episode_factory(config)
-    client = ChatClient(config.llm)
+    client = ChatClient(config.llm)  # checks the endpoint settings here, before any worker starts
+    pool = _pool(config, make_env)
     start = time.monotonic()
     results: list[TaskResult] = []
-    pool = ThreadPoolExecutor(max_workers=config.concurrency, thread_name_prefix="cadenza-eval")
+    if isinstance(pool, ThreadPoolExecutor):
+        make_env = make_env or _episode_factory(config)
+        futures = {pool.submit(run_task, t, client, make_env, config): t for t in tasks}
+    else:
+        futures = {pool.submit(run_task_on_worker, t, config): t for t in tasks}
     try:
-        futures = [pool.submit(run_task, t, client, make_env, config) for t in tasks]
         for fut in as_completed(futures):
-            res = fut.result()
+            try:
+                res = fut.result()
+            except Exception as exc:  # run_task never raises: the worker itself died (after retries)
+                first = (str(exc).strip().splitlines() or [""])[0][:200]
+                res = TaskResult(
+                    task_id=futures[fut].name, error=f"worker lost: {type(exc).__name__}: {first}"
+                )
             results.append(res)
             if on_result is not None:
                 on_result(res)
     except KeyboardInterrupt:
         # Stop queued tasks, let running episodes clean up, keep what finished.
-        pool.shutdown(wait=True, cancel_futures=True)
+        _shutdown(pool, cancel=True)
         _write_summary(config, results, start, interrupted=True)
         raise
-    pool.shutdown(wait=True)
+    except BaseException:
+        _shutdown(pool, cancel=True)
+        raise
+    _shutdown(pool)
     return _write_summary(config, results, start)
+
+
+def _shutdown(pool: Any, *, cancel: bool = False) -> None:
+    if isinstance(pool, ThreadPoolExecutor):
+        pool.shutdown(wait=True, cancel_futures=cancel)
+    else:
+        pool.close()
 
 
 def _write_summary(

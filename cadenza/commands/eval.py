@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from cadenza.commands.options import executor_option, ray_address_option
+
 
 def register(app: typer.Typer) -> None:
     @app.command(name="eval")
@@ -35,12 +37,15 @@ def register(app: typer.Typer) -> None:
             None, "--judge-endpoint", help="Optional LLM judge (OpenAI-compatible) adding monitor flags."
         ),
         judge_model: str | None = typer.Option(None, "--judge-model", help="Model name of the LLM judge."),
+        executor: str = executor_option("Where episodes run: local (threads here) or ray (a cluster)."),
+        ray_address: str = ray_address_option(),
     ) -> None:
         """Run a model behind a chat-completions API as the agent on every task; print resolved rate, flags,
         turns, time."""
         from cadenza.agent.evaluate import EvalConfig, discover_tasks, evaluate
         from cadenza.agent.llm import LLMConfig
         from cadenza.errors import CadenzaError
+        from cadenza.executor import ExecutorConfig, preflight
         from cadenza.monitor import JudgeConfig
 
         if (judge_endpoint is None) != (judge_model is None):
@@ -53,8 +58,10 @@ def register(app: typer.Typer) -> None:
 
         llm = LLMConfig(endpoint=endpoint, model=model, api_key=os.environ.get("OPENAI_API_KEY"),
                         timeout_s=timeout_s, max_retries=retries, temperature=temperature)  # fmt: skip
+        ex = ExecutorConfig(kind=executor, ray_address=ray_address, workers=concurrency)  # type: ignore[arg-type]
+        preflight(ex)  # Ray missing or an address that does not answer: one line, before any work
         config = EvalConfig(tasks_dir=tasks_dir, llm=llm, out_dir=out, concurrency=concurrency,
-                            max_turns=max_turns, no_sandbox=no_sandbox, judge=judge)  # fmt: skip
+                            max_turns=max_turns, no_sandbox=no_sandbox, judge=judge, executor=ex)  # fmt: skip
         n = len(discover_tasks(tasks_dir))
         report = _run_with_progress(config, n, evaluate)
         _print_report(report, out)

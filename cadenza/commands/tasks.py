@@ -9,6 +9,7 @@ from pathlib import Path
 
 import typer
 
+from cadenza.commands.options import executor_option, ray_address_option
 from cadenza.errors import CadenzaError
 
 
@@ -44,14 +45,8 @@ def register(app: typer.Typer) -> None:
             None, "--statement-llm", help="OpenAI-compatible URL for statements."
         ),
         quiet: bool = typer.Option(False, "--quiet", help="No progress bar."),
-        executor: str = typer.Option(
-            "local", "--executor", help="Where sources are built: local (processes) or ray (a cluster)."
-        ),
-        ray_address: str = typer.Option(
-            "",
-            "--ray-address",
-            help="With --executor ray: host:port or auto (default: a private local cluster).",
-        ),
+        executor: str = executor_option("Where sources are built: local (processes) or ray (a cluster)."),
+        ray_address: str = ray_address_option(),
     ) -> None:
         """Build validated, leak-free tasks from SOURCEs into a task set."""
         from rich.console import Console

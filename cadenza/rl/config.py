@@ -69,6 +69,7 @@ class RolloutConfig:
     engine: Literal["hf", "vllm", "openai"] = (
         "hf"  # who samples: in-process HF, a vLLM server, any OpenAI API
     )
+    engines: int = 1  # engine = "vllm": servers the trainer starts and syncs (several: behind a router)
     engine_timeout_s: float = 600.0  # longest one engine call (a generation or a weight sync) may take
     engine_options: dict[str, Any] = field(default_factory=dict)  # engine-specific knobs (see docs/async.md)
     max_staleness: int = 0  # K: rollouts of step n+1..n+K are sampled while step n trains (0 = synchronous)
@@ -244,17 +245,20 @@ def validate_engine(r: RolloutConfig) -> None:
                 "rollout.engine = 'vllm' needs vLLM, which is not installed; run: "
                 "python -m cadenza.rl.engines.install (or make test, which runs it)"
             )
+    if r.engines < 1:
+        raise ConfigError(f"rollout.engines must be >= 1, got {r.engines}")
+    if r.engines > 1 and r.engine != "vllm":
+        raise ConfigError(f"rollout.engines = {r.engines} needs engine = 'vllm' (servers cadenza starts)")
+    if r.engines > 1 and r.engine_options.get("port"):
+        raise ConfigError(
+            "rollout.engine_options.port fixes one port but rollout.engines > 1; "
+            "drop it (free ports are picked)"
+        )
     if r.executor not in ("local", "ray"):
         raise ConfigError(f"rollout.executor = {r.executor!r} is not allowed; use 'local' or 'ray'")
     if r.executor == "ray":
         if r.workers < 1:
             raise ConfigError(f"rollout.workers must be >= 1 with executor = 'ray', got {r.workers}")
-        if r.engine != "hf":
-            raise ConfigError(
-                "rollout.executor = 'ray' works with engine = 'hf' so far (actors with their own weight "
-                "copy); "
-                "served engines behind Ray workers are not built yet"
-            )
         from cadenza.executor import ExecutorConfig, preflight
 
         try:

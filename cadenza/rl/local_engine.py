@@ -142,27 +142,52 @@ def build_engine(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) ->
     trainer's weights by the caller's first sync. (``openai`` cannot take weights: config rejects it.)
     """
     r = cfg.rollout
-    if r.executor == "ray":  # the actors hold the engines; they receive weights through sync_weights
+    if r.executor == "ray":  # the actors run the episodes; weights reach them through sync_weights
         from cadenza.executor import ExecutorConfig
         from cadenza.rl.workers import RayWorkers
 
         ex = ExecutorConfig(kind="ray", ray_address=r.ray_address, workers=r.workers, run_dir=None)
-        return RayWorkers(cfg, r.workers, ex, timeout_s=r.engine_timeout_s)
+        if r.engine == "hf":  # each actor holds its own copy; weights go through the object store
+            return RayWorkers(cfg, r.workers, ex, timeout_s=r.engine_timeout_s)
+        engines = served_engines(cfg, policy, tokenizer, version=version)
+        return RayWorkers(
+            cfg, r.workers, ex, timeout_s=r.engine_timeout_s, engines=engines, tokenizer=tokenizer
+        )
     if r.engine == "hf":
         if r.max_staleness == 0:
             return HFEngine(policy, share=True, version=version)
         if policy.device.type == "cpu":
             return ProcessHFEngine(policy, version=version, timeout_s=r.engine_timeout_s)
         return HFEngine(policy, share=False, version=version)
+    engines = served_engines(cfg, policy, tokenizer, version=version)
+    if len(engines) == 1:
+        return engines[0]
+    from cadenza.rl.router import Router
+
+    return Router(engines)
+
+
+def served_engines(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) -> list[Any]:
+    """Start ``rollout.engines`` vLLM servers (one at a time; all stopped again if one fails)."""
     from cadenza.rl.engines import make_engine
 
+    r = cfg.rollout
     out = Path(cfg.run.out_dir)
     model = cfg.model.path or str(_save_initial(policy, tokenizer, out / "engine-model"))
-    options = dict(r.engine_options)  # vllm: VLLMServerConfig / VLLMEngineConfig fields (port, log_path, ...)
-    options.setdefault("request_timeout_s", r.engine_timeout_s)
-    options.setdefault("sync_timeout_s", r.engine_timeout_s)
-    options.setdefault("log_path", str(out / "engine.log"))  # named in every engine error
-    return make_engine("vllm", model=model, version=version, **options)
+    engines: list[Any] = []
+    try:
+        for i in range(r.engines):
+            options = dict(r.engine_options)  # vllm: VLLMServerConfig / VLLMEngineConfig fields
+            options.setdefault("request_timeout_s", r.engine_timeout_s)
+            options.setdefault("sync_timeout_s", r.engine_timeout_s)
+            # named in every engine error
+            options.setdefault("log_path", str(out / ("engine.log" if i == 0 else f"engine-{i}.log")))
+            engines.append(make_engine("vllm", model=model, version=version, **options))
+    except BaseException:
+        for e in engines:
+            e.close()
+        raise
+    return engines
 
 
 def _save_initial(policy: HFPolicy, tokenizer: Any, path: Path) -> Path:

@@ -72,6 +72,9 @@ class BuildSummary:
     executor: str = "local"
     retried: int = 0  # units re-run after their worker died (Ray)
     lost: int = 0  # units whose worker died on every try; their sources are reported failed
+    startup_seconds: float = (
+        0.0  # executor start-up before the first unit (a private Ray cluster, node checks)
+    )
 
 
 @dataclass(kw_only=True)
@@ -258,13 +261,15 @@ def build_tasks(sources: Sequence[str], cfg: BuildConfig, *, console: Any = None
                 SourceReport(source=s, status="done", reason="resumed: finished in an earlier build"),
             )
     retried = lost = 0
+    startup = 0.0
     if todo:
-        retried, lost = _run_parallel(todo, cfg, build_id, console)
+        retried, lost, startup = _run_parallel(todo, cfg, build_id, console)
     store.finish_build(build_id)
     return BuildSummary(
         executor=cfg.executor,
         retried=retried,
         lost=lost,
+        startup_seconds=round(startup, 2),
         out=cfg.out,
         reports=store.source_reports(build_id),
         tasks=store.rows(),
@@ -283,8 +288,10 @@ def split_workers(workers: int, n_sources: int) -> list[int]:
     return [workers // procs + (i < workers % procs) for i in range(procs)]
 
 
-def _run_parallel(todo: list[str], cfg: BuildConfig, build_id: int, console: Any) -> tuple[int, int]:
-    """Every source in ``todo`` built through the configured executor; returns (retried, lost) units."""
+def _run_parallel(todo: list[str], cfg: BuildConfig, build_id: int, console: Any) -> tuple[int, int, float]:
+    """Every source in ``todo`` built through the configured executor; returns (retried, lost) units
+    and the seconds the executor took to start before the first unit was submitted."""
+    t0 = time.monotonic()
     per = split_workers(cfg.workers, len(todo))
     inline = cfg.executor == "local" and len(per) == 1
     ex = None
@@ -303,11 +310,12 @@ def _run_parallel(todo: list[str], cfg: BuildConfig, build_id: int, console: Any
     try:
         if ex is not None and ex.name == "ray":
             _require_bwrap_on_nodes(ex)
+        startup = time.monotonic() - t0
         with BuildProgress(todo, cfg.max_tasks, events, console=console, show=cfg.progress):
             if inline:
                 for s in todo:
                     _worker(s, cfg, build_id, per[0])
-                return 0, 0
+                return 0, 0, startup
             assert ex is not None
             futures = {
                 s: ex.submit(_worker, s, cfg, build_id, per[i % len(per)], num_cpus=per[i % len(per)])
@@ -325,7 +333,7 @@ def _run_parallel(todo: list[str], cfg: BuildConfig, build_id: int, console: Any
                         build_id, cfg.params_key(), SourceReport(source=spec, status="failed", reason=reason)
                     )
         retried = ex.retries() if hasattr(ex, "retries") else 0
-        return retried, lost
+        return retried, lost, startup
     finally:
         if inline:
             set_sink(None)

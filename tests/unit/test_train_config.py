@@ -50,6 +50,8 @@ def write(tmp_path, text: str):
             r"'openai' is an external server .* cannot train",
         ),
         ('[rollout]\nengine_timeout_s = 0\n[model]\ntokenizer = "tok"', r"engine_timeout_s must be > 0"),
+        ('[rollout]\nengines = 0\n[model]\ntokenizer = "tok"', r"rollout.engines must be >= 1"),
+        ('[rollout]\nengines = 2\n[model]\ntokenizer = "tok"', r"rollout.engines = 2 needs engine = 'vllm'"),
         ('[loss]\nis_cap = 0.5\n[model]\ntokenizer = "tok"', r"loss.is_cap must be 0 \(off\) or >= 1"),
         ("run = 3", r"run must be a table"),
         ("[run\n", r"invalid TOML"),

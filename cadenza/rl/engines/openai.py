@@ -199,13 +199,18 @@ class OpenAIEngineConfig:
 
 
 class OpenAIEngine:
-    """Samples from any OpenAI-compatible server that returns token ids; weights are the server's own."""
+    """Samples from any OpenAI-compatible server that returns token ids; weights are the server's own.
+
+    ``version`` is the policy version the server's weights are known to have: 0 for an external server,
+    or what the trainer last synced into a served engine that rollout workers reach over HTTP (the
+    driver sets it with :meth:`at_version` after every sync; samples are tagged with it)."""
 
     name = "openai"
     supports_sync = False
 
-    def __init__(self, config: OpenAIEngineConfig) -> None:
+    def __init__(self, config: OpenAIEngineConfig, *, version: int = 0) -> None:
         self.config = config
+        self._version = int(version)
         self.client = CompletionsClient(
             config.base_url,
             model=config.model,
@@ -222,12 +227,19 @@ class OpenAIEngine:
 
     @property
     def version(self) -> int:
-        return 0
+        return self._version
+
+    def at_version(self, version: int) -> None:
+        """Someone else (the trainer) loaded weights of ``version`` into the server."""
+        self._version = int(version)
 
     def sample(self, request: SampleRequest) -> list[Sample]:
-        return self.client.complete(
+        out = self.client.complete(
             request.prompts, request.params, draw_seeds(len(request.prompts), request.generator)
         )
+        for s in out:
+            s.policy_version = self._version
+        return out
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
         raise CadenzaError(
