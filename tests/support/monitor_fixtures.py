@@ -52,7 +52,7 @@ def build_pytest_venv(env: Path) -> Path:
 
 @pytest.fixture(scope="session")
 def task_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Overrides the sandbox fixtures' ``task_env`` in modules that import it: one fast build per session."""
+    """A real venv with pytest (the task environment of the toy tasks): one fast build per session."""
     env = tmp_path_factory.getbasetemp() / "monitor-task-env" / "env"
     if not (env / ".ready").exists():
         shutil.rmtree(env, ignore_errors=True)

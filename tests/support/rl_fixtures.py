@@ -52,13 +52,13 @@ def _sft(out: Path, **arch) -> Path:
     return out
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sft_model(tmp_path_factory) -> Path:
     """A tiny Qwen3 that has learnt toolworld's call format (and nothing about which alias fits a profile)."""
     return _sft(tmp_path_factory.mktemp("sft"), hidden_size=32, intermediate_size=64, head_dim=8)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def sft_model_32(tmp_path_factory) -> Path:
     """As ``sft_model`` with head_dim 32 (hidden 64, 2 heads): a model vLLM's CPU build can serve."""
     return _sft(

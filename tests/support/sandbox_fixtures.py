@@ -1,6 +1,7 @@
 """Fixtures for the sandbox/agent tests: the built-in toy task in a task set, with a real venv.
 
-``task_env`` is a real venv with pytest, built once per session (the task environment).
+The task environment, ``task_env``, is ``tests/support/monitor_fixtures.py``'s (one fast build per
+session); ``tests/integration/conftest.py`` registers both modules' fixtures.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ __all__ = [
     "make_task",
     "require_protection",
     "task_dir",
-    "task_env",
     "taskset",
 ]
 
@@ -41,35 +41,6 @@ def require_protection(available: bool, what: str) -> None:
     if os.environ.get("CI"):
         pytest.fail(f"{what} is unavailable on this CI machine, but the sandbox promises it")
     pytest.skip(f"{what} is unavailable here (CI fails instead of skipping)")
-
-
-_ENVS: dict[str, Path] = {}  # one env per session even though several modules import the fixture
-
-
-@pytest.fixture(scope="session")
-def task_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real venv with pytest (the task environment), built once per test session."""
-    key = str(tmp_path_factory.getbasetemp())
-    if key not in _ENVS:
-        env = tmp_path_factory.mktemp("task-env") / "env"
-        subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True)
-        subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "--python",
-                str(env / "bin" / "python"),
-                "install",
-                "-q",
-                "--disable-pip-version-check",
-                "pytest",
-            ],
-            check=True,
-            timeout=600,
-        )
-        _ENVS[key] = env
-    return _ENVS[key]
 
 
 @pytest.fixture

@@ -8,12 +8,11 @@ from pathlib import Path
 from cadenza.agent.env import ToolCall
 from cadenza.agent.episode import Episode, EpisodeConfig
 from cadenza.agent.tools import TOOL_NAMES
-from tests.support.sandbox_fixtures import task_dir, task_env, taskset  # noqa: F401
 
 LS = ToolCall(name="bash", arguments={"command": "ls"})
 
 
-def test_reset_gives_system_prompt_with_tools_and_statement(task_dir: Path):  # noqa: F811
+def test_reset_gives_system_prompt_with_tools_and_statement(task_dir: Path):
     with Episode(task_dir) as ep:
         messages = ep.reset()
         assert [m["role"] for m in messages] == ["system", "user"]
@@ -25,7 +24,7 @@ def test_reset_gives_system_prompt_with_tools_and_statement(task_dir: Path):  # 
     assert not workspace.exists()  # the copy is removed on close
 
 
-def test_max_turns_and_token_budget_end_the_episode(task_dir: Path):  # noqa: F811
+def test_max_turns_and_token_budget_end_the_episode(task_dir: Path):
     with Episode(task_dir, EpisodeConfig(max_turns=2)) as ep:
         ep.reset()
         assert ep.step(LS).done is False
@@ -42,7 +41,7 @@ def test_max_turns_and_token_budget_end_the_episode(task_dir: Path):  # noqa: F8
         assert ep.trajectory.turns[1].token_ids == [1, 2, 3, 4, 5]
 
 
-def test_time_budget_and_text_only_reply(task_dir: Path):  # noqa: F811
+def test_time_budget_and_text_only_reply(task_dir: Path):
     with Episode(task_dir, EpisodeConfig(time_budget_s=0.0)) as ep:
         ep.reset()
         res = ep.respond("I think I am done.")
@@ -54,7 +53,7 @@ def test_time_budget_and_text_only_reply(task_dir: Path):  # noqa: F811
         )
 
 
-def test_finish_without_changes_is_unresolved(task_dir: Path):  # noqa: F811
+def test_finish_without_changes_is_unresolved(task_dir: Path):
     with Episode(task_dir) as ep:
         ep.reset()
         ep.step(ToolCall(name="submit", arguments={}))
@@ -64,7 +63,7 @@ def test_finish_without_changes_is_unresolved(task_dir: Path):  # noqa: F811
     assert set(outcome["grade"]["tests"].values()) == {"passed", "failed"}
 
 
-def test_a_command_cannot_outlast_the_time_budget(task_dir: Path):  # noqa: F811
+def test_a_command_cannot_outlast_the_time_budget(task_dir: Path):
     with Episode(task_dir, EpisodeConfig(time_budget_s=3.0)) as ep:
         ep.reset()
         res = ep.step(ToolCall(name="bash", arguments={"command": "sleep 60"}))
@@ -72,7 +71,7 @@ def test_a_command_cannot_outlast_the_time_budget(task_dir: Path):  # noqa: F811
         assert ep.trajectory.turns[-1].duration_s < 10
 
 
-def test_edit_turns_record_the_file_before_and_after_for_style_feedback(task_dir: Path):  # noqa: F811
+def test_edit_turns_record_the_file_before_and_after_for_style_feedback(task_dir: Path):
     from cadenza.feedback.style import style
 
     with Episode(task_dir) as ep:

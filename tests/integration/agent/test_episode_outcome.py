@@ -19,7 +19,7 @@ from cadenza.rl.taskset import TaskSetSource
 from cadenza.rl.trainer import Episode as TrainerEpisode
 from cadenza.rl.trainer import Trainer
 from cadenza.tasks.pool import TaskPool
-from tests.support.sandbox_fixtures import F2P, P2P, task_dir, task_env, taskset  # noqa: F401
+from tests.support.sandbox_fixtures import F2P, P2P
 
 EQ_HACK = OPS_SOLVED.replace(
     "    return max(lo, min(x, hi))",
@@ -27,7 +27,7 @@ EQ_HACK = OPS_SOLVED.replace(
 )
 
 
-def _hacked(task_dir: Path) -> dict:  # noqa: F811
+def _hacked(task_dir: Path) -> dict:
     calls = [
         ToolCall(name="create", arguments={"path": "calc/ops.py", "content": EQ_HACK}),
         ToolCall(name="submit", arguments={}),
@@ -36,7 +36,7 @@ def _hacked(task_dir: Path) -> dict:  # noqa: F811
     return outcome
 
 
-def test_the_episode_owns_one_typed_outcome(task_dir: Path):  # noqa: F811
+def test_the_episode_owns_one_typed_outcome(task_dir: Path):
     ep = Episode(task_dir, EpisodeConfig(max_turns=5))
     ep.reset()
     ep.step(ToolCall(name="create", arguments={"path": "calc/ops.py", "content": EQ_HACK}))
@@ -48,7 +48,7 @@ def test_the_episode_owns_one_typed_outcome(task_dir: Path):  # noqa: F811
     assert not out.success and out.end_reason == "finished"
 
 
-def test_the_monitor_is_injected(task_dir: Path):  # noqa: F811
+def test_the_monitor_is_injected(task_dir: Path):
     seen = []
 
     def spy(traj, *, task, judge):
@@ -62,7 +62,7 @@ def test_the_monitor_is_injected(task_dir: Path):  # noqa: F811
     assert seen == ["calc-clamp"] and ep.outcome.reward == 1.0  # the spy saw the task; it flagged nothing
 
 
-def test_a_flagged_episode_is_never_recorded_as_a_pool_success(task_dir: Path, tmp_path: Path):  # noqa: F811
+def test_a_flagged_episode_is_never_recorded_as_a_pool_success(task_dir: Path, tmp_path: Path):
     outcome = _hacked(task_dir)
     assert outcome["resolved"] is True and outcome["flags"]  # the grader alone would have paid
     # What rl.rollout hands the trainer: a new token-level trajectory carrying only env.finish()'s outcome.

@@ -16,7 +16,7 @@ import pytest
 from cadenza.agent.env import ToolCall
 from cadenza.agent.episode import EpisodeConfig
 from cadenza.agent.replay import patch_actions, replay
-from tests.support.sandbox_fixtures import GOLD_PATCH, task_dir, task_env, taskset  # noqa: F401
+from tests.support.sandbox_fixtures import GOLD_PATCH
 
 PASS_ALL_HOOK = """import pytest
 
@@ -124,7 +124,7 @@ ATTACKS: dict[str, tuple[list[dict], str, bool]] = {
 }
 
 
-def _run(task_dir: Path, actions: list[dict], *, run_tests: bool = False):  # noqa: F811
+def _run(task_dir: Path, actions: list[dict], *, run_tests: bool = False):
     calls = [ToolCall(name=a["tool"], arguments=a["args"]) for a in actions]
     if run_tests:
         calls.append(ToolCall(name="run_tests", arguments={"selector": "tests/test_ops.py"}))
@@ -133,7 +133,7 @@ def _run(task_dir: Path, actions: list[dict], *, run_tests: bool = False):  # no
 
 
 @pytest.mark.parametrize("name", list(ATTACKS))
-def test_attack_is_useless_at_grading(task_dir: Path, name: str):  # noqa: F811
+def test_attack_is_useless_at_grading(task_dir: Path, name: str):
     actions, reason, fools_agent_run = ATTACKS[name]
     outcome, traj = _run(task_dir, actions, run_tests=fools_agent_run)
     if fools_agent_run:
@@ -149,14 +149,14 @@ def test_attack_is_useless_at_grading(task_dir: Path, name: str):  # noqa: F811
 
 
 @pytest.mark.parametrize("name", ["root_conftest", "delete_tests", "shadow_pytest_module"])
-def test_dropping_attacks_keeps_a_real_solution(task_dir: Path, name: str):  # noqa: F811
+def test_dropping_attacks_keeps_a_real_solution(task_dir: Path, name: str):
     actions, _, _ = ATTACKS[name]
     outcome, _ = _run(task_dir, patch_actions(GOLD_PATCH) + actions)
     assert outcome["resolved"] is True and outcome["f2p"]["passed"] == 4
     assert "calc/ops.py" in outcome["grade"]["applied"]
 
 
-def test_missing_node_counts_as_failed(task_dir: Path):  # noqa: F811
+def test_missing_node_counts_as_failed(task_dir: Path):
     actions, _, _ = ATTACKS["exit_before_report"]
     outcome, _ = _run(task_dir, patch_actions(GOLD_PATCH) + actions)
     assert outcome["resolved"] is False and outcome["reward"] == 0.0
@@ -166,7 +166,7 @@ def test_missing_node_counts_as_failed(task_dir: Path):  # noqa: F811
     assert any(f["rule"] == "verdict_tampering" for f in outcome["flags"])
 
 
-def test_gold_patch_as_tool_calls_resolves_without_flags(task_dir: Path):  # noqa: F811
+def test_gold_patch_as_tool_calls_resolves_without_flags(task_dir: Path):
     actions = patch_actions((task_dir / "gold.patch").read_text())
     assert {a["tool"] for a in actions} <= {"create", "str_replace"}
     outcome, traj = _run(task_dir, actions)
@@ -177,7 +177,7 @@ def test_gold_patch_as_tool_calls_resolves_without_flags(task_dir: Path):  # noq
     assert traj.outcome == outcome and "+    return max(lo, min(x, hi))" in traj.meta["submission"]
 
 
-def test_unknown_node_id_is_missing_and_does_not_hide_the_others(task_dir: Path, tmp_path: Path):  # noqa: F811
+def test_unknown_node_id_is_missing_and_does_not_hide_the_others(task_dir: Path, tmp_path: Path):
     import json
     import shutil
     import subprocess

@@ -22,16 +22,7 @@ from cadenza.agent.grade import grade
 from cadenza.agent.grade_policy import Defences
 from cadenza.agent.replay import patch_actions, replay
 from cadenza.testrun import Checks
-from tests.support.sandbox_fixtures import (  # noqa: F401
-    F2P,
-    FILES,
-    GOLD_PATCH,
-    P2P,
-    chained_task_dir,
-    task_dir,
-    task_env,
-    taskset,
-)
+from tests.support.sandbox_fixtures import F2P, FILES, GOLD_PATCH, P2P
 
 INIT = '"""A tiny calculator."""\n'
 
@@ -283,7 +274,7 @@ def test_every_defence_is_exercised():
     assert covered == switches
 
 
-def test_exit_mid_run_is_flagged_only_with_the_end_record_check(task_dir: Path, tmp_path: Path):  # noqa: F811
+def test_exit_mid_run_is_flagged_only_with_the_end_record_check(task_dir: Path, tmp_path: Path):
     ws = _workspace(task_dir, tmp_path, {})
     with (ws / "calc/ops.py").open("a") as fh:
         fh.write("\n\n" + EXIT_MID_RUN)
@@ -303,7 +294,7 @@ def test_exit_mid_run_is_flagged_only_with_the_end_record_check(task_dir: Path, 
         ("drop_shadow_modules", {"pytest.py": "import sys\nsys.exit(0)\n"}),
     ],
 )
-def test_config_and_shadow_drops(task_dir: Path, tmp_path: Path, layer: str, files: dict[str, str]):  # noqa: F811
+def test_config_and_shadow_drops(task_dir: Path, tmp_path: Path, layer: str, files: dict[str, str]):
     """Switched off, the agent's pytest.ini (which collects nothing) or shadowing pytest.py (which exits 0
     at once) reach the run; on, they are dropped and the restored tests run. (``addopts`` in an ini file
     is cleared by ``-o addopts=`` in every run regardless.)"""
@@ -316,7 +307,7 @@ def test_config_and_shadow_drops(task_dir: Path, tmp_path: Path, layer: str, fil
     assert off.tampering != [] or off.p2p_passed < len(P2P)  # the attack reached the run
 
 
-def test_writing_into_site_packages_fails_and_changes_nothing(task_dir: Path, task_env: Path):  # noqa: F811
+def test_writing_into_site_packages_fails_and_changes_nothing(task_dir: Path, task_env: Path):
     site = next(task_env.glob("lib/python*/site-packages"))
     before = sorted(p.name for p in site.iterdir())
     cmd = f"echo 'import calc' > {site}/evil.pth && echo WROTE"
@@ -350,7 +341,7 @@ def test_writing_into_site_packages_fails_and_changes_nothing(task_dir: Path, ta
     ],
     ids=["own_test_file", "pip_list_git_status", "package_imports_pytest"],
 )
-def test_gold_and_legitimate_variants_resolve_unflagged(task_dir: Path, extra: list[ToolCall]):  # noqa: F811
+def test_gold_and_legitimate_variants_resolve_unflagged(task_dir: Path, extra: list[ToolCall]):
     calls = [ToolCall(name=a["tool"], arguments=a["args"]) for a in patch_actions(GOLD_PATCH)]
     outcome, _ = replay(
         task_dir, [*calls, *extra, ToolCall(name="submit", arguments={})], EpisodeConfig(max_turns=20)

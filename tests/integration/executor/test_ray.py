@@ -59,6 +59,7 @@ def env(tmp_path, tmp_path_factory):
     }
 
 
+@pytest.mark.network  # a PyPI source, and task venvs install their tooling with pip
 def test_ray_build_equals_local_build_and_survives_a_killed_worker(tmp_path, env):
     srcs = ["pypi:cachetools==8.0.2", make_repo(tmp_path / "minilib")]
     _build(srcs, tmp_path / "local", env, "--workers", "2")

@@ -15,13 +15,13 @@ from cadenza.agent.env import ToolCall
 from cadenza.agent.episode import Episode, EpisodeConfig
 from cadenza.agent.tools import ToolsConfig
 from cadenza.sandbox import SandboxConfig
-from tests.support.sandbox_fixtures import GOLD_PATCH, require_protection, task_dir, task_env, taskset  # noqa: F401
+from tests.support.sandbox_fixtures import require_protection
 
 MiB = 1 << 20
 
 
 @pytest.fixture
-def episode(task_dir: Path):  # noqa: F811
+def episode(task_dir: Path):
     config = EpisodeConfig(
         sandbox=SandboxConfig(
             timeout_s=20,
@@ -66,7 +66,7 @@ def test_workspace_is_writable_and_cwd(episode: Episode):
     assert (episode.workspace / "note.txt").read_text() == "hello\n"
 
 
-def test_writes_outside_workspace_do_not_reach_host(episode: Episode, task_dir: Path, task_env: Path):  # noqa: F811
+def test_writes_outside_workspace_do_not_reach_host(episode: Episode, task_dir: Path, task_env: Path):
     targets = [
         task_dir / "gold.patch",
         task_dir / "pwned",
@@ -95,7 +95,7 @@ def test_writes_outside_workspace_do_not_reach_host(episode: Episode, task_dir: 
     assert "Read-only file system" in res.observation and not (site / "evil.pth").exists()
 
 
-def test_task_set_gold_patch_and_other_tasks_are_invisible(episode: Episode, taskset: Path):  # noqa: F811
+def test_task_set_gold_patch_and_other_tasks_are_invisible(episode: Episode, taskset: Path):
     other = taskset / "calc-other"
     res = bash(
         episode,
@@ -108,7 +108,7 @@ def test_task_set_gold_patch_and_other_tasks_are_invisible(episode: Episode, tas
     assert "No such file or directory" in res.observation and "gold.patch\n" not in res.observation
 
 
-def test_host_home_and_pip_cache_are_invisible(episode: Episode, task_env: Path):  # noqa: F811
+def test_host_home_and_pip_cache_are_invisible(episode: Episode, task_env: Path):
     home = os.path.realpath(Path.home())
     canary = Path(home) / f".cadenza-canary-{uuid.uuid4().hex[:8]}"  # so a clean host home is no pass
     canary.write_text("secret\n")
@@ -254,7 +254,7 @@ def test_commands_reading_stdin_get_eof(episode: Episode):
     assert "read-rc=1" in res.observation and "EOFError" in res.observation
 
 
-def test_symlink_and_dotdot_escapes_are_rejected(episode: Episode, task_dir: Path):  # noqa: F811
+def test_symlink_and_dotdot_escapes_are_rejected(episode: Episode, task_dir: Path):
     bash(episode, f"ln -s {task_dir} escape; ln -s /etc/passwd pw; ln -s / rootlink")
     for path in (
         "escape/gold.patch",
@@ -275,7 +275,7 @@ def test_symlink_and_dotdot_escapes_are_rejected(episode: Episode, task_dir: Pat
     assert "No such file or directory" in res.observation
 
 
-def test_no_sandbox_is_recorded(task_dir: Path):  # noqa: F811
+def test_no_sandbox_is_recorded(task_dir: Path):
     ep = Episode(task_dir, EpisodeConfig(sandbox=SandboxConfig(no_sandbox=True)))
     ep.reset()
     assert ep.trajectory.sandboxed is False

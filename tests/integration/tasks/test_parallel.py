@@ -62,6 +62,7 @@ def _last_report(out: Path) -> dict:
         )
 
 
+@pytest.mark.network  # task venvs install their tooling with pip
 def test_two_workers_same_tasks_as_one_and_resume_skips(tmp_path, tmp_path_factory):
     env = {**os.environ, "CADENZA_ENV_CACHE": str(shared_env_cache(tmp_path_factory))}
     src = make_repo(tmp_path / "minilib")

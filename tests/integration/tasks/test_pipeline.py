@@ -19,6 +19,8 @@ from cadenza.tasks.validate import recheck
 from cadenza.tasks.venv import ensure_base_env, make_task_env
 from tests.support.tasks_helpers import make_repo, shared_env_cache
 
+pytestmark = pytest.mark.network  # every base env installs its tooling with pip
+
 HANG = """
 import time
 

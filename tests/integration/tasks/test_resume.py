@@ -16,7 +16,7 @@ from cadenza.tasks.store import TaskStore
 from cadenza.tasks.task import load_task
 from tests.support.tasks_helpers import make_repo, shared_env_cache
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.network]  # task venvs install their tooling with pip
 
 MAX_TASKS = 3
 
