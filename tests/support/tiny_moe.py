@@ -6,6 +6,20 @@ import copy
 
 import torch
 
+# What the ranks of every distributed test import, for ``cadenza.testing.spawn(..., preload=PRELOAD)``.
+# The forkserver is started once per process with the first preload it is given, so every test passes
+# this same union: whichever runs first, no later world-8 spawn has each rank import transformers.
+PRELOAD = (
+    "torch",
+    "torch.distributed.tensor",
+    "torch.distributed.fsdp",
+    "transformers",
+    "transformers.models.qwen3_moe.modeling_qwen3_moe",
+    "transformers.models.deepseek_v3.modeling_deepseek_v3",
+    "tests.support.tiny_moe",
+    "tests.support.pretrain_fixtures",
+)
+
 
 def tiny_model(kind: str, seed: int = 0):
     """hidden 64, 2 layers, 8 experts, float32; routers initialised wide so top-k has no near-ties."""

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from cadenza.testing import spawn
+from tests.support.tiny_moe import PRELOAD
 
 SHAPES = [(7, 5), (12, 3), (4, 9), (6,), (3, 4, 5)]
 
@@ -98,7 +99,7 @@ def _reference(world: int) -> dict:
 @pytest.mark.parametrize("world", [2, 4])
 def test_global_norm_and_clip_across_two_meshes(world):
     ref = _reference(world)
-    for r in spawn(_run, world, preload=("torch", "torch.distributed.tensor")):
+    for r in spawn(_run, world, preload=PRELOAD):
         for key in ("l2", "l1", "linf"):
             assert r[key] == pytest.approx(ref[key], rel=1e-6), key
         assert r["before"] == pytest.approx(ref["l2"], rel=1e-6)

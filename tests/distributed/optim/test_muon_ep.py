@@ -15,14 +15,8 @@ import shutil
 from pathlib import Path
 
 from cadenza.testing import spawn
+from tests.support.tiny_moe import PRELOAD
 
-PRELOAD = (
-    "torch",
-    "transformers",
-    "torch.distributed.fsdp",
-    "tests.support.tiny_moe",
-    "tests.support.pretrain_fixtures",
-)
 STEPS = 6
 
 

@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from cadenza.testing import spawn
-
-PRELOAD = ("torch", "torch.distributed.fsdp", "transformers.models.qwen3_moe.modeling_qwen3_moe")
+from tests.support.tiny_moe import PRELOAD
 
 
 def _tiny_moe():

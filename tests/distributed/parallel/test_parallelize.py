@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from cadenza.testing import spawn
-from tests.support.tiny_moe import batches, reference, tiny_model
+from tests.support.tiny_moe import PRELOAD, batches, reference, tiny_model
 
 SEQ, BATCH, LR = 16, 2, 1e-2
 
@@ -126,7 +126,7 @@ LAYOUTS = {
 @pytest.mark.parametrize("world", sorted(LAYOUTS, reverse=True))
 def test_matches_single_process(world: int) -> None:
     """One spawn per world size (process start dominates); every layout of that size inside it."""
-    per_rank = spawn(_check_layouts, world, LAYOUTS[world])
+    per_rank = spawn(_check_layouts, world, LAYOUTS[world], preload=PRELOAD)
     for i, (dims_kw, _, _) in enumerate(LAYOUTS[world]):
         print(dims_kw, [round(r["seconds"], 1) for r in per_rank[0][i]])
         _assert_matches([r[i] for r in per_rank], dims_kw)
