@@ -156,6 +156,16 @@ def test_quick_experiment_outputs(tmp_path):
         "sd_success_not_lower",
         "control_reaches_target",
     }
+    # The arms really trained, on toolworld where group rewards differ: plain GRPO (SD off, so any gradient
+    # is GRPO's) stepped on groups with differing rewards, and GRPO + SD trained on hinted tokens.
+    from cadenza.metrics import read_metrics
+
+    grpo = read_metrics(out / "runs" / "grpo-seed0" / "metrics.jsonl")
+    mixed = [r for r in grpo if r["zero_variance_groups"] < results["config"]["tasks_per_step"]]
+    assert mixed and all(not r["skipped_update"] and r["grad_norm"] > 0 for r in mixed), grpo
+    assert all(r["sd_tokens"] == 0 for r in grpo), grpo
+    sd = read_metrics(out / "runs" / "grpo_sd-seed0" / "metrics.jsonl")
+    assert all(r["sd_tokens"] > 0 and not r["skipped_update"] and r["grad_norm"] > 0 for r in sd), sd
     summary = (out / "summary.md").read_text()
     assert "Smoke-test scale" in summary and "| arm |" in summary and "Goal" in summary
     assert (out / "curves.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
