@@ -29,8 +29,9 @@ $(VENV)/.engines: $(BIN)/.ready
 demo: prereqs $(BIN)/.ready
 	$(BIN)/cadenza demo
 
+# --durations: the 25 slowest tests are listed after every run, so the 20-minute budget stays visible.
 test: prereqs $(BIN)/.ready $(VENV)/.engines
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=25 tests
 
 # About 2 minutes: the unit tests not marked slow (no PyPI builds, no distributed runs; see pyproject.toml).
 test-fast: prereqs $(BIN)/.ready

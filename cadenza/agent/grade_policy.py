@@ -29,7 +29,7 @@ METADATA_FILES = frozenset({"entry_points.txt", "direct_url.json", "RECORD", "PK
 @dataclass(kw_only=True)
 class Defences:
     """Grading defences, all on. Each can be switched off alone, only so that the mutation tests can show
-    that an attack then succeeds (``tests/integration/test_redteam_verdict.py``)."""
+    that an attack then succeeds (``tests/integration/agent/test_redteam_verdict.py``)."""
 
     drop_tests: bool = True  # changes to test files and conftest.py are not applied
     drop_pytest_config: bool = True  # pytest.ini, tox.ini, setup.cfg, [tool.pytest] in pyproject.toml

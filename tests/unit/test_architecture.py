@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from tests.torchless import run_torchless
+from tests.support.torchless import run_torchless
 
 CADENZA = Path(__file__).resolve().parents[2] / "cadenza"
 TORCH_FREE = ("tasks", "sandbox", "agent", "monitor", "feedback")

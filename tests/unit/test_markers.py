@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.conftest import registry_problem
+from tests.support.registry import registry_problem
 
 ROOT = Path(__file__).resolve().parents[2]
 

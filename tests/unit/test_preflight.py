@@ -93,7 +93,7 @@ def test_disk_check_names_the_space_and_the_fix(tmp_path: Path) -> None:
 
 
 def test_training_commands_without_the_train_extra_say_what_to_install(tmp_path: Path) -> None:
-    from tests.torchless import cadenza_torchless
+    from tests.support.torchless import cadenza_torchless
 
     (tmp_path / "tok").mkdir()
     cfg = tmp_path / "t.toml"

@@ -1,0 +1,220 @@
+"""`cadenza tasks build` end to end: three real PyPI layouts plus bad sources in one call, then every
+emitted task must pass `verify` and `scan`; bad input gives report rows and nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from cadenza.tasks.task import load_task
+from tests.support.tasks_helpers import make_repo, shared_env_cache
+
+pytestmark = [pytest.mark.slow, pytest.mark.network]
+
+SOURCES = ["pypi:cachetools==8.0.2", "pypi:toolz==1.2.0", "pypi:tinydb==4.9.0"]
+
+
+def cli(
+    *args: str, env: dict[str, str] | None = None, timeout: int = 900
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "cadenza", "tasks", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+
+
+def bad_sources(root: Path) -> dict[str, str]:
+    """Bad sources -> a word their report row must contain."""
+    no_tests = root / "no-tests"
+    (no_tests / "pkg").mkdir(parents=True)
+    (no_tests / "pkg" / "__init__.py").write_text("def f():\n    return 1\n")
+    not_python = root / "not-python"
+    not_python.mkdir()
+    (not_python / "index.js").write_text("module.exports = () => 1;\n")
+    (not_python / "README.md").write_text("# a JavaScript project\n")
+    broken = make_repo(
+        root / "broken-install",
+        pyproject=textwrap.dedent("""\
+        [project]
+        name = "minilib"
+        version = "1"
+        dependencies = ["cadenza-no-such-dependency-xyz==0.0.1"]
+        """),
+    )
+    return {
+        str(root / "does-not-exist"): "exist",
+        str(no_tests): "test",
+        str(not_python): "python",
+        str(broken): "cadenza-no-such-dependency-xyz",
+    }
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory) -> dict[str, str]:
+    return {**os.environ, "CADENZA_ENV_CACHE": str(shared_env_cache(tmp_path_factory))}
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory, env):
+    tmp = tmp_path_factory.mktemp("build")
+    bad = bad_sources(tmp)
+    out = tmp / "set"
+    res = cli(
+        "build",
+        *SOURCES,
+        *bad,
+        "--out",
+        str(out),
+        "--workers",
+        "2",
+        "--max-tasks",
+        "1",
+        "--levels",
+        "1,2",
+        "--seed",
+        "3",
+        "--quiet",
+        env=env,
+    )
+    return out, res, bad
+
+
+def _index(out: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(out / "index.sqlite") as con:
+        return con.execute(sql).fetchall()
+
+
+def test_three_layouts_build_and_bad_sources_are_reported(built):
+    out, res, bad = built
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "Task set" in res.stdout and "L1" in res.stdout  # the summary table
+    rows = dict(_index(out, "SELECT spec, COUNT(*) FROM tasks GROUP BY spec"))
+    assert rows == {s: 1 for s in SOURCES}, (
+        _index(out, "SELECT * FROM build_sources"),
+        _index(out, "SELECT * FROM rejections"),
+    )
+    layouts = {load_task(out / tid).meta["layout"] for (tid,) in _index(out, "SELECT id FROM tasks")}
+    assert layouts == {"src", "tests-inside-package", "flat"}
+    report = dict(_index(out, "SELECT source, status || ': ' || reason FROM build_sources"))
+    for spec, word in bad.items():
+        assert report[spec].startswith("skipped: ") and word in report[spec].lower(), report[spec]
+        assert "\n" not in report[spec]
+    assert all(report[s].startswith("done") for s in SOURCES)
+    # nothing half-written: only published task dirs, no staging leftovers, no work dirs
+    dirs = {p.name for p in out.iterdir() if p.is_dir() and not p.name.startswith(".")}
+    assert dirs == {tid for (tid,) in _index(out, "SELECT id FROM tasks")}
+    assert not any((out / ".staging").iterdir()) and not any((out / ".work").iterdir())
+
+
+def test_every_task_verifies_and_scans_clean(built, env):
+    out, _, _ = built
+    ver = cli("verify", str(out), env=env)
+    assert ver.returncode == 0, ver.stdout + ver.stderr
+    scan = cli("scan", str(out), env=env)
+    assert scan.returncode == 0, scan.stdout + scan.stderr
+
+
+def test_task_dirs_are_self_contained(built, env):
+    out, _, _ = built
+    for (tid,) in _index(out, "SELECT id FROM tasks"):
+        task_dir = out / tid
+        task = load_task(task_dir)
+        ws = task_dir / "workspace"
+        log = subprocess.run(
+            ["git", "-C", str(ws), "log", "--all", "--format=%an %ad"], capture_output=True, text=True
+        )
+        assert log.stdout.strip().splitlines() == ["cadenza Sat Jan 1 00:00:00 2000 +0000"]
+        assert (
+            subprocess.run(
+                ["git", "-C", str(ws), "status", "--porcelain"], capture_output=True, text=True
+            ).stdout
+            == ""
+        )
+        assert (
+            subprocess.run(["git", "apply", "--check", str(task_dir / "gold.patch")], cwd=ws).returncode == 0
+        )
+        assert not [
+            p for p in ws.rglob("*") if p.name in ("__pycache__", ".pytest_cache") or p.suffix == ".pyc"
+        ]
+        python = cli("env", str(task_dir), env=env).stdout.strip()
+        pkg = task.meta["packages"][0]
+        where = subprocess.run(
+            [python, "-c", f"import {pkg}; print({pkg}.__file__)"], capture_output=True, text=True, cwd="/"
+        )
+        assert where.stdout.strip().startswith(str(ws)), where.stderr
+
+
+def test_export_swebench(built, env):
+    out, _, _ = built
+    recs = [
+        json.loads(line)
+        for line in cli("export", str(out), "--format", "swebench", env=env).stdout.splitlines()
+    ]
+    assert len(recs) == 3
+    for rec in recs:
+        assert rec["FAIL_TO_PASS"] and rec["PASS_TO_PASS"] and rec["patch"].startswith("diff --git")
+        assert (
+            rec["repo"] in SOURCES
+            and rec["problem_statement"]
+            and rec["repo"].endswith("==" + rec["version"])
+        )
+
+
+def test_only_bad_sources_exit_1_and_write_no_task(tmp_path, env):
+    bad = bad_sources(tmp_path)
+    out = tmp_path / "set"
+    res = cli("build", *list(bad)[:3], "--out", str(out), "--quiet", env=env)
+    assert res.returncode == 1
+    skipped = [ln for ln in res.stdout.splitlines() if ln.startswith("skipped ")]
+    assert len(skipped) == 3 and "Traceback" not in res.stdout + res.stderr, res.stdout
+    assert _index(out, "SELECT COUNT(*) FROM tasks") == [(0,)]
+    assert [p.name for p in out.iterdir() if not p.name.startswith(".")] == ["index.sqlite"]
+    usage = cli("build", "pypi:cachetools", "--out", str(out), "--levels", "4", env=env)
+    assert (
+        usage.returncode == 2
+        and usage.stderr.startswith("error:")
+        and len(usage.stderr.strip().splitlines()) == 1
+    )
+
+
+def test_factory_runner_and_grader_agree_node_by_node(built, tmp_path):
+    """The factory's runs (host, as in validation and ``verify``) and grading (sandbox) are one runner: on
+    every real task the two give the same outcome for every node ID, on the broken and the fixed tree."""
+    from cadenza.agent.grade import grade
+    from cadenza.tasks.runner import run_pytest
+    from cadenza.tasks.scan import task_env_dir
+    from cadenza.tasks.verify import clone_env
+
+    out, _, _ = built
+    tids = [tid for (tid,) in _index(out, "SELECT id FROM tasks")]
+    assert len(tids) == 3
+    for tid in tids:
+        task_dir = out / tid
+        task = load_task(task_dir)
+        ids = [*task.fail_to_pass, *task.pass_to_pass]
+        ws = task_dir / "workspace"
+        for fixed in (False, True):
+            copy = tmp_path / f"{tid}-{fixed}"
+            subprocess.run(["cp", "-a", str(ws), str(copy)], check=True)
+            if fixed:
+                subprocess.run(["git", "apply", str(task_dir / "gold.patch")], cwd=copy, check=True)
+            python = clone_env(task_env_dir(task_dir, task), ws, copy, tmp_path / f"{tid}-{fixed}-env")
+            host = run_pytest(
+                python, copy, ids, extra_args=list(task.pytest_args), per_test_timeout_s=task.test_timeout_s
+            ).statuses(ids)
+            graded = grade(task_dir, copy, task=task)
+            assert graded.tests == host, (tid, fixed)
+            assert not graded.tampering
+            want = {n: "passed" for n in ids} if fixed else {n: "passed" for n in task.pass_to_pass}
+            assert {n: s for n, s in host.items() if s == "passed"} == want, (tid, fixed)
+            assert graded.resolved is fixed
