@@ -3,6 +3,12 @@
 The interpreter is run once per environment (cached) to report its ``sys.path``, prefixes and the
 module names it can import, so the bind allowlist covers exactly the directories the env reaches
 (base interpreter, site-packages, directories added by ``.pth`` files) and nothing else.
+
+This runs on the host, so it must run no code of the environment: the interpreter starts isolated and
+without ``site`` (``-I -S``: no ``sitecustomize``, no ``.pth`` executed, no ``PYTHON*`` variables), and
+``site``'s processing of ``.pth`` files is re-done here as text: path lines are added as ``site`` would
+add them, ``import`` lines are never executed (a package installed from an arbitrary sdist may ship
+one; it runs only inside the sandbox, where ``site`` runs for real).
 """
 
 from __future__ import annotations
@@ -17,14 +23,43 @@ from pathlib import Path
 from cadenza.errors import SandboxError
 
 _PROBE = r"""
-import json, pkgutil, sys, sysconfig
+import json, os, pkgutil, site, sys, sysconfig
 stdlib = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib")}
 paths = [p for p in sys.path if p]
+exe_dir = os.path.dirname(os.path.abspath(sys.executable))
+conf = [c for c in (os.path.join(exe_dir, "pyvenv.cfg"), os.path.join(os.path.dirname(exe_dir), "pyvenv.cfg"))
+        if os.path.isfile(c)]
+prefix, system_site = sys.prefix, True
+if conf:  # what site.venv() does: the venv is the prefix; the base's site-packages only if configured
+    prefix = os.path.dirname(exe_dir)
+    with open(conf[0], encoding="utf-8") as f:
+        cfg = {k.strip().lower(): v.strip() for k, _, v in (ln.partition("=") for ln in f) if _}
+    system_site = cfg.get("include-system-site-packages", "false").lower() == "true"
+prefixes = [prefix] + ([sys.base_prefix] if conf and system_site else [])
+for sitedir in site.getsitepackages(prefixes):
+    if not os.path.isdir(sitedir):
+        continue
+    for entry in [sitedir] + sorted(n for n in os.listdir(sitedir) if n.endswith(".pth")):
+        if entry == sitedir:
+            lines = [sitedir]
+        else:
+            try:
+                with open(os.path.join(sitedir, entry), encoding="utf-8", errors="replace") as f:
+                    lines = f.read().splitlines()
+            except OSError:
+                continue
+        for line in lines:
+            line = line.rstrip()
+            if not line or line.startswith("#") or line.startswith(("import ", "import\t")):
+                continue
+            d = os.path.normpath(os.path.join(sitedir, line))
+            if os.path.exists(d) and d not in paths:
+                paths.append(d)
 extra = [p for p in paths if p not in stdlib and not p.endswith(".zip") and "lib-dynload" not in p]
 names = sorted({m.name for m in pkgutil.iter_modules(extra)})
 print(json.dumps({
     "executable": sys.executable,
-    "prefix": sys.prefix,
+    "prefix": prefix,
     "base_prefix": sys.base_prefix,
     "base_exec_prefix": sys.base_exec_prefix,
     "sys_path": paths,
@@ -70,7 +105,7 @@ def _probe(env: str, _mtime: int) -> EnvInfo:
     clean = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}
     try:
         out = subprocess.run(
-            [str(Path(env) / "bin" / "python"), "-c", _PROBE],
+            [str(Path(env) / "bin" / "python"), "-I", "-S", "-c", _PROBE],
             capture_output=True,
             text=True,
             cwd="/",

@@ -136,3 +136,33 @@ def test_hidden_roots(tmp_path: Path):
     in_tmp = Path(tempfile.gettempdir()) / "t1"
     assert hidden_roots(in_tmp) == [Path(os.path.realpath(in_tmp))]  # /tmp is not a task set
     assert hidden_roots("/t1") == [Path("/t1")]
+
+
+@pytest.mark.parametrize("system_site", [False, True])
+def test_env_probe_runs_no_code_of_the_env_and_sees_the_same_sys_path(tmp_path, system_site):
+    """The host-side probe re-does ``site``'s ``.pth`` processing as text: the same ``sys.path`` as the
+    env's own interpreter, while an ``import`` line of a ``.pth`` (code of an installed package) never
+    runs on the host."""
+    import json
+    import subprocess
+    import sys
+    import venv
+
+    from cadenza.sandbox.envinfo import _probe
+
+    env = tmp_path / "env"
+    venv.EnvBuilder(with_pip=False, system_site_packages=system_site).create(env)
+    site_dir = next(env.glob("lib/python*/site-packages"))
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    marker = tmp_path / "ran-on-host"
+    (site_dir / "evil.pth").write_text(f"{extra}\nimport os; open({str(marker)!r}, 'w').close()\n# comment\n")
+    info = _probe(str(env), -1)
+    assert not marker.exists()  # the import line did not run
+    code = "import sys, json; print(json.dumps([sys.prefix, [p for p in sys.path if p]]))"
+    real = subprocess.run([str(env / "bin" / "python"), "-c", code], capture_output=True, text=True, cwd="/",
+                          env={"PATH": "/usr/bin:/bin"}, timeout=60)  # fmt: skip
+    prefix, path = json.loads(real.stdout)
+    assert marker.exists()  # the same line is live code when site runs for real (the probe's reference)
+    assert list(info.sys_path) == path and info.prefix == prefix and str(extra) in info.sys_path
+    assert sys.base_prefix == info.base_prefix
