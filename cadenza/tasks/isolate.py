@@ -5,7 +5,9 @@ every sdist it installs, downloads or asks for metadata, importing the package r
 and a test suite runs whatever it likes. Every such step goes through :func:`run_sandboxed` (the one
 sandbox runner, :class:`cadenza.sandbox.Sandbox`, in per-call mode): only the step's own directories
 are writable, the process, CPU, memory, file-size and disk limits of an agent apply, and the network is
-shared with the host only for pip (:func:`run_pip`, the install phase); test and probe runs have none.
+reachable only by pip, and only the package registry (:func:`run_pip`, the install phase: its own network
+namespace plus a relay to a host-side proxy that lets through ``CONNECT`` to the registry alone; see
+:mod:`cadenza.sandbox.egress`); test and probe runs have no network at all.
 Test runs themselves go through :func:`cadenza.tasks.runner.run_pytest` with a sandbox config.
 """
 
@@ -20,14 +22,15 @@ from pathlib import Path
 
 from cadenza.sandbox import Sandbox, SandboxConfig
 from cadenza.sandbox.config import GiB
+from cadenza.sandbox.egress import RELAY_PROGRAM, RegistryProxy, registry_endpoints
 
 #: Probes of a task environment (imports, option listing): no network, an agent's limits.
 PROBE = SandboxConfig(timeout_s=120.0, persistent=False)
-#: pip installs, downloads and metadata builds: the host's network (the registry), room for wheels.
+#: pip installs, downloads and metadata builds: the registry only (:func:`run_pip`), room for wheels.
 INSTALL = SandboxConfig(
     timeout_s=900.0,
     cpu_s=1800,
-    network=True,
+    network=False,
     persistent=False,
     disk_quota_bytes=8 * GiB,
     tmpfs_bytes=4 * GiB,
@@ -74,7 +77,7 @@ def run_sandboxed(
         res = box.run(argv, timeout_s=timeout_s, cwd=cwd, env=env)
     finally:
         box.close()
-    if config.network:
+    if config is INSTALL or config.network:  # the install phase
         SANDBOX_CPU.pip_runs += 1
         SANDBOX_CPU.pip_wall_s += res.duration_s
     else:
@@ -158,7 +161,10 @@ def run_pip(
     """``pip ARGS`` (this interpreter's pip, for the ``target`` interpreter if given) in a sandbox.
 
     ``workspace`` is the only writable directory (the venv being filled, a download or report
-    directory); the network is the host's, so pip reaches the registry, and nothing else is writable.
+    directory). The sandbox has its own network namespace; pip reaches the registry named by the pip
+    settings through :class:`~cadenza.sandbox.egress.RegistryProxy` and nothing else (a plain
+    ``http://`` registry cannot be told apart from other hosts by a proxy: then the host's network is
+    shared, as before, and the docs say so).
     """
     cmd = [sys.executable, "-m", "pip", *(["--python", str(target)] if target else []), *args]
     env = pip_env()
@@ -166,6 +172,12 @@ def run_pip(
     readable = pip_local_paths(env)
     if not (own / "bin" / "python").exists():
         own, readable = None, [*readable, sys.base_prefix, *(p for p in sys.path if os.path.isdir(p))]
-    return run_sandboxed(
-        cmd, workspace=workspace, config=INSTALL, env_dir=own, env=env, readable=readable, timeout_s=timeout_s
-    )
+    endpoints = registry_endpoints(env)
+    if endpoints is None:
+        return run_sandboxed(cmd, workspace=workspace, config=replace(INSTALL, network=True), env_dir=own,
+                             env=env, readable=readable, timeout_s=timeout_s)  # fmt: skip
+    with RegistryProxy(endpoints) as proxy:
+        relayed = [sys.executable, "-I", "-S", RELAY_PROGRAM, proxy.socket_path, "--", *cmd]
+        return run_sandboxed(relayed, workspace=workspace, config=INSTALL, env_dir=own, env=env,
+                             readable=[*readable, RELAY_PROGRAM], writable=[Path(proxy.socket_dir)],
+                             timeout_s=timeout_s)  # fmt: skip

@@ -2,11 +2,13 @@
 
 A source's ``setup.py`` (run by pip for metadata and installs), the baseline's plain and coverage runs
 and the environment probes cannot write outside their own directories, and a test run has no network;
-only pip's install phase shares the host's network. Each attack is first shown to work on the host.
+only pip's install phase reaches the network, and there only the registry. Each attack is first shown
+to work on the host.
 """
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import sys
@@ -151,3 +153,47 @@ def test_test_runs_have_no_network_and_only_the_install_phase_has(tmp_path: Path
     assert run_pytest(python, ws, [node], sandbox=SandboxConfig(), **kw).outcome(node) == "failed"
     shared = run_pytest(python, ws, [node], sandbox=SandboxConfig(network=True), **kw)
     assert shared.outcome(node) == "passed", shared.output_tail  # the switch is what denies it
+
+
+REACH = """\
+import json, socket, sys, urllib.request
+port, other = int(sys.argv[1]), int(sys.argv[2])
+def direct(p):
+    try:
+        socket.create_connection(("127.0.0.1", p), timeout=5).close()
+        return "reached"
+    except OSError:
+        return "refused"
+def tunnel(p):
+    proxy = urllib.request.getproxies()["https"].rsplit(":", 1)
+    c = socket.create_connection((proxy[0].split("//")[1], int(proxy[1])), timeout=5)
+    c.sendall(b"CONNECT 127.0.0.1:%d HTTP/1.1\\r\\n\\r\\n" % p)
+    return c.recv(64).split(b"\\r\\n")[0].decode()
+print(json.dumps({"direct": direct(other), "registry": tunnel(port), "other": tunnel(other)}))
+"""
+
+
+def test_the_install_phase_reaches_the_registry_and_no_other_host_service(tmp_path: Path) -> None:
+    """pip's sandbox has its own network namespace: a service on the host's loopback is out of reach,
+    and the relay's proxy lets through only the registry (here a loopback stand-in for it)."""
+    from cadenza.sandbox.egress import RELAY_PROGRAM, RegistryProxy
+    from cadenza.tasks.isolate import INSTALL, run_sandboxed
+
+    servers = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    (port, other) = (s.getsockname()[1] for s in servers)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    with RegistryProxy({("127.0.0.1", port)}, timeout_s=10) as proxy:
+        cmd = [sys.executable, "-I", "-S", RELAY_PROGRAM, proxy.socket_path, "--",
+               sys.executable, "-I", "-c", REACH, str(port), str(other)]  # fmt: skip
+        kw = dict(workspace=ws, env_dir=Path(sys.prefix), readable=[RELAY_PROGRAM], timeout_s=120)
+        res = run_sandboxed(cmd, config=INSTALL, writable=[Path(proxy.socket_dir)], **kw)
+        assert res.returncode == 0, res.stderr
+        got = json.loads(res.stdout)
+        assert got == {"direct": "refused", "registry": "HTTP/1.1 200 Connection established",
+                       "other": "HTTP/1.1 403 Forbidden"}, got  # fmt: skip
+        shared = run_sandboxed(cmd, config=SandboxConfig(network=True, persistent=False),
+                               writable=[Path(proxy.socket_dir)], **kw)  # fmt: skip
+        assert json.loads(shared.stdout)["direct"] == "reached"  # the namespace is the wall
+    for s in servers:
+        s.close()
