@@ -23,7 +23,7 @@ from pathlib import Path
 from cadenza.errors import SandboxError
 
 _PROBE = r"""
-import json, os, pkgutil, site, sys, sysconfig
+import json, os, pkgutil, re, site, sys, sysconfig
 stdlib = {sysconfig.get_path(k) for k in ("stdlib", "platstdlib")}
 paths = [p for p in sys.path if p]
 exe_dir = os.path.dirname(os.path.abspath(sys.executable))
@@ -36,25 +36,35 @@ if conf:  # what site.venv() does: the venv is the prefix; the base's site-packa
         cfg = {k.strip().lower(): v.strip() for k, _, v in (ln.partition("=") for ln in f) if _}
     system_site = cfg.get("include-system-site-packages", "false").lower() == "true"
 prefixes = [prefix] + ([sys.base_prefix] if conf and system_site else [])
-for sitedir in site.getsitepackages(prefixes):
-    if not os.path.isdir(sitedir):
-        continue
-    for entry in [sitedir] + sorted(n for n in os.listdir(sitedir) if n.endswith(".pth")):
-        if entry == sitedir:
-            lines = [sitedir]
-        else:
-            try:
-                with open(os.path.join(sitedir, entry), encoding="utf-8", errors="replace") as f:
-                    lines = f.read().splitlines()
-            except OSError:
-                continue
+ADDSITEDIR = re.compile(r"^import site;\s*site\.addsitedir\((['\"])([^'\"]+)\1\)\s*$")
+def addsitedir(sitedir, depth=0):
+    # site.addsitedir() as text: the dir, then its .pth files' path lines; an import line is never run,
+    # except that the literal idiom `import site; site.addsitedir('DIR')` is followed as what it says
+    sitedir = os.path.normpath(sitedir)
+    if depth > 8 or not os.path.isdir(sitedir):
+        return
+    if sitedir not in paths:
+        paths.append(sitedir)
+    for name in sorted(n for n in os.listdir(sitedir) if n.endswith(".pth")):
+        try:
+            with open(os.path.join(sitedir, name), encoding="utf-8", errors="replace") as f:
+                lines = f.read().splitlines()
+        except OSError:
+            continue
         for line in lines:
             line = line.rstrip()
-            if not line or line.startswith("#") or line.startswith(("import ", "import\t")):
+            if not line or line.startswith("#"):
+                continue
+            if line.startswith(("import ", "import\t")):
+                m = ADDSITEDIR.match(line)
+                if m:
+                    addsitedir(m.group(2), depth + 1)
                 continue
             d = os.path.normpath(os.path.join(sitedir, line))
             if os.path.exists(d) and d not in paths:
                 paths.append(d)
+for sitedir in site.getsitepackages(prefixes):
+    addsitedir(sitedir)
 extra = [p for p in paths if p not in stdlib and not p.endswith(".zip") and "lib-dynload" not in p]
 names = sorted({m.name for m in pkgutil.iter_modules(extra)})
 print(json.dumps({

@@ -156,7 +156,12 @@ def test_env_probe_runs_no_code_of_the_env_and_sees_the_same_sys_path(tmp_path, 
     extra = tmp_path / "extra"
     extra.mkdir()
     marker = tmp_path / "ran-on-host"
+    chained, inner = tmp_path / "chained", tmp_path / "inner"
+    chained.mkdir()
+    inner.mkdir()
+    (chained / "inner.pth").write_text(f"{inner}\n")  # reached only through the addsitedir idiom below
     (site_dir / "evil.pth").write_text(f"{extra}\nimport os; open({str(marker)!r}, 'w').close()\n# comment\n")
+    (site_dir / "zchain.pth").write_text(f"import site; site.addsitedir({str(chained)!r})\n")
     info = _probe(str(env), -1)
     assert not marker.exists()  # the import line did not run
     code = "import sys, json; print(json.dumps([sys.prefix, [p for p in sys.path if p]]))"
@@ -164,5 +169,6 @@ def test_env_probe_runs_no_code_of_the_env_and_sees_the_same_sys_path(tmp_path, 
                           env={"PATH": "/usr/bin:/bin"}, timeout=60)  # fmt: skip
     prefix, path = json.loads(real.stdout)
     assert marker.exists()  # the same line is live code when site runs for real (the probe's reference)
-    assert list(info.sys_path) == path and info.prefix == prefix and str(extra) in info.sys_path
+    assert list(info.sys_path) == path and info.prefix == prefix
+    assert {str(extra), str(chained), str(inner)} <= set(info.sys_path)
     assert sys.base_prefix == info.base_prefix
