@@ -134,6 +134,7 @@ def _gap_job(exp: SmolConfig, out: Path) -> dict[str, Any]:
         prefix=exp.response_prefix,
         max_new_tokens=exp.max_new_tokens,
         details=True,
+        device=exp.device,
     )
     gap["cpu_s"] = round(time.process_time() - c0, 1)
     atomic_write_json(path, gap)
@@ -176,7 +177,7 @@ def _arm_job(exp: SmolConfig, out: Path, arm: str, seed: int) -> dict[str, Any]:
         run_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(run_dir / "heldout.jsonl", json.dumps(_step0_job(exp, out)) + "\n")
     res = run_arm(exp, arm, seed, _model_dir(exp), run_dir, steps=exp.steps)
-    if fresh:  # CPU of this process for the (arm, seed): the budget check of section 5
+    if fresh:  # this process's CPU for the (arm, seed) (after an interruption: the resumed part only)
         res["cpu_s"] = round(time.process_time() - c0, 1)
         res["wall_s"] = round(time.time() - t0, 1)
         atomic_write_json(run_dir / "result.json", res)

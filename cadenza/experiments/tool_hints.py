@@ -207,6 +207,7 @@ def measure_gap(
     prefix: str = "",
     max_new_tokens: int = 40,
     details: bool = False,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """P(first call uses a tool of the profile) with the tool-list hint in context vs without.
 
@@ -221,7 +222,7 @@ def measure_gap(
     from cadenza.rl.policy import HFPolicy, SamplingParams
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    policy = HFPolicy.from_pretrained(model_dir)
+    policy = HFPolicy.from_pretrained(model_dir, device=device)
     rng = random.Random(10_000 + seed)
     cfg = config or ToolworldConfig()
     envs = [ToolworldEnv(sample_task(rng, cfg, i), cfg) for i in range(n_tasks)]
