@@ -63,7 +63,16 @@ class SmolConfig:
     @classmethod
     def quick(cls) -> SmolConfig:
         """A smoke test of the whole pipeline: it says nothing about the arms."""
-        return cls(seeds=[0], gap_tasks=8, steps=1, eval_every=1, heldout_tasks=4, probe_items=2)
+        return cls(
+            seeds=[0],
+            gap_tasks=4,
+            steps=1,
+            eval_every=1,
+            heldout_tasks=2,
+            probe_items=1,
+            tasks_per_step=1,
+            group_size=2,
+        )
 
     @property
     def episodes_per_step(self) -> int:
