@@ -294,7 +294,11 @@ def summary_markdown(results: dict[str, Any]) -> str:
     lines = [
         "# Tool hints on a real pretrained model (SmolLM2-135M-Instruct)",
         "",
-        *(["**Smoke-test scale (under 5 steps): these numbers say nothing about the arms.**", ""] if quick else []),
+        *(
+            ["**Smoke-test scale (under 5 steps): these numbers say nothing about the arms.**", ""]
+            if quick
+            else []
+        ),
         f"Seeds: {', '.join(map(str, results['seeds']))}. {cfg['steps']} steps x {cfg['tasks_per_step']} "
         f"tasks x {cfg['group_size']} samples per run; last {cfg['trainable_layers']} decoder layers "
         f"trainable; lr {cfg['rl_lr']}. Protocol: docs/experiments.md, section 5.",
