@@ -13,6 +13,7 @@ every ``eval_every`` steps. Protocol: docs/experiments.md, section 5.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import time
@@ -27,6 +28,17 @@ from cadenza.experiments.toolworld import CALL_OPEN, ToolworldConfig
 from cadenza.jsonio import atomic_write_json, atomic_write_text
 
 SMOL_ARMS = ("grpo", "grpo_sd", "placebo")
+# --quick: 1 seed, one step of 1 task x 2 samples, 2 held-out tasks, a 4-task gap
+QUICK: dict[str, Any] = {
+    "seeds": [0],
+    "gap_tasks": 4,
+    "steps": 1,
+    "eval_every": 1,
+    "heldout_tasks": 2,
+    "probe_items": 1,
+    "tasks_per_step": 1,
+    "group_size": 2,
+}
 
 
 @dataclass(kw_only=True)
@@ -63,16 +75,7 @@ class SmolConfig:
     @classmethod
     def quick(cls) -> SmolConfig:
         """A smoke test of the whole pipeline: it says nothing about the arms."""
-        return cls(
-            seeds=[0],
-            gap_tasks=4,
-            steps=1,
-            eval_every=1,
-            heldout_tasks=2,
-            probe_items=1,
-            tasks_per_step=1,
-            group_size=2,
-        )
+        return cls(**copy.deepcopy(QUICK))
 
     @property
     def episodes_per_step(self) -> int:
