@@ -3,8 +3,33 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
+
+OUT = typer.Option(
+    ..., "--out", help="Output directory (results.json, summary.md, curves.png); rerun to resume."
+)
+WORKERS = typer.Option(1, help="Parallel processes for (arm, seed) runs (at most the cores).")
+
+
+def _seeds(default: int) -> Any:
+    return typer.Option(
+        None,
+        help=f"Seeds: a count ({default} = 0..{default - 1}), a list (0,3,4) or a range (2-4). "
+        f"Default {default}, or 1 with --quick.",
+    )
+
+
+def _run(run: Any, out: Path, exp: Any, workers: int, quick: bool) -> None:
+    """Check the worker count, run the study, name what it wrote."""
+    from cadenza.experiments.study import check_workers
+
+    check_workers(workers)
+    if quick:
+        typer.echo("--quick: a smoke test of the pipeline; its numbers say nothing about the arms")
+    run(out, exp, workers=workers, log=typer.echo)
+    typer.echo(f"wrote {out / 'summary.md'}, {out / 'results.json'}, {out / 'curves.png'}")
 
 
 def register(app: typer.Typer) -> None:
@@ -12,15 +37,10 @@ def register(app: typer.Typer) -> None:
 
     @group.command("tool-hints")
     def tool_hints(
-        out: Path = typer.Option(
-            ..., "--out", help="Output directory (results.json, summary.md, curves.png); rerun to resume."
-        ),
-        seeds: str | None = typer.Option(
-            None,
-            help="Seeds: a count (5 = 0..4), a list (0,3,4) or a range (2-4). Default 5, or 1 with --quick.",
-        ),
+        out: Path = OUT,
+        seeds: str | None = _seeds(5),
         arms: str = typer.Option("", help="Comma-separated arms (default: all; see docs/experiments.md)."),
-        workers: int = typer.Option(1, help="Parallel processes for (arm, seed) runs (at most the cores)."),
+        workers: int = WORKERS,
         budget_steps: int = typer.Option(
             0, "--budget-steps", help="RL steps per arm (0 = where the supervised control reaches 95%)."
         ),
@@ -31,7 +51,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Does a hint at the faulty turn (self-distillation) beat GRPO? Pre-registered arms, fixed seeds."""
         from cadenza.errors import CadenzaError
-        from cadenza.experiments.study import check_workers, parse_arms, parse_seeds, run_experiment
+        from cadenza.experiments.study import parse_arms, parse_seeds, run_experiment
         from cadenza.experiments.tool_hints import ExperimentConfig
 
         exp = ExperimentConfig.quick() if quick else ExperimentConfig()
@@ -42,10 +62,44 @@ def register(app: typer.Typer) -> None:
         if budget_steps < 0:
             raise CadenzaError("--budget-steps must be >= 0 (0 = from the supervised control)")
         exp.budget_steps = budget_steps
-        check_workers(workers)
-        if quick:
-            typer.echo("--quick: a smoke test of the pipeline; its numbers say nothing about the arms")
-        run_experiment(out, exp, workers=workers, log=typer.echo)
-        typer.echo(f"wrote {out / 'summary.md'}, {out / 'results.json'}, {out / 'curves.png'}")
+        _run(run_experiment, out, exp, workers, quick)
+
+    @group.command("smol-tools")
+    def smol_tools(
+        out: Path = OUT,
+        seeds: str | None = _seeds(2),
+        arms: str = typer.Option(
+            "", help="Comma-separated arms among grpo, grpo_sd, placebo (default: all)."
+        ),
+        workers: int = WORKERS,
+        steps: int = typer.Option(0, help="RL steps per (arm, seed) (0 = the pre-registered value)."),
+        model: str = typer.Option(
+            "smollm2", help="smollm2 (offline SmolLM2-135M-Instruct) or an HF directory."
+        ),
+        device: str = typer.Option("cpu", help="Torch device of the policy, e.g. cuda."),
+        trainable_layers: int = typer.Option(
+            -1, help="Last N decoder layers that train (0 = all; -1 = default)."
+        ),
+        quick: bool = typer.Option(
+            False, help="A smoke test (1 seed, 1 step): checks the pipeline, not the arms."
+        ),
+    ) -> None:
+        """Tool hints on a real pretrained model (SmolLM2): pre-RL gap, then GRPO vs GRPO+SD vs placebo."""
+        from cadenza.errors import CadenzaError
+        from cadenza.experiments.smol_tools import SmolConfig, check_arms, run_smol
+        from cadenza.experiments.study import parse_seeds
+
+        exp = SmolConfig.quick() if quick else SmolConfig()
+        if seeds is not None:
+            exp.seeds = parse_seeds(seeds)
+        if arms:
+            exp.arms = check_arms([a.strip() for a in arms.split(",")])
+        if steps < 0 or trainable_layers < -1:
+            raise CadenzaError("--steps must be >= 0 and --trainable-layers >= 0 (or -1 for the default)")
+        exp.steps = steps or exp.steps
+        exp.model, exp.device = model, device
+        if trainable_layers >= 0:
+            exp.trainable_layers = trainable_layers
+        _run(run_smol, out, exp, workers, quick)
 
     app.add_typer(group, name="experiment")

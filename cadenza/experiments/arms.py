@@ -39,10 +39,9 @@ class _TrainerArm:
         self.episodes = 0
 
     def train_to(self, steps: int) -> Any:
-        from cadenza.experiments.tool_hints import train_config
         from cadenza.rl.trainer import Trainer
 
-        trainer = Trainer(train_config(self.exp, self.arm, self.seed, self.model_dir, self.run_dir, steps))
+        trainer = Trainer(self.exp.train_config(self.arm, self.seed, self.model_dir, self.run_dir, steps))
         trainer.train()
         self.episodes = trainer.episodes
         return trainer.policy
@@ -75,7 +74,7 @@ class _SupervisedArm:
             step, state = ckpt.load_checkpoint(latest, policy.model, opt)
         self.episodes = int(state.get("episodes", 0))
         logger = MetricsLogger(self.run_dir, resume_step=step)
-        source = ToolworldSource()
+        source = ToolworldSource(config=exp.toolworld)
         probe = HintProbe(source.probe_items(exp.probe_items, exp.heldout_seed), tok)
         sched = ProbeSchedule(probe, every=exp.eval_every, history=read_metrics(logger.path))
         while step < steps:
@@ -145,7 +144,7 @@ def run_arm(
         return json.loads(done.read_text())
     run_dir.mkdir(parents=True, exist_ok=True)
     tok = load_tokenizer(str(model_dir))
-    tasks = heldout_tasks(exp.heldout_tasks, exp.heldout_seed)
+    tasks = heldout_tasks(exp.heldout_tasks, exp.heldout_seed, exp.toolworld)
     evals_path = run_dir / "heldout.jsonl"
     evals = _read_jsonl(evals_path)
 

@@ -29,7 +29,7 @@ def run_episodes(
     from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
 
     envs: list[ToolworldEnv] = []
-    cfg = ToolworldConfig()
+    cfg = exp.toolworld
 
     def factory(task: ToolworldTask):
         def make() -> Any:
@@ -45,6 +45,7 @@ def run_episodes(
         max_new_tokens=exp.max_new_tokens,
         temperature=exp.temperature,
         seed=seed,
+        response_prefix=exp.response_prefix,
     )
     results = rollout(
         policy, tokenizer, [RolloutTask(task_id=t.id, make_env=factory(t)) for t in tasks], params

@@ -74,6 +74,19 @@ class ExperimentConfig:
     def episodes_per_step(self) -> int:
         return self.tasks_per_step * self.group_size
 
+    # what the shared runner (arms.py, heldout.py) asks of an experiment config; properties and methods
+    # are not dataclass fields, so settings.json (the run's pin) is unchanged by them
+    @property
+    def toolworld(self) -> ToolworldConfig:
+        return ToolworldConfig()
+
+    @property
+    def response_prefix(self) -> str:
+        return ""
+
+    def train_config(self, arm: str, seed: int, model_dir: Path, out_dir: Path, steps: int) -> Any:
+        return train_config(self, arm, seed, model_dir, out_dir, steps)
+
 
 # arm -> what differs from plain GRPO (None = the experiment's value)
 ARM_SETTINGS: dict[str, dict[str, Any]] = {
@@ -187,8 +200,25 @@ def sft_model(
     return out
 
 
-def measure_gap(model_dir: Path, n_tasks: int, seed: int) -> dict[str, float]:
-    """P(first call uses a tool of the profile) with the tool-list hint in context vs without."""
+def measure_gap(
+    model_dir: Path,
+    n_tasks: int,
+    seed: int,
+    *,
+    config: ToolworldConfig | None = None,
+    prefix: str = "",
+    max_new_tokens: int = 40,
+    details: bool = False,
+    device: str = "cpu",
+    batch: int = 0,
+) -> dict[str, Any]:
+    """P(first call uses a tool of the profile) with the tool-list hint in context vs without.
+
+    ``prefix``: text the assistant turn starts with (``rollout.response_prefix``), prepended before parsing.
+    ``details``: also the most frequent invalid names of each condition (``invalid_names_*``);
+    ``batch``: prompts per sampling call (0 = all at once, as the tool-hint experiment measures it)."""
+    from collections import Counter
+
     import torch
     from transformers import AutoTokenizer
 
@@ -196,27 +226,38 @@ def measure_gap(model_dir: Path, n_tasks: int, seed: int) -> dict[str, float]:
     from cadenza.rl.policy import HFPolicy, SampleRequest, SamplingParams
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
-    policy = HFPolicy.from_pretrained(model_dir)
+    policy = HFPolicy.from_pretrained(model_dir, device=device)
     rng = random.Random(10_000 + seed)
-    cfg = ToolworldConfig()
+    cfg = config or ToolworldConfig()
     envs = [ToolworldEnv(sample_task(rng, cfg, i), cfg) for i in range(n_tasks)]
-    result = {}
+    result: dict[str, Any] = {}
     for key, hinted in (("valid_with_hint", True), ("valid_without_hint", False)):
         prompts = []
         for env in envs:
             msgs = env.reset()
             if hinted:
                 msgs.append({"role": "user", "content": tool_list_hint(env)})
-            prompts.append(
-                tok.encode(render(tok, msgs, add_generation_prompt=True), add_special_tokens=False)
-            )
+            text = render(tok, msgs, add_generation_prompt=True) + prefix
+            prompts.append(tok.encode(text, add_special_tokens=False))
         gen = torch.Generator().manual_seed(seed)
-        params = SamplingParams(max_new_tokens=40, temperature=1.0, stop_token_ids=(tok.eos_token_id,))
-        samples = policy.sample(SampleRequest(prompts, params, gen))
-        valid = 0
+        params = SamplingParams(
+            max_new_tokens=max_new_tokens, temperature=1.0, stop_token_ids=(tok.eos_token_id,)
+        )
+        step = batch or len(prompts)  # batches bound the prefill's memory (logits over a real vocabulary)
+        samples = [
+            x
+            for i in range(0, len(prompts), step)
+            for x in policy.sample(SampleRequest(prompts[i : i + step], params, gen))
+        ]
+        valid, wrong = 0, Counter()
         for env, s in zip(envs, samples, strict=True):
-            calls = parse_tool_calls(tok.decode(s.token_ids))
+            calls = parse_tool_calls(prefix + tok.decode(s.token_ids))
             names = {t["function"]["name"] for t in env.tools()}
-            valid += bool(calls) and calls[0].name in names
+            ok = bool(calls) and calls[0].name in names
+            valid += ok
+            if not ok:
+                wrong[calls[0].name if calls else "(no call)"] += 1
         result[key] = valid / len(envs)
+        if details:
+            result["invalid_names_" + key.removeprefix("valid_")] = dict(wrong.most_common(8))
     return result

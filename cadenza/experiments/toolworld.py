@@ -41,6 +41,20 @@ DIRS = ("src", "tests", "docs", "build")
 
 SYSTEM_PROMPT = "Use one tool call per turn."
 
+# ``tools_prompt = "system"``: the schemas in the system message, in the function-calling prompt format of
+# the SmolLM2 instruct models (a <tools> JSON list; calls as a JSON list inside <tool_call> tags)
+CALL_OPEN = '<tool_call>[{"name": "'  # what a call starts with (rollout.response_prefix forces it)
+TOOLS_SYSTEM_PROMPT = (
+    "You have access to the following tools:\n<tools>{tools}</tools>\n\n"
+    "Answer with one tool call in this format and no other text:\n"
+    '<tool_call>[{{"name": "tool_name", "arguments": {{"argument": "value"}}}}]</tool_call>'
+)
+
+
+def call_text(name: str, arguments: dict[str, Any]) -> str:
+    """A call as the model writes it under ``tools_prompt = "system"``."""
+    return f'{CALL_OPEN}{name}", "arguments": {json.dumps(arguments)}}}]</tool_call>'
+
 
 def tool_not_found_observation(name: str) -> str:
     """The standard observation for a call to a tool that does not exist (the tool list is not revealed)."""
@@ -90,6 +104,10 @@ class ToolworldConfig:
     min_steps: int = 2
     max_steps: int = 4
     extra_turns: int = 2  # turns allowed beyond the number of steps before the episode is cut off
+    # "none": the tool list is not shown (the toy setting: the policy must know or be told the names);
+    # "system": the profile's schemas go into the system message (TOOLS_SYSTEM_PROMPT), for a pretrained
+    # model whose chat template renders no tools (SmolLM2)
+    tools_prompt: str = "none"
 
     def validate(self) -> None:
         unknown = [p for p in self.profiles if p not in PROFILES]
@@ -99,6 +117,8 @@ class ToolworldConfig:
             raise ConfigError("toolworld: need 1 <= min_steps <= max_steps")
         if self.extra_turns < 0:
             raise ConfigError("toolworld: extra_turns must be >= 0")
+        if self.tools_prompt not in ("none", "system"):
+            raise ConfigError(f"toolworld: tools_prompt {self.tools_prompt!r} is not 'none' or 'system'")
 
 
 def sample_task(rng: random.Random, config: ToolworldConfig, index: int = 0) -> ToolworldTask:
@@ -143,8 +163,11 @@ class ToolworldEnv:
         self.pending: list[Step | None] = []  # per call: the next pending operation when it was made
         self.calls = 0
         self.invalid_calls = 0
+        system = SYSTEM_PROMPT
+        if self.config.tools_prompt == "system":
+            system = TOOLS_SYSTEM_PROMPT.format(tools=json.dumps([t["function"] for t in self.tools()]))
         return [
-            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "system", "content": system},
             {"role": "user", "content": self.task.prompt()},
         ]
 
@@ -232,7 +255,10 @@ class ToolworldSource:
         for i in range(n):
             env = ToolworldEnv(sample_task(rng, self.config, i), self.config)
             first = env.task.steps[0]
-            target = call_message(PROFILES[env.task.profile][first.operation], first.path, 0)
+            name = PROFILES[env.task.profile][first.operation]
+            target = call_message(name, first.path, 0)
+            if self.config.tools_prompt == "system":  # the call as the text the model writes
+                target = {"role": "assistant", "content": call_text(name, {"path": first.path})}
             items.append(ProbeItem(messages=env.reset(), hint=tool_list_hint(env), target=target))
         return items
 

@@ -6,7 +6,7 @@ Modules (import them directly; this package imports nothing heavy):
 * ``tokens``: ``TokenTrajectory`` (exact ids, loss mask, segments, turn spans, behaviour log-probs),
 ``collate``.
 * ``policy``: ``Policy`` protocol, ``HFPolicy`` (any transformers causal LM), tiny Qwen3 / Qwen3-MoE configs.
-* ``rollout``: ``rollout(policy, tokenizer, tasks, RolloutConfig)`` over any ``cadenza.agent.env.Env``.
+* ``rollout``: ``rollout(policy, tokenizer, tasks, RolloutParams)`` over any ``cadenza.agent.env.Env``.
 * ``losses``: ``self_distillation_loss``, ``sampled_token_sd_loss``, ``group_advantages``, ``grpo_loss``.
 * ``logprobs``: chunked ``sequence_logprobs`` / ``hidden_divergence`` from hidden states.
 * ``teacher``: ``build_hinted_turns``, ``Teacher`` (live / EMA / frozen, KV-cache prefix reuse).

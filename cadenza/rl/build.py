@@ -42,12 +42,34 @@ def build_policy(cfg: TrainConfig) -> tuple[Any, Any]:
         else:
             conf = tiny_qwen3_config(len(tokenizer), intermediate_size=m.intermediate_size, **common)
         policy = HFPolicy.from_config(conf, seed=cfg.run.seed, dtype=m.dtype, device=m.device)
+    if m.trainable_layers:
+        freeze_all_but_last(policy.model, m.trainable_layers)
     if policy.vocab_size < len(tokenizer):
         raise CadenzaError(
             f"model vocab ({policy.vocab_size}) is smaller than the tokenizer's ({len(tokenizer)}); they do "
             "not belong together"
         )
     return tokenizer, policy
+
+
+def freeze_all_but_last(model: torch.nn.Module, n: int) -> list[str]:
+    """Leave only the last ``n`` decoder layers and the final norm trainable (embeddings and a tied head
+    freeze): a small model's worth of gradients and optimizer state on a CPU. Returns the trainable names."""
+    layers = next(
+        (mod for name, mod in model.named_modules() if name.endswith("layers") and len(mod) > 0), None
+    )
+    if not isinstance(layers, torch.nn.ModuleList) or n > len(layers):
+        have = len(layers) if isinstance(layers, torch.nn.ModuleList) else 0
+        raise CadenzaError(
+            f"model.trainable_layers = {n}, but the model has {have} decoder layers; use 1..{have} or 0 (all)"
+        )
+    keep = {id(p) for layer in list(layers)[-n:] for p in layer.parameters()}
+    norm = getattr(getattr(model, "model", model), "norm", None)
+    if isinstance(norm, torch.nn.Module):
+        keep |= {id(p) for p in norm.parameters()}
+    for p in model.parameters():
+        p.requires_grad_(id(p) in keep)
+    return [name for name, p in model.named_parameters() if p.requires_grad]
 
 
 # run options that may change between a run and its resumption

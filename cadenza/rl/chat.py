@@ -222,41 +222,51 @@ _TOOL_CALL_RE = re.compile(
 def parse_tool_calls(text: str) -> list[ToolCall]:
     """Extract ``<tool_call>`` blocks from model output, tolerating malformed JSON.
 
-    A block whose body is not a JSON object with a string ``name`` still yields a call: the name is
+    A block holds one call object (Hermes/Qwen: ``{"name": ..., "arguments": {...}}``) or a JSON list of
+    them (SmolLM2's format: ``[{"name": ...}, ...]``), one call per element.
+    A block whose body is not such JSON still yields a call: the name is
     recovered with a regex where possible (else ``""``, which no tool matches) and the arguments are
     kept as the raw string so the environment can answer ``invalid_arguments`` / ``tool_not_found``.
     An unterminated final block (the model ran out of tokens) is parsed the same way.
     """
     calls: list[ToolCall] = []
-    for i, match in enumerate(_TOOL_CALL_RE.finditer(text)):
+    for match in _TOOL_CALL_RE.finditer(text):
         body = match.group(1).strip()
-        call_id = f"call_{i}"
         try:
             obj = json.loads(body)
         except (json.JSONDecodeError, RecursionError):
             obj = None
-        if isinstance(obj, dict) and isinstance(obj.get("name"), str):
-            args = obj.get("arguments", {})
-            if isinstance(args, str):  # some models double-encode the arguments
-                try:
-                    decoded = json.loads(args)
-                    args = decoded if isinstance(decoded, dict) else args
-                except json.JSONDecodeError:
-                    pass
-            if not isinstance(args, dict | str):
-                args = json.dumps(args)
-            calls.append(ToolCall(name=obj["name"], arguments=args, id=call_id))
+        if obj == []:  # an empty list: the model says no call is needed
             continue
+        items = obj if isinstance(obj, list) and obj else [obj]
+        if all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in items):
+            calls += [_call(o, f"call_{len(calls) + i}") for i, o in enumerate(items)]
+            continue
+        if body.startswith("["):  # a malformed list: salvage its first call
+            body = body[1:].removesuffix("]").strip()
         name_match = re.search(r'"name"\s*:\s*"([^"\\]*)"', body)
         args_match = re.search(r'"arguments"\s*:\s*(.*)$', body, re.DOTALL)
         calls.append(
             ToolCall(
                 name=name_match.group(1) if name_match else "",
                 arguments=_salvage_arguments(args_match.group(1)) if args_match else body,
-                id=call_id,
+                id=f"call_{len(calls)}",
             )
         )
     return calls
+
+
+def _call(obj: dict[str, Any], call_id: str) -> ToolCall:
+    args = obj.get("arguments", {})
+    if isinstance(args, str):  # some models double-encode the arguments
+        try:
+            decoded = json.loads(args)
+            args = decoded if isinstance(decoded, dict) else args
+        except json.JSONDecodeError:
+            pass
+    if not isinstance(args, dict | str):
+        args = json.dumps(args)
+    return ToolCall(name=obj["name"], arguments=args, id=call_id)
 
 
 def assistant_message(text: str, calls: Sequence[ToolCall]) -> dict[str, Any]:

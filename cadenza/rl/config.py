@@ -48,6 +48,7 @@ class ModelConfig:
     experts_per_token: int = 2  # qwen3_moe: experts each token is routed to
     dtype: Literal["float32", "bfloat16"] = "float32"  # parameter dtype of the policy
     device: str = "cpu"  # e.g. "cuda" for real runs
+    trainable_layers: int = 0  # 0 = all train; N = only the last N decoder layers and the final norm
 
 
 @dataclass(kw_only=True)
@@ -66,6 +67,7 @@ class RolloutConfig:
     temperature: float = 1.0  # sampling temperature of the rollouts
     top_k: int = 0  # 0 = off; keep 0 for on-policy GRPO ratios
     max_turns: int = 8  # model turns (tool calls) per episode
+    response_prefix: str = ""  # prompt text every assistant turn starts with, e.g. a forced '<tool_call>'
     engine: Literal["hf", "vllm", "openai"] = (
         "hf"  # who samples: in-process HF, a vLLM server, any OpenAI API
     )
@@ -227,6 +229,7 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     need(m.hidden_size % m.num_heads == 0, "model.hidden_size must be divisible by model.num_heads")
     need(m.num_heads % m.num_kv_heads == 0, "model.num_heads must be divisible by model.num_kv_heads")
     need(m.experts_per_token <= m.num_experts, "model.experts_per_token must be <= model.num_experts")
+    need(m.trainable_layers >= 0, "model.trainable_layers must be >= 0 (0 = every layer trains)")
 
 
 def validate_engine(r: RolloutConfig) -> None:

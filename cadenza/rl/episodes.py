@@ -87,6 +87,7 @@ def collect_episodes(
         temperature=r.temperature,
         top_k=r.top_k,
         seed=step_seed(cfg, step) if seed is None else seed,
+        response_prefix=r.response_prefix,
     )
     results = rollout(
         engine,

@@ -51,6 +51,9 @@ class RolloutParams:
     temperature: float = 1.0
     top_k: int = 0
     seed: int = 0
+    # text every assistant turn starts with, as prompt tokens (a forced tool call, as tool_choice="required"
+    # does by prefilling); prepended to the sampled text before tool calls are parsed
+    response_prefix: str = ""
 
     def __post_init__(self) -> None:
         for name in ("group_size", "max_turns", "max_new_tokens", "max_context_tokens"):
@@ -85,7 +88,7 @@ def _encode(tokenizer: Any, text: str) -> list[int]:
     return list(tokenizer.encode(text, add_special_tokens=False)) if text else []
 
 
-def _start(tokenizer: Any, task: RolloutTask, group_id: str) -> _Episode:
+def _start(tokenizer: Any, task: RolloutTask, group_id: str, prefix: str = "") -> _Episode:
     env = task.make_env()
     messages = [dict(m) for m in env.reset()]
     tools = list(env.tools())
@@ -98,12 +101,12 @@ def _start(tokenizer: Any, task: RolloutTask, group_id: str) -> _Episode:
     ep = _Episode(
         task_id=task.task_id, group_id=group_id, env=env, tools=tools, messages=messages, builder=builder
     )
-    _add_generation_prompt(tokenizer, ep)
+    _add_generation_prompt(tokenizer, ep, prefix)
     return ep
 
 
-def _add_generation_prompt(tokenizer: Any, ep: _Episode) -> None:
-    text = render_continuation(tokenizer, ep.messages, [], ep.tools, add_generation_prompt=True)
+def _add_generation_prompt(tokenizer: Any, ep: _Episode, prefix: str = "") -> None:
+    text = render_continuation(tokenizer, ep.messages, [], ep.tools, add_generation_prompt=True) + prefix
     ep.builder.add("prompt", _encode(tokenizer, text), len(ep.messages))
 
 
@@ -130,7 +133,7 @@ def rollout(
         raise CadenzaError("no tasks to roll out")
     generator = torch.Generator().manual_seed(config.seed)
     episodes = [
-        _start(tokenizer, task, f"{group_offset + i}:{task.task_id}")
+        _start(tokenizer, task, f"{group_offset + i}:{task.task_id}", config.response_prefix)
         for i, task in enumerate(tasks)
         for _ in range(config.group_size)
     ]
@@ -205,6 +208,7 @@ def _advance(
         text = text[: -len(tokenizer.eos_token)]
     else:  # cut off by max_new_tokens: close the turn so the next segment renders as the template expects
         ep.builder.add("prompt", [int(tokenizer.eos_token_id)], msg_index)
+    text = config.response_prefix + text
     calls = parse_tool_calls(text)
     msg = assistant_message(text, calls)
     ep.messages.append(msg)
@@ -245,7 +249,7 @@ def _advance(
     if len(ep.turns) >= config.max_turns:
         ep.stop_reason = "max_turns"
         return False
-    _add_generation_prompt(tokenizer, ep)
+    _add_generation_prompt(tokenizer, ep, config.response_prefix)
     return True
 
 
