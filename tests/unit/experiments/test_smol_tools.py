@@ -26,7 +26,7 @@ from cadenza.experiments.toolworld import (
 from cadenza.rl.build import freeze_all_but_last
 from cadenza.rl.chat import parse_tool_calls
 from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
-from cadenza.rl.rollout import RolloutConfig, RolloutTask, rollout
+from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
 from tests.support.rl_helpers import ScriptedPolicy, make_tokenizer
 
 
@@ -80,7 +80,7 @@ def test_response_prefix_is_prompt_and_parsed_with_the_sampled_text():
         pol,
         tok,
         [RolloutTask(task_id="t", make_env=CounterEnv)],
-        RolloutConfig(group_size=1, max_turns=1, response_prefix=prefix),
+        RolloutParams(group_size=1, max_turns=1, response_prefix=prefix),
     )
     [turn] = r.trajectory.turns
     assert turn.tool == "ad" and turn.error_kind == "tool_not_found"
@@ -138,6 +138,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # resolves the offline SmolLM2 model, which `make test` installs (not `make test-fast`)
 def test_cli_bad_input_is_one_line_before_any_work(tmp_path):
     held = tmp_path / "held"
     check_settings(held, SmolConfig.quick())  # type: ignore[arg-type]
