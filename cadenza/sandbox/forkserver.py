@@ -133,7 +133,7 @@ def remove(path: str) -> None:
         os.unlink(path)
 
 
-class ExecServer:
+class InSandboxServer:
     """State of the exec server: its socket, the scratch roots it wipes, the mounts it must keep."""
 
     def __init__(self, sock: socket.socket, scratch: list[str]) -> None:
@@ -233,7 +233,7 @@ def exec_main(fd: int, scratch: list[str]) -> None:
     sock = socket.socket(fileno=fd)
     os.set_inheritable(sock.fileno(), False)
     os.chdir("/")
-    server = ExecServer(sock, scratch)
+    server = InSandboxServer(sock, scratch)
     server.clean()
     _send(sock, {"ready": os.getpid()})
     serve(sock, server.handle)

@@ -2,12 +2,12 @@
 
 from cadenza.testrun.channel import Checks
 from cadenza.testrun.report import OUTCOMES, TestReport
-from cadenza.testrun.run import Executor, HostExecutor, SandboxExecutor, env_plugins, run_tests
+from cadenza.testrun.run import CommandExecutor, HostExecutor, SandboxExecutor, env_plugins, run_tests
 
 __all__ = [
     "OUTCOMES",
     "Checks",
-    "Executor",
+    "CommandExecutor",
     "HostExecutor",
     "SandboxExecutor",
     "TestReport",

@@ -33,7 +33,7 @@ class Executed:
     output: str
 
 
-class Executor(Protocol):
+class CommandExecutor(Protocol):
     """Runs one command; ``channel`` must be writable by it (the sandbox binds it read-write)."""
 
     def execute(self, argv: list[str], *, env: dict[str, str], cwd: Path, timeout_s: float) -> Executed: ...
@@ -153,7 +153,7 @@ def run_tests(
     python: str | os.PathLike[str],
     workspace: Path,
     node_ids: list[str] | None,
-    executor: Executor,
+    executor: CommandExecutor,
     channel_dir: Path,
     plugins: list[str],
     extra_args: list[str] | None = None,
