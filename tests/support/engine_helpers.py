@@ -3,6 +3,8 @@ and the parity check run after every weight sync."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -62,3 +64,15 @@ def check_sync_parity(
         after = [torch.tensor(x) for x in engine.score(seqs)]
         err = max(float((a - n).abs().max()) for a, n in zip(after, new, strict=True))
         assert err <= TOL, f"step {step}: engine log-probs differ from the trainer's by {err:.2e}"
+
+
+def engine_processes(port: int) -> list[str]:
+    """vLLM processes serving ``port`` (other tests may run engines of their own meanwhile)."""
+    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, timeout=30).stdout
+    return [line for line in out.splitlines() if "vllm.entrypoints" in line and f"--port {port}" in line]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -87,3 +87,16 @@ print(len(names))
 def test_the_blocker_blocks() -> None:
     proc = run_torchless("import torch", timeout=60)
     assert proc.returncode != 0 and "blocked: cadenza[train] not installed" in proc.stderr
+
+
+def test_no_test_module_imports_another() -> None:
+    """Shared test code lives in ``tests/support`` (or a conftest): a test module that imports another
+    runs that module's tests' imports and fixtures twice and breaks when files move."""
+    tests = CADENZA.parent / "tests"
+    bad = [
+        f"{path.relative_to(tests.parent)}:{line} imports {mod}"
+        for path in tests.rglob("*.py")
+        for line, mod in _imports(path)
+        if mod.startswith("tests.") and not mod.startswith("tests.support")
+    ]
+    assert not bad, bad

@@ -4,29 +4,17 @@ to end, the engine synced after every update, the staleness schedule kept, no en
 from __future__ import annotations
 
 import dataclasses
-import socket
-import subprocess
 
 import pytest
 
 from cadenza.rl.policy import HFPolicy
 from cadenza.rl.trainer import Trainer
+from tests.support.engine_helpers import engine_processes as _engine_processes
+from tests.support.engine_helpers import free_port as _free_port
 from tests.support.engine_helpers import requires_vllm
 from tests.support.rl_fixtures import config
 
 pytestmark = [pytest.mark.slow, requires_vllm]
-
-
-def _engine_processes(port: int) -> list[str]:
-    """vLLM processes serving ``port`` (other tests may run engines of their own meanwhile)."""
-    out = subprocess.run(["ps", "-eo", "pid=,args="], capture_output=True, text=True, timeout=30).stdout
-    return [line for line in out.splitlines() if "vllm.entrypoints" in line and f"--port {port}" in line]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("k", [0, 1])

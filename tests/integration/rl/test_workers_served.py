@@ -33,9 +33,9 @@ def test_trainer_with_ray_actors_and_a_vllm_engine_trains_and_leaves_nothing(sft
     update, the actors sample from it; the run ends with no engine process. (Runs before the module's
     shared engine starts: one engine at a time.)"""
     from cadenza.rl.trainer import Trainer
-    from tests.integration.test_train_vllm import _engine_processes, _free_port
+    from tests.support.engine_helpers import engine_processes, free_port
 
-    port = _free_port()
+    port = free_port()
     cfg = config(sft_model_32, tmp_path / "run", steps=2, lambda_sd=1.0)
     cfg.rollout = dataclasses.replace(
         cfg.rollout, engine="vllm", executor="ray", workers=2, engine_timeout_s=300,
@@ -48,7 +48,7 @@ def test_trainer_with_ray_actors_and_a_vllm_engine_trains_and_leaves_nothing(sft
     assert [r["staleness_max"] for r in rows] == [0, 0]  # K = 0: step 2 sampled by version 1
     assert max(r["mismatch_kl"] for r in rows) < 1e-3  # engine and trainer hold the same weights
     assert (tmp_path / "run" / "engine.log").is_file()
-    assert _engine_processes(port) == []
+    assert engine_processes(port) == []
 
 
 @pytest.fixture(scope="module")
