@@ -3,12 +3,17 @@
 ``spawn(fn, world_size, *args)`` starts ``world_size`` processes, initialises a gloo process
 group in each, calls ``fn(rank, world_size, *args)`` and returns the per-rank results (anything
 picklable). A failure on any rank re-raises in the parent with that rank's traceback.
+
+The ranks meet through a ``FileStore`` in a private temporary directory, not a ``TCPStore``: torch's
+TCPStore server listens on every interface (``::``) whatever host it is given, and nothing here may
+listen beyond loopback. (gloo's own pair sockets bind to the resolved 127.0.0.1.)
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -23,10 +28,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, queue: Any) -> None:
+def _worker(rank: int, world_size: int, store: str, fn: Callable, args: tuple, queue: Any) -> None:
     os.environ.update(
         MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=str(port),
         RANK=str(rank),
         WORLD_SIZE=str(world_size),
         LOCAL_RANK=str(rank),
@@ -36,7 +40,7 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, qu
 
     torch.set_num_threads(1)
     try:
-        dist.init_process_group("gloo", rank=rank, world_size=world_size)
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world_size)
         result = fn(rank, world_size, *args)
         queue.put((rank, "ok", result))
     except BaseException:
@@ -61,9 +65,10 @@ def spawn(
     else:
         ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = free_port()
+    tmp = tempfile.TemporaryDirectory(prefix="cadenza-spawn-")
+    store = os.path.join(tmp.name, "store")
     procs = [
-        ctx.Process(target=_worker, args=(r, world_size, port, fn, args, queue), daemon=True)
+        ctx.Process(target=_worker, args=(r, world_size, store, fn, args, queue), daemon=True)
         for r in range(world_size)
     ]
     for p in procs:
@@ -83,6 +88,7 @@ def spawn(
             p.join(timeout=5 if errors else 60)
             if p.is_alive():
                 p.kill()
+        tmp.cleanup()
     if errors:
         raise RuntimeError("\n".join(errors))
     return [results[r] for r in range(world_size)]

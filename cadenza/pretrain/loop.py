@@ -9,7 +9,6 @@ instead of a hang.
 from __future__ import annotations
 
 import os
-import socket
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,11 +40,8 @@ def init_distributed() -> tuple[bool, str]:
     backend = "nccl" if cuda else "gloo"
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         dist.init_process_group(backend)
-    else:  # a single process: a private group, leaving the environment alone
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    else:  # a single process: a private in-memory group (a TCPStore would listen on every interface)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return True, device
 
 
