@@ -6,6 +6,9 @@ control for every seed until it reaches the target (or ``max_steps``): the large
 counts is the budget, unless ``budget_steps`` fixes it; (3) every other arm for that many steps.
 Jobs of a phase run in ``workers`` processes. ``settings.json`` pins the settings of an output
 directory: rerunning with the same settings resumes, with other settings it is refused up front.
+``arms`` is a selection, not a setting (no run's result depends on which other arms exist), so a later
+invocation may run or report other arms of the same pinned run; the seeds are pinned (the budget is the
+control's maximum over them).
 """
 
 from __future__ import annotations
@@ -63,6 +66,9 @@ def check_workers(workers: int) -> int:
     return workers
 
 
+SELECTION_KEYS = ("arms",)  # chosen per invocation; every other field is pinned by settings.json
+
+
 def check_settings(out: Path, exp: ExperimentConfig) -> None:
     """Pin ``out`` to these settings, or refuse if it already holds a run with other settings."""
     if out.exists() and not out.is_dir():
@@ -71,7 +77,8 @@ def check_settings(out: Path, exp: ExperimentConfig) -> None:
     new = dataclasses.asdict(exp)
     if path.exists():
         old = json.loads(path.read_text())
-        diffs = sorted(k for k in set(old) | set(new) if old.get(k) != new.get(k))
+        keys = (set(old) | set(new)) - set(SELECTION_KEYS)
+        diffs = sorted(k for k in keys if old.get(k) != new.get(k))
         if diffs:
             shown = "; ".join(f"{k}: {old.get(k)!r} there, {new.get(k)!r} now" for k in diffs[:3])
             raise CadenzaError(

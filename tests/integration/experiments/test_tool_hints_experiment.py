@@ -72,6 +72,10 @@ def test_cli_bad_input_is_one_line_before_any_work(tmp_path):
     err = proc.stderr.strip()
     assert proc.returncode == 2 and len(err.splitlines()) == 1 and "other settings" in err and "seeds" in err
     assert sorted(p.name for p in held.iterdir()) == ["settings.json"]  # nothing written
+    quick = ExperimentConfig.quick()
+    check_settings(held, dataclasses.replace(quick, arms=["grpo", "placebo"]))  # arms: a selection
+    with pytest.raises(CadenzaError, match="other settings"):
+        check_settings(held, dataclasses.replace(quick, arms=["grpo"], seeds=[0, 1]))
 
 
 def _tiny() -> ExperimentConfig:
