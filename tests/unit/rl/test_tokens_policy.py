@@ -136,7 +136,8 @@ def test_sampled_logprobs_are_those_of_the_sampling_distribution():
         assert s.logprobs[i] == pytest.approx(ref.item(), abs=1e-5)
 
 
-def test_rl_losses_combines_grpo_and_sd():
+def _misnamed_then_submit(group_size: int):
+    """A scripted episode (a misnamed tool call, then submit) per group member, and a fresh tiny policy."""
     tok = make_tokenizer()
     turns = [
         '<tool_call>\n{"name": "ad", "arguments": {}}\n</tool_call>',
@@ -146,10 +147,14 @@ def test_rl_losses_combines_grpo_and_sd():
         ScriptedPolicy(tok, turns),
         tok,
         [RolloutTask(task_id="a", make_env=CounterEnv)],
-        RolloutParams(group_size=2),
+        RolloutParams(group_size=group_size),
     )
     pol = HFPolicy.from_config(tiny_qwen3_config(len(tok), initializer_range=0.2), seed=0)
-    trajs = [r.tokens for r in out]
+    return tok, pol, [r.tokens for r in out]
+
+
+def test_rl_losses_combines_grpo_and_sd():
+    tok, pol, trajs = _misnamed_then_submit(2)
     trajs[0].reward = 1.0
     batch = collate(trajs, tok.pad_token_id)
     adv = group_advantages(batch.rewards, batch.group_ids)
@@ -169,19 +174,7 @@ def test_rl_losses_combines_grpo_and_sd():
 
 
 def test_sd_loss_decreases_under_training_and_token_clip_caps_it():
-    tok = make_tokenizer()
-    turns = [
-        '<tool_call>\n{"name": "ad", "arguments": {}}\n</tool_call>',
-        '<tool_call>\n{"name": "submit", "arguments": {}}\n</tool_call>',
-    ]
-    out = rollout(
-        ScriptedPolicy(tok, turns),
-        tok,
-        [RolloutTask(task_id="a", make_env=CounterEnv)],
-        RolloutParams(group_size=1),
-    )
-    pol = HFPolicy.from_config(tiny_qwen3_config(len(tok), initializer_range=0.2), seed=0)
-    trajs = [r.tokens for r in out]
+    tok, pol, trajs = _misnamed_then_submit(1)
     batch = collate(trajs, tok.pad_token_id)
     items = build_hinted_turns(
         trajs, [[Hint(turn=0, text="Tools: add, submit.", kind="tool_not_found")]], tok
