@@ -60,8 +60,11 @@ def register(app: typer.Typer) -> None:
 
         from cadenza.rl.trainer import Trainer
 
-        trainer = Trainer(cfg, resume=resume)
-        rows = trainer.train()
+        trainer = Trainer(cfg, resume=resume)  # under torchrun: this rank of the data-parallel group
+        try:
+            rows = trainer.train()
+        finally:
+            trainer.dp.leave()
         if rows:
             last = rows[-1]
             typer.echo(

@@ -8,7 +8,6 @@ instead of a hang.
 
 from __future__ import annotations
 
-import os
 import time
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,51 +16,17 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from cadenza.errors import CadenzaError, ConfigError
+from cadenza.errors import ConfigError
 from cadenza.metrics import MetricsLogger
 from cadenza.optim.build import build_optimizer
 from cadenza.optim.clip import clip_grad_norm_
 from cadenza.parallel import ParallelOptions, parallelize
+from cadenza.parallel.launch import init_distributed, share_from_rank0
 from cadenza.parallel.parallelize import check_model
 from cadenza.pretrain import checkpoint
 from cadenza.pretrain.config import PretrainConfig
 from cadenza.pretrain.data import PackedDataset, load_tokens
 from cadenza.pretrain.schedule import schedule_of
-
-
-def init_distributed() -> tuple[bool, str]:
-    """Join the torchrun group, or make a one-process group; returns (created here, device)."""
-    cuda = torch.cuda.is_available()
-    device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu"
-    if cuda:
-        torch.cuda.set_device(device)
-    if dist.is_initialized():
-        return False, device
-    backend = "nccl" if cuda else "gloo"
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        dist.init_process_group(backend)
-    else:  # a single process: a private in-memory group (a TCPStore would listen on every interface)
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
-    return True, device
-
-
-def _on_rank0_then_share(fn):
-    """Run ``fn`` on rank 0; if it fails, every rank fails with it, so none is left waiting."""
-    error: list = [None]
-    result = failure = None
-    if dist.get_rank() == 0:
-        try:
-            result = fn()
-        except Exception as exc:
-            failure = exc
-            error[0] = (isinstance(exc, CadenzaError), str(exc))
-    dist.broadcast_object_list(error, src=0)
-    if error[0] is not None:
-        user_error, message = error[0]
-        if failure is not None and not user_error:
-            raise failure
-        raise ConfigError(message) if user_error else RuntimeError(f"rank 0 failed: {message}")
-    return result
 
 
 def _load_model(cfg: PretrainConfig):
@@ -154,8 +119,9 @@ def _run(cfg: PretrainConfig, device: str) -> dict:
     if found:
         checkpoint.check_compatible(found[1], fp, found[0])
     out_dir = Path(cfg.output.dir)
-    tokens_path = _on_rank0_then_share(
-        lambda: load_tokens(cfg.data.files, cfg.data.text_field, tokenizer, out_dir / "cache", write=True)
+    tokens_path = share_from_rank0(
+        lambda: load_tokens(cfg.data.files, cfg.data.text_field, tokenizer, out_dir / "cache", write=True),
+        result_to_all=False,
     )
     if rank != 0:
         tokens_path = load_tokens(

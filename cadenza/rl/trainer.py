@@ -38,12 +38,13 @@ from cadenza.rl import checkpoint as ckpt
 from cadenza.rl.build import build_optimizer, build_policy, check_same_run, sd_config, step_config
 from cadenza.rl.config import TrainConfig, validate
 from cadenza.rl.curriculum import PoolExhausted
+from cadenza.rl.data_parallel import DataParallel
 from cadenza.rl.engines.weights import named_full_tensors
 from cadenza.rl.envs import load_source
 from cadenza.rl.episodes import TrainEpisode, collect_episodes, record_pool, sample_step_tasks, signal_rows
 from cadenza.rl.local_engine import build_engine
 from cadenza.rl.pipeline import RolloutPipeline, WatchedEngine
-from cadenza.rl.probe import HintFollowingEroded, schedule_for_run
+from cadenza.rl.probe import HintFollowingEroded, ProbeSchedule, schedule_for_run
 from cadenza.rl.teacher import Teacher
 from cadenza.rl.update import Learner, UpdateResult
 from cadenza.rl.workers import RayWorkers, Unit
@@ -52,17 +53,21 @@ __all__ = ["TrainEpisode", "Trainer", "build_optimizer", "build_policy"]
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, *, resume: bool = True):
+    """One rank of the trainer (under torchrun, rank 0 also collects rollouts: :mod:`.data_parallel`)."""
+
+    def __init__(self, cfg: TrainConfig, *, resume: bool = True, dp: DataParallel | None = None):
         validate(cfg)
         self.cfg = cfg
+        self.dp = dp or DataParallel.join()
         self.out = Path(cfg.run.out_dir)
         latest = ckpt.latest_checkpoint(self.out) if resume else None
         if latest is not None:
             check_same_run(self.out / "config.json", cfg)
-        self.source = load_source(cfg.env.name, cfg.env.options)
+        # the task source, its pool and every rollout belong to rank 0 alone
+        self.source = load_source(cfg.env.name, cfg.env.options) if self.dp.main else None
         if hasattr(
             self.source, "run_id"
-        ):  # pool records of this run stay apart from other runs' (same on resume)
+        ):  # pool records of this run stay apart from other runs' (and resume)
             self.source.run_id = hashlib.sha1(str(self.out.resolve()).encode()).hexdigest()[:12]
         if cfg.run.threads:
             torch.set_num_threads(cfg.run.threads)
@@ -76,7 +81,7 @@ class Trainer:
         self.ref_model = self._frozen_copy() if cfg.loss.kl_ref > 0 else None
         self.learner = Learner(cfg=cfg, policy=self.policy, tokenizer=self.tokenizer,
                                optimizer=self.optimizer, teacher=self.teacher, step_config=self.step_config,
-                               ref_model=self.ref_model)  # fmt: skip
+                               ref_model=self.ref_model, dp=self.dp)  # fmt: skip
         self.step = 0
         self.episodes = 0
         self.dropped_stale = 0
@@ -92,9 +97,14 @@ class Trainer:
             self.episodes = int(state.get("episodes", 0))
             self.dropped_stale = int(state.get("dropped_stale", 0))
             self._restored = dict(state.get("pending", {}))
-        atomic_write_json(self.out / "config.json", cfg.to_dict())
-        self.logger = MetricsLogger(self.out, resume_step=self.step, tensorboard=cfg.run.tensorboard)
-        self.probe = schedule_for_run(cfg, self.source, self.tokenizer, read_metrics(self.logger.path))
+        self.dp.check_replicas(self.model)
+        self.logger: MetricsLogger | None = None
+        self.probe = ProbeSchedule(None, every=0)
+        if self.dp.main:
+            atomic_write_json(self.out / "config.json", cfg.to_dict())
+            self.logger = MetricsLogger(self.out, resume_step=self.step, tensorboard=cfg.run.tensorboard)
+            self.probe = schedule_for_run(cfg, self.source, self.tokenizer, read_metrics(self.logger.path))
+        self._collected: list[TrainEpisode] = []  # rank 0: the step's rollouts, stale ones included
 
     def _frozen_copy(self) -> torch.nn.Module:
         """A gradient-free copy of the current weights (the KL reference)."""
@@ -208,12 +218,14 @@ class Trainer:
     def train(self) -> list[dict[str, Any]]:
         """Run until ``run.steps``; return all metric rows of this run directory."""
         cfg = self.cfg
-        progress = _progress_bar(cfg.run.steps, self.step) if cfg.run.progress else None
+        progress = _progress_bar(cfg.run.steps, self.step) if cfg.run.progress and self.dp.main else None
         try:
             while self.step < cfg.run.steps:
                 self.step += 1
                 # hint-following diagnostic on the weights entering this step ({} unless due)
-                probe_row = self.probe.measure(self.step - 1, self.model, self.teacher.model)
+                probe_row = self.dp.share(
+                    lambda: self.probe.measure(self.step - 1, self.model, self.teacher.model)
+                )
                 try:
                     row = {**self.train_step(self.step), **probe_row}
                 except PoolExhausted as exc:
@@ -224,12 +236,13 @@ class Trainer:
                 except BaseException:
                     self.step -= 1
                     raise
-                self.logger.log(self.step, row)
+                if self.logger is not None:
+                    self.logger.log(self.step, row)
                 every = cfg.run.checkpoint_every
                 if (every and self.step % every == 0) or self.step == cfg.run.steps:
                     self.save()
                 try:
-                    self.probe.check(probe_row)
+                    self.dp.share(lambda row=probe_row: self.probe.check(row))
                 except HintFollowingEroded:
                     self.save()
                     raise
@@ -244,8 +257,9 @@ class Trainer:
             if progress is not None:
                 progress[0].stop()
             self.close()
-            self.logger.close()
-        return read_metrics(self.logger.path)
+            if self.logger is not None:
+                self.logger.close()
+        return read_metrics(self.logger.path) if self.logger is not None else []
 
     def _extra_modules(self) -> dict[str, torch.nn.Module]:
         """Weights besides the policy that an exact resume needs: an EMA or frozen teacher, the KL
@@ -256,6 +270,10 @@ class Trainer:
         return modules
 
     def save(self) -> Path:
+        """Checkpoint (written by rank 0; every rank returns when it is published)."""
+        return self.dp.share(self._save)
+
+    def _save(self) -> Path:
         ahead = self.step + self.cfg.rollout.max_staleness
         pending = self.pipeline.ready() if self.pipeline is not None else {}
         state = {
@@ -276,17 +294,12 @@ class Trainer:
     def train_step(self, step: int) -> dict[str, Any]:
         """Rollouts -> drop the stale -> update -> sync the engine -> record the pool -> queue ahead."""
         t0 = time.perf_counter()
-        collected, generate_s = self._rollouts(step)
+        episodes, stale_row, generate_s = self.dp.share(lambda: self._take(step))
         wait_s = time.perf_counter() - t0
-        episodes, stale_row = self._fresh(step, collected)
-        if not episodes and not any(e.rollout.tokens.turn_spans for e in collected):
-            raise CadenzaError("no rollout produced a model turn; check rollout.max_new_tokens and the env")
         upd = self.learner.update(episodes, step=step) if episodes else UpdateResult()
         measure = self.cfg.run.measure_kl and not upd.skipped
         kl = self.learner.update_kl([e.rollout.tokens for e in episodes], upd.hinted) if measure else 0.0
-        sync_s = self._sync_engine(step)
-        pool_row = self._record_pool(step, collected)
-        self._queue(step + self.cfg.rollout.max_staleness + 1)
+        sync_s, pool_row = self.dp.share(lambda: self._publish(step))
         self.episodes += len(episodes)
         row = {"episodes": self.episodes, **_metrics_row(episodes, upd, kl, pool_row), **stale_row}
         elapsed = time.perf_counter() - t0
@@ -294,6 +307,22 @@ class Trainer:
         row.update(tokens_per_s=tokens / max(elapsed, 1e-9), rollout_s=wait_s, generate_s=generate_s,
                    sync_s=sync_s, step_s=elapsed)  # fmt: skip
         return row
+
+    def _take(self, step: int) -> tuple[list[TrainEpisode], dict[str, Any], float]:
+        """Rank 0: the step's rollouts with the stale dropped, the staleness metrics, generation seconds."""
+        collected, generate_s = self._rollouts(step)
+        episodes, stale_row = self._fresh(step, collected)
+        if not episodes and not any(e.rollout.tokens.turn_spans for e in collected):
+            raise CadenzaError("no rollout produced a model turn; check rollout.max_new_tokens and the env")
+        self._collected = collected
+        return episodes, stale_row, generate_s
+
+    def _publish(self, step: int) -> tuple[float, dict[str, Any]]:
+        """Rank 0, after the update: sync the engine, record the pool, queue the rollouts ahead."""
+        sync_s = self._sync_engine(step)
+        pool_row = self._record_pool(step, self._collected)
+        self._queue(step + self.cfg.rollout.max_staleness + 1)
+        return sync_s, pool_row
 
     def _signal_rows(self, tokens: list[Any]) -> tuple[set[int], int]:
         return signal_rows(tokens, self.cfg.loss.drop_zero_variance)

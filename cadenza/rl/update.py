@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from cadenza.optim.clip import clip_grad_norm_
+from cadenza.rl.data_parallel import DataParallel
 from cadenza.rl.episodes import TrainEpisode, signal_rows
 from cadenza.rl.logprobs import sequence_logprobs
 from cadenza.rl.losses import group_advantages
@@ -48,6 +49,8 @@ class Learner:
     teacher: Teacher
     step_config: StepLossConfig
     ref_model: torch.nn.Module | None = None
+    dp: DataParallel = field(default_factory=DataParallel)
+    """The data-parallel group: this rank computes microbatches ``dp.mine(n)``; gradients are summed."""
 
     def update(self, episodes: list[TrainEpisode], step: int | None = None) -> UpdateResult:
         cfg, lc = self.cfg, self.cfg.loss
@@ -80,7 +83,8 @@ class Learner:
         model.train()
         self.optimizer.zero_grad(set_to_none=True)
         ent_sum = ent_n = 0.0
-        for idx, chunk in zip(chunks, items, strict=True):
+        for k in self.dp.mine(len(chunks)):
+            idx, chunk = chunks[k], items[k]
             batch = collate([tokens[i] for i in idx], self.tokenizer.pad_token_id, device=self.policy.device)
             ref_lp = self.ref_logprobs(batch) if self.ref_model is not None else None
             res = rl_losses(
@@ -106,6 +110,12 @@ class Learner:
             w_all = res.num_model_tokens / n_all if n_all else 0.0
             out.mismatch_kl += res.mismatch_kl * w_all
             out.is_truncated += res.is_truncated * w_all
+        self.dp.sum_grads(model.parameters())
+        # the ranks' partial metric sums, summed (a single process keeps its own values untouched)
+        summed = ("grpo_loss", "sd_loss", "clip_fraction", "mismatch_kl", "is_truncated")
+        *totals, ent_sum, ent_n = self.dp.sum_floats([*(getattr(out, n) for n in summed), ent_sum, ent_n])
+        for name, value in zip(summed, totals, strict=True):
+            setattr(out, name, value)
         out.entropy_unhinted = ent_sum / ent_n if ent_n else float("nan")
         out.grad_norm = float(clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf")))
         out.skipped = out.grad_norm == 0.0
@@ -137,8 +147,9 @@ class Learner:
         it."""
         total = count = 0.0
         mb = self.cfg.optim.microbatch
-        for lo in range(0, len(tokens), mb):
-            idx = list(range(lo, min(lo + mb, len(tokens))))
+        starts = list(range(0, len(tokens), mb))
+        for k in self.dp.mine(len(starts)):
+            idx = list(range(starts[k], min(starts[k] + mb, len(tokens))))
             batch = collate([tokens[i] for i in idx], self.tokenizer.pad_token_id, device=self.policy.device)
             hidden, _ = self.policy.hidden_states(batch.input_ids, batch.attention_mask)
             lp, _ = sequence_logprobs(
@@ -157,4 +168,5 @@ class Learner:
             log_ratio = lp - batch.behaviour_logprobs
             total += float(((torch.exp(log_ratio) - log_ratio - 1) * mask).sum())
             count += float(mask.sum())
+        total, count = self.dp.sum_floats([total, count])
         return total / count if count else float("nan")

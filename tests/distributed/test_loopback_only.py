@@ -31,7 +31,7 @@ def test_spawned_ranks_listen_on_loopback_only():
 
 
 def test_a_single_process_pretrain_group_listens_on_loopback_only():
-    from cadenza.pretrain.loop import init_distributed
+    from cadenza.parallel.launch import init_distributed
 
     made, _ = init_distributed()
     try:
