@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
 
 
@@ -74,6 +75,21 @@ def plan(costs: UnitCosts, demand: Demand) -> dict[str, float]:
 def predict_tasks_per_min(costs: UnitCosts, workers: int) -> float:
     """Task-building throughput of ``workers`` single-core workers (no other bottleneck)."""
     return workers * 60 / costs.build_core_s_per_task
+
+
+def predict_build_seconds(sources: Sequence[tuple[float, float]], workers: int) -> float:
+    """Wall seconds to build ``sources``, each ``(prepare_s, candidates_s)`` as measured on one worker,
+    with ``workers`` workers scheduled as the factory does: sources first (a worker each), spare
+    workers to the candidates of a source. A source's own work (fetch, base env, baseline + coverage)
+    runs once on one worker; only the validation of its candidates splits (Amdahl's law). Many more
+    sources than workers make the per-task rate of :func:`predict_tasks_per_min` the steady state."""
+    if workers < 1 or not sources:
+        raise ValueError(f"need >= 1 worker and >= 1 source, got {workers} and {len(sources)}")
+    whole = [prepare + candidates for prepare, candidates in sources]
+    if workers <= len(sources):  # every worker on whole sources: at best evenly balanced
+        return max(max(whole), sum(whole) / workers)
+    per_source = workers // len(sources)
+    return max(prepare + candidates / per_source for prepare, candidates in sources)
 
 
 def predict_episodes_per_min(costs: UnitCosts, workers: int, engine_s_per_episode: float) -> float:

@@ -206,6 +206,7 @@ def build_source(spec: str, cfg: BuildConfig, build_id: int | None = None, worke
         shutil.rmtree(work, ignore_errors=True)
     rep.candidates, rep.validated, rep.skipped = stats.tried, stats.validated, stats.skipped
     rep.suite_runs = round(stats.full_suite_runs, 2)
+    rep.prepare_seconds = round(stats.prepare_seconds, 2)
     rep.seconds = round(time.monotonic() - t0, 2)
     emit(("source", spec, asdict(rep)))
     return rep

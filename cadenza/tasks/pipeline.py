@@ -71,6 +71,7 @@ class BuildStats:
     counter: RunCounter = field(default_factory=RunCounter)
     seconds: float = 0.0
     env_seconds: float = 0.0
+    prepare_seconds: float = 0.0  # prepare_source: fetch, base env, baseline + coverage map
 
     @property
     def full_suite_runs(self) -> float:
@@ -91,6 +92,7 @@ class BuildStats:
             "full_suite_runs": round(self.full_suite_runs, 3),
             "seconds": round(self.seconds, 2),
             "env_seconds": round(self.env_seconds, 2),
+            "prepare_seconds": round(self.prepare_seconds, 2),
         }
 
 
@@ -158,6 +160,7 @@ def prepare_source(
     cfg = config
     work_dir = Path(work_dir)
     work_dir.mkdir(parents=True, exist_ok=True)
+    t_prepare = time.monotonic()
     source = fetch_source(spec, work_dir / "source")
     t_env = time.monotonic()
     base = ensure_base_env(source, cfg.env_cache_dir)
@@ -196,6 +199,7 @@ def prepare_source(
     )
     ordered = order_candidates(fmap, baseline, levels, seed, frozenset(source.packages))
     stats.candidates = len(ordered)
+    stats.prepare_seconds = time.monotonic() - t_prepare
     skip_keys = {candidate_key(q, lv) for q, lv in skip}
     kept = [(lv, c) for lv, c in ordered if candidate_key(c.qualname, lv) not in skip_keys]
     stats.skipped = len(ordered) - len(kept)

@@ -49,6 +49,7 @@ class SourceReport:
     skipped: int = 0
     suite_runs: float = 0.0
     seconds: float = 0.0
+    prepare_seconds: float = 0.0  # fetch, base env, baseline + coverage: the part no extra worker speeds up
 
 
 class TaskStore:

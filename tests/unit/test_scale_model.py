@@ -9,7 +9,14 @@ import sys
 
 import pytest
 
-from cadenza.scale import Demand, UnitCosts, plan, predict_episodes_per_min, predict_tasks_per_min
+from cadenza.scale import (
+    Demand,
+    UnitCosts,
+    plan,
+    predict_build_seconds,
+    predict_episodes_per_min,
+    predict_tasks_per_min,
+)
 
 
 def test_engine_bound_run_needs_cores_in_proportion_to_engine_gpus():
@@ -38,6 +45,19 @@ def test_worker_predictions_are_linear_until_the_engine_saturates():
     assert predict_tasks_per_min(costs, 2) == pytest.approx(2 * predict_tasks_per_min(costs, 1))
     slow_engine = 10.0  # seconds of engine time per episode: 6 episodes/min at most
     assert predict_episodes_per_min(costs, 1000, slow_engine) == pytest.approx(6.0)
+
+
+def test_a_source_s_own_work_does_not_split_over_workers():
+    one = [(10.0, 20.0)]  # 10 s fetch/env/baseline, then 20 s of candidates on one worker
+    assert predict_build_seconds(one, 1) == pytest.approx(30.0)
+    assert predict_build_seconds(one, 2) == pytest.approx(20.0)  # not 15: the 10 s stay serial
+    assert predict_build_seconds(one, 1000) > 10.0
+    two = [(10.0, 20.0), (2.0, 4.0)]
+    assert predict_build_seconds(two, 1) == pytest.approx(36.0)
+    assert predict_build_seconds(two, 2) == pytest.approx(30.0)  # the big source alone sets the pace
+    assert predict_build_seconds(two, 4) == pytest.approx(20.0)
+    with pytest.raises(ValueError, match="worker"):
+        predict_build_seconds(one, 0)
 
 
 def test_bad_input_and_cli():

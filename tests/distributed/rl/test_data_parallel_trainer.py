@@ -29,8 +29,9 @@ STEPS = 2
 COMPARED = ("grpo_loss", "sd_loss", "grad_norm", "reward", "clip_fraction")
 
 
-def _config(model: Path, out: Path) -> TrainConfig:
-    cfg = config(model, out, steps=STEPS, lambda_sd=1.0)
+def _config(model: Path, out: Path, steps: int = STEPS, max_staleness: int = 0) -> TrainConfig:
+    cfg = config(model, out, steps=steps, lambda_sd=1.0)
+    cfg.rollout.max_staleness = max_staleness
     cfg.rollout.group_size, cfg.rollout.tasks_per_step = 4, 2
     cfg.optim.microbatch = 3  # 8 episodes: microbatches of 3, 3, 2, split unevenly over two ranks
     cfg.run.checkpoint_every = 0
@@ -92,10 +93,12 @@ def _write_toml(path: Path, cfg: TrainConfig) -> Path:
 def test_cli_on_two_ranks_with_ray_rollouts_matches_one_process(sft_model, tmp_path):
     # Ray actors draw each task's episodes from that task's own generator (the in-process path samples
     # the step as one batch), so the reference is one process driving the same single actor
-    ref_cfg = _config(sft_model, tmp_path / "single")
+    # K=1: rank 0's rollout thread runs a step ahead; step 3 is sampled by the weights of step 1,
+    # synced from rank 0 into the actor
+    ref_cfg = _config(sft_model, tmp_path / "single", steps=3, max_staleness=1)
     ref_cfg.rollout.executor, ref_cfg.rollout.workers = "ray", 1
     ref_weights, ref_rows = _train(ref_cfg)
-    cfg = _config(sft_model, tmp_path / "run")
+    cfg = _config(sft_model, tmp_path / "run", steps=3, max_staleness=1)
     toml = _write_toml(tmp_path / "train.toml", cfg)
     env = {
         **os.environ,
@@ -123,11 +126,12 @@ def test_cli_on_two_ranks_with_ray_rollouts_matches_one_process(sft_model, tmp_p
             p.kill()
     for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
         assert p.returncode == 0, f"rank {r} failed:\n{out[-3000:]}"
-    assert "done: step 2" in outs[0] and "done:" not in outs[1], "rank 0 alone reports"
+    assert "done: step 3" in outs[0] and "done:" not in outs[1], "rank 0 alone reports"
     rows = read_metrics(tmp_path / "run" / "metrics.jsonl")
-    assert [r["step"] for r in rows] == [1, 2], "one metrics row per step, written once"
+    assert [r["step"] for r in rows] == [1, 2, 3], "one metrics row per step, written once"
+    assert [r["policy_version"] for r in rows] == [0, 1, 2] and rows[-1]["staleness_max"] == 1
     for got, want in zip(rows, ref_rows, strict=True):
-        assert got["sd_tokens"] == want["sd_tokens"]
+        assert got["sd_tokens"] == want["sd_tokens"] and not got["skipped_update"]
         assert got["grpo_loss"] == pytest.approx(want["grpo_loss"], rel=1e-5, abs=1e-7)
     ckpt = latest_checkpoint(tmp_path / "run")
     assert ckpt is not None
