@@ -14,6 +14,12 @@ class ConfigError(CadenzaError):
     """A config file or option is wrong (unknown key, wrong type, impossible value)."""
 
 
+def need(ok: bool, message: str) -> None:
+    """Raise :class:`ConfigError` with ``message`` unless ``ok``: a config check reads as one line."""
+    if not ok:
+        raise ConfigError(message)
+
+
 class SourceError(CadenzaError):
     """A task source cannot be used (missing path, no tests, install failure, not Python)."""
 

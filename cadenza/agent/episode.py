@@ -182,14 +182,8 @@ class Episode:
                 extra=dict(result.edit) if result.edit else {},
             )
         )
-        observation = result.observation
-        self._tokens += tokens if tokens is not None else len(token_ids or [])
-        reason = "submit" if result.done else self._budget_exhausted()
-        if reason is not None and reason != "submit":
-            observation += f"\n[episode ended: {reason.replace('_', ' ')} reached]"
+        observation, reason = self._end_turn(result.observation, tokens, token_ids, submitted=result.done)
         traj.messages.append({"role": "tool", "tool_call_id": call_id, "content": observation})
-        if reason is not None:
-            self.done, self.end_reason = True, reason
         return StepResult(
             observation=observation,
             done=self.done,
@@ -220,14 +214,8 @@ class Episode:
                 logprobs=logprobs,
             )
         )
-        self._tokens += tokens if tokens is not None else len(token_ids or [])
-        reason = self._budget_exhausted()
-        observation = NO_TOOL_CALL + (
-            f"\n[episode ended: {reason.replace('_', ' ')} reached]" if reason else ""
-        )
+        observation, reason = self._end_turn(NO_TOOL_CALL, tokens, token_ids)
         traj.messages.append({"role": "user", "content": observation})
-        if reason is not None:
-            self.done, self.end_reason = True, reason
         return StepResult(
             observation=observation, done=self.done, error_kind="no_tool_call", info={"end_reason": reason}
         )
@@ -279,6 +267,19 @@ class Episode:
         if self.trajectory is None or self._toolbox is None:
             raise CadenzaError("call reset() before step()/finish()")
         return self.trajectory, self._toolbox
+
+    def _end_turn(
+        self, observation: str, tokens: int | None, token_ids: list[int] | None, *, submitted: bool = False
+    ) -> tuple[str, str | None]:
+        """Count the turn's tokens and end the episode on a submit or a spent budget: the observation (a
+        spent budget noted in it) and the end reason (None: the episode goes on)."""
+        self._tokens += tokens if tokens is not None else len(token_ids or [])
+        reason = "submit" if submitted else self._budget_exhausted()
+        if reason is not None:
+            self.done, self.end_reason = True, reason
+            if reason != "submit":
+                observation += f"\n[episode ended: {reason.replace('_', ' ')} reached]"
+        return observation, reason
 
     def _budget_exhausted(self) -> str | None:
         assert self.trajectory is not None

@@ -14,23 +14,17 @@ import re
 from cadenza.monitor.context import Context, _parts, _rel
 from cadenza.monitor.events import Event
 from cadenza.monitor.shell import DYNAMIC
+from cadenza.testrun.channel import plugin_report_hooks
 
 #: Module prefixes of the test runner's internals (``pytest`` itself is public API and allowed).
 RUNNER_MODULES = ("_pytest", "pluggy", "cadenza", "_cadenza_testrun_plugin")
-#: Hooks through which a plugin decides or rewrites outcomes; defining one in package source is a tell.
-REPORT_HOOKS = frozenset(
-    {
-        "pytest_runtest_makereport",
-        "pytest_runtest_logreport",
-        "pytest_report_teststatus",
-        "pytest_runtest_protocol",
-        "pytest_runtest_call",
-        "pytest_pyfunc_call",
-        "pytest_collection_modifyitems",
-        "pytest_terminal_summary",
-        "pytest_sessionfinish",
-    }
-)
+#: Hooks through which a plugin decides or rewrites outcomes (the test runner's, plus those that reorder,
+#: drop or summarise tests); defining one in package source is a tell.
+REPORT_HOOKS = plugin_report_hooks() | {
+    "pytest_collection_modifyitems",
+    "pytest_terminal_summary",
+    "pytest_sessionfinish",
+}
 _RUNNER_WORDS = re.compile(r"CADENZA_TESTRUN|_cadenza_testrun|\bpluginmanager\b|\bTestReport\b|\bCallInfo\b")
 _INTERPRETER_DIRS = re.compile(r"/(site|dist)-packages(/|$)|^/usr/(local/)?lib/python\d|/lib/python\d[\d.]*/")
 

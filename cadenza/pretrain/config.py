@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cadenza.config_io import from_dict, read_toml
-from cadenza.errors import ConfigError
+from cadenza.errors import need
 from cadenza.optim.build import OPTIMIZERS, MuonConfig
 from cadenza.parallel.dims import ParallelDims
 
@@ -117,35 +117,38 @@ def _resolve(base: Path, p: str) -> Path:
 def validate(cfg: PretrainConfig) -> None:
     """Checks that need no model and no process group."""
     t, d = cfg.train, cfg.data
-    if t.steps < 1:
-        raise ConfigError(f"train.steps must be >= 1, got {t.steps}")
-    if t.global_batch < 1:
-        raise ConfigError(f"train.global_batch must be >= 1, got {t.global_batch}")
-    if t.micro_batch < 0:
-        raise ConfigError(f"train.micro_batch must be >= 0 (0 = no accumulation), got {t.micro_batch}")
-    if t.lr <= 0:
-        raise ConfigError(f"train.lr must be > 0, got {t.lr}")
-    if t.schedule not in ("cosine", "wsd", "constant"):
-        raise ConfigError(f"train.schedule must be cosine, wsd or constant, got {t.schedule!r}")
-    if not 0 <= t.min_lr_ratio <= 1 or not 0 < t.decay_fraction <= 1:
-        raise ConfigError("train.min_lr_ratio must be in [0, 1] and train.decay_fraction in (0, 1]")
-    if t.warmup_steps < 0 or t.warmup_steps >= t.steps:
-        raise ConfigError(f"train.warmup_steps must be in [0, steps), got {t.warmup_steps}")
-    if t.optimizer not in OPTIMIZERS:
-        raise ConfigError(f"unknown train.optimizer {t.optimizer!r}; choose one of {list(OPTIMIZERS)}")
+    need(t.steps >= 1, f"train.steps must be >= 1, got {t.steps}")
+    need(t.global_batch >= 1, f"train.global_batch must be >= 1, got {t.global_batch}")
+    need(t.micro_batch >= 0, f"train.micro_batch must be >= 0 (0 = no accumulation), got {t.micro_batch}")
+    need(t.lr > 0, f"train.lr must be > 0, got {t.lr}")
+    need(
+        t.schedule in ("cosine", "wsd", "constant"),
+        f"train.schedule must be cosine, wsd or constant, got {t.schedule!r}",
+    )
+    need(
+        0 <= t.min_lr_ratio <= 1 and 0 < t.decay_fraction <= 1,
+        "train.min_lr_ratio must be in [0, 1] and train.decay_fraction in (0, 1]",
+    )
+    need(0 <= t.warmup_steps < t.steps, f"train.warmup_steps must be in [0, steps), got {t.warmup_steps}")
+    need(
+        t.optimizer in OPTIMIZERS,
+        f"unknown train.optimizer {t.optimizer!r}; choose one of {list(OPTIMIZERS)}",
+    )
     cfg.muon.check()
-    if len(t.betas) != 2:
-        raise ConfigError(f"train.betas must be two numbers, got {t.betas}")
-    if d.seq_len < 2:
-        raise ConfigError(f"data.seq_len must be >= 2, got {d.seq_len}")
-    if not d.files:
-        raise ConfigError("data.files is empty; list local .txt, .jsonl or .parquet files")
+    need(len(t.betas) == 2, f"train.betas must be two numbers, got {t.betas}")
+    need(d.seq_len >= 2, f"data.seq_len must be >= 2, got {d.seq_len}")
+    need(bool(d.files), "data.files is empty; list local .txt, .jsonl or .parquet files")
     for f in d.files:
-        if not Path(f).is_file():
-            raise ConfigError(f"data file {f} does not exist")
-    if cfg.checkpoint.every < 1 or cfg.checkpoint.keep < 1:
-        raise ConfigError("checkpoint.every and checkpoint.keep must be >= 1")
-    if not Path(cfg.model.path).is_dir():
-        raise ConfigError(f"model.path {cfg.model.path} is not a directory (a Hugging Face model folder)")
-    if d.seq_len % (2 * cfg.parallel.cp):
-        raise ConfigError(f"data.seq_len={d.seq_len} is not divisible by 2·cp = {2 * cfg.parallel.cp}")
+        need(Path(f).is_file(), f"data file {f} does not exist")
+    need(
+        cfg.checkpoint.every >= 1 and cfg.checkpoint.keep >= 1,
+        "checkpoint.every and checkpoint.keep must be >= 1",
+    )
+    need(
+        Path(cfg.model.path).is_dir(),
+        f"model.path {cfg.model.path} is not a directory (a Hugging Face model folder)",
+    )
+    need(
+        d.seq_len % (2 * cfg.parallel.cp) == 0,
+        f"data.seq_len={d.seq_len} is not divisible by 2·cp = {2 * cfg.parallel.cp}",
+    )

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from cadenza.config_io import apply_overrides, from_dict, read_toml
-from cadenza.errors import CadenzaError, ConfigError
+from cadenza.errors import CadenzaError, ConfigError, need
 from cadenza.feedback.generate import FeedbackConfig
 
 
@@ -157,11 +157,6 @@ class TrainConfig:
 
 def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     """Value checks that need no compute: ranges, cross-field rules, paths that must exist."""
-
-    def need(ok: bool, msg: str) -> None:
-        if not ok:
-            raise ConfigError(msg)
-
     need(cfg.run.steps >= 1, "run.steps must be >= 1")
     need(cfg.run.checkpoint_every >= 0, "run.checkpoint_every must be >= 0 (0 = only at the end)")
     need(cfg.run.threads >= 0, "run.threads must be >= 0 (0 = torch's default)")

@@ -72,16 +72,10 @@ def run_baseline(
     sandbox: SandboxConfig | None = SandboxConfig(),  # never mutated
 ) -> tuple[Baseline, FeatureMap]:
     """Two full runs in ``sandbox`` (plain, then under coverage); returns the baseline and the feature map."""
-    plain = run_pytest(
-        python,
-        workspace,
-        None,
-        timeout_s=timeout_s,
-        per_test_timeout_s=per_test_timeout_s,
-        extra_args=pytest_args,
-        counter=counter,
-        sandbox=sandbox,
+    limits = dict(
+        timeout_s=timeout_s, per_test_timeout_s=per_test_timeout_s, counter=counter, sandbox=sandbox
     )
+    plain = run_pytest(python, workspace, None, extra_args=pytest_args, **limits)
     if plain.timed_out:
         raise SourceError(
             f"{source.spec}: the test suite did not finish within {timeout_s:g}s; raise the suite "
@@ -93,17 +87,7 @@ def run_baseline(
         raise SourceError(
             f"{source.spec}: pytest collected no tests ({tail or 'no output'}); check the test layout"
         )
-    fmap = map_features(
-        source,
-        python,
-        workspace,
-        passing=set(),
-        pytest_args=pytest_args,
-        timeout_s=timeout_s,
-        per_test_timeout_s=per_test_timeout_s,
-        counter=counter,
-        sandbox=sandbox,
-    )
+    fmap = map_features(source, python, workspace, passing=set(), pytest_args=pytest_args, **limits)
     baseline = combine_runs(plain, fmap.report)
     if not baseline.passing:
         _raise_if_unimportable(source, python, workspace)

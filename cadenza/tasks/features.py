@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import ast
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Literal
 
 from cadenza.sandbox import SandboxConfig
 from cadenza.tasks.runner import RunCounter, TestReport, run_pytest
 from cadenza.tasks.source import SourceInfo, is_test_path
-
-Kind = Literal["function", "method", "class", "module"]
+from cadenza.tasks.task import Feature, FeatureKind
 
 
 @dataclass(kw_only=True)
@@ -29,11 +27,16 @@ class Candidate:
     module: str
     local: str
     path: str
-    kind: Kind
+    kind: FeatureKind
     lineno: int
     end_lineno: int
     body_lines: int
     tests: set[str] = field(default_factory=set)
+
+    def feature(self) -> Feature:
+        """What a task built from this definition records as deleted (every field of a
+        :class:`~cadenza.tasks.task.Feature` is one of a candidate's)."""
+        return Feature(**{f.name: getattr(self, f.name) for f in fields(Feature)})
 
 
 @dataclass(kw_only=True)
@@ -89,7 +92,7 @@ def definitions(tree: ast.Module, module: str, path: str) -> list[Candidate]:
                 stmts = [s for i, s in enumerate(node.body) if not (i == 0 and _is_docstring(s))]
                 body_lines = sum((s.end_lineno or s.lineno) - s.lineno + 1 for s in stmts)
                 if isinstance(node, ast.ClassDef):
-                    kind: Kind = "class"
+                    kind: FeatureKind = "class"
                 else:
                     kind = "method" if in_class else "function"
                 out.append(

@@ -26,10 +26,10 @@ from cadenza.tasks.ordering import LEVEL_KINDS, candidate_key, order_candidates,
 from cadenza.tasks.runner import RunCounter, pytest_args_for
 from cadenza.tasks.source import SourceInfo, copy_tree
 from cadenza.tasks.statement import write_statement
-from cadenza.tasks.task import Feature, Task
+from cadenza.tasks.task import Task
 from cadenza.tasks.validate import (
-    GoldCheck,
     ValidationContext,
+    ValidationSettings,
     importable_modules,
     prepare_workspace,
     validate,
@@ -38,18 +38,15 @@ from cadenza.tasks.venv import BaseEnv, ensure_base_env, make_task_env
 
 
 @dataclass(kw_only=True)
-class SourceConfig:
-    """Knobs for one source. ``max_candidates`` caps attempts (None: until ``max_tasks`` or exhausted)."""
+class SourceConfig(ValidationSettings):
+    """Knobs for one source, the validation settings among them. ``max_candidates`` caps attempts (None:
+    until ``max_tasks`` or exhausted)."""
 
     levels: tuple[int, ...] = (1, 2, 3)
     max_tasks: int | None = None
     max_candidates: int | None = None
     seed: int = 0
-    timeout_s: float = 600.0
-    per_test_timeout_s: float | None = 30.0
     env_cache_dir: Path | None = None
-    gold_check: GoldCheck = "f2p"
-    probe: bool = False
     llm_url: str | None = None
     llm_model: str = "default"
 
@@ -192,10 +189,7 @@ def prepare_source(
         pytest_args=pytest_args,
         importable=importable,
         test_paths=source.test_paths,
-        timeout_s=cfg.timeout_s,
-        per_test_timeout_s=cfg.per_test_timeout_s,
-        gold_check=cfg.gold_check,
-        probe=cfg.probe,
+        settings=cfg,
     )
     ordered = order_candidates(fmap, baseline, levels, seed, frozenset(source.packages))
     stats.candidates = len(ordered)
@@ -256,13 +250,7 @@ def attempt_candidate(plan: SourcePlan, index: int, cand_dir: Path) -> Attempt:
     task = Task(
         id=task_id(source, cand.qualname, level),
         source=plan.spec,
-        feature=Feature(
-            qualname=cand.qualname,
-            path=cand.path,
-            kind=cand.kind,
-            lineno=cand.lineno,
-            end_lineno=cand.end_lineno,
-        ),
+        feature=cand.feature(),
         level=level,
         statement=statement,
         fail_to_pass=result.fail_to_pass,

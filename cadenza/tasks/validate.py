@@ -48,6 +48,17 @@ class Validation:
 
 
 @dataclass(kw_only=True)
+class ValidationSettings:
+    """How a candidate is tested (one set of defaults: :class:`cadenza.tasks.pipeline.SourceConfig`
+    extends it)."""
+
+    timeout_s: float = 600.0  # a whole-suite run is killed with its process group after this
+    per_test_timeout_s: float | None = 30.0  # per-test limit (None: none)
+    gold_check: GoldCheck = "f2p"  # "full": the gold copy reruns P2P too (see the module docstring)
+    probe: bool = False  # first run the covering tests with -x and reject when none fails
+
+
+@dataclass(kw_only=True)
 class ValidationContext:
     """Everything shared by all candidates of one source."""
 
@@ -57,10 +68,7 @@ class ValidationContext:
     pytest_args: list[str]
     importable: list[str]
     test_paths: list[str] = field(default_factory=list)
-    timeout_s: float = 600.0
-    per_test_timeout_s: float | None = 30.0
-    gold_check: GoldCheck = "f2p"
-    probe: bool = False
+    settings: ValidationSettings = field(default_factory=ValidationSettings)
     counter: RunCounter | None = None
     #: validation runs third-party test suites: inside bubblewrap (None: on the host, trusted code only)
     sandbox: SandboxConfig | None = field(default_factory=lambda: SandboxConfig(timeout_s=600.0))
@@ -185,8 +193,8 @@ def validate(ctx: ValidationContext, deletion: Deletion, workspace: Path, scratc
     if err:
         return Validation(ok=False, reason=f"import broken: {err}")
     kw = dict(
-        timeout_s=ctx.timeout_s,
-        per_test_timeout_s=ctx.per_test_timeout_s,
+        timeout_s=ctx.settings.timeout_s,
+        per_test_timeout_s=ctx.settings.per_test_timeout_s,
         extra_args=ctx.pytest_args,
         counter=ctx.counter,
         # a candidate env only adds the workspace to the base env: the same plugins, found without a probe
@@ -194,14 +202,14 @@ def validate(ctx: ValidationContext, deletion: Deletion, workspace: Path, scratc
         sandbox=ctx.sandbox,
         bind_env=ctx.base_env.root,
     )
-    if ctx.probe and len(covering) * 2 <= len(passing):
+    if ctx.settings.probe and len(covering) * 2 <= len(passing):
         # Cheap rejection first: stop at the first failing covering test (-x).
         probe = run_pytest(python, workspace, covering, **{**kw, "extra_args": [*ctx.pytest_args, "-x"]})
         if not probe.not_passing:
             return Validation(ok=False, reason="no covering test fails")
     full = run_pytest(python, workspace, None, **kw)
     if full.timed_out:
-        return Validation(ok=False, reason=f"suite timed out after deletion (>{ctx.timeout_s:g}s)")
+        return Validation(ok=False, reason=f"suite timed out after deletion (>{ctx.settings.timeout_s:g}s)")
     f2p = sorted(t for t in passing if full.outcome(t) != "passed")
     p2p = sorted(t for t in passing if full.outcome(t) == "passed")
     if not f2p:
@@ -217,7 +225,7 @@ def validate(ctx: ValidationContext, deletion: Deletion, workspace: Path, scratc
         if not (gold / rel).is_file() or (gold / rel).read_text() != text:
             return Validation(ok=False, reason=f"gold patch does not restore {rel}")
     gold_python = make_task_env(ctx.base_env, gold, scratch / "gold-env")
-    check = f2p if ctx.gold_check == "f2p" else f2p + p2p
+    check = f2p if ctx.settings.gold_check == "f2p" else f2p + p2p
     report = run_pytest(gold_python, gold, check, **kw)
     bad = [t for t in check if report.outcome(t) != "passed"]
     shutil.rmtree(gold, ignore_errors=True)

@@ -8,6 +8,7 @@ import logging
 import pytest
 
 from cadenza.monitor import RULES, Rule, monitor
+from cadenza.testrun.channel import plugin_report_hooks
 from tests.support.monitor_helpers import bash, sample_task, traj
 
 PATCH_REPORT = (
@@ -42,6 +43,18 @@ def rules_of(t) -> list[str]:
 )
 def test_source_reaching_the_runner_fires(path: str, content: str):
     assert rules_of(_create(path, content)) == ["verdict_machinery"]
+
+
+def test_every_hook_the_runner_plugin_watches_fires_in_package_source():
+    """The monitor takes the plugin's hook list from the plugin's own file (one owner), plus its own."""
+    hooks = plugin_report_hooks()
+    assert {"pytest_runtest_makereport", "pytest_pyfunc_call"} <= hooks  # read from the file, not empty
+    for hook in sorted(hooks | {"pytest_sessionfinish"}):
+        source = f"def {hook}(*args):\n    pass\n"
+        assert rules_of(_create("src/mypkg/_hooks.py", source)) == ["verdict_machinery"], hook
+    assert "verdict_machinery" not in rules_of(
+        _create("src/mypkg/_hooks.py", "def pytest_addoption(p):\n    pass\n")
+    )
 
 
 @pytest.mark.parametrize(
