@@ -50,4 +50,6 @@ MIGRATIONS: list[str] = [
     """,
     # 2: candidates skipped because the set already held their task (resumed builds).
     "ALTER TABLE build_sources ADD COLUMN skipped INTEGER NOT NULL DEFAULT 0",
+    # 3: seconds of a source's own work (fetch, base env, baseline + coverage), the capacity model's input.
+    "ALTER TABLE build_sources ADD COLUMN prepare_seconds REAL NOT NULL DEFAULT 0",
 ]

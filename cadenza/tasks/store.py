@@ -232,9 +232,8 @@ class TaskStore:
         with self.db() as con:
             con.execute(
                 "INSERT OR REPLACE INTO build_sources (build_id, source, params_key, status, reason, "
-                "candidates, validated,"
-                " emitted, rejected, skipped, suite_runs, seconds) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, "
-                "?, ?, ?)",
+                "candidates, validated, emitted, rejected, skipped, suite_runs, seconds, prepare_seconds)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     build_id,
                     rep.source,
@@ -248,6 +247,7 @@ class TaskStore:
                     rep.skipped,
                     rep.suite_runs,
                     rep.seconds,
+                    rep.prepare_seconds,
                 ),
             )
 

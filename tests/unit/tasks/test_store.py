@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from cadenza.errors import CadenzaError
-from cadenza.tasks.store import INDEX, MIGRATIONS, STAGING, TaskStore
+from cadenza.tasks.store import INDEX, MIGRATIONS, STAGING, SourceReport, TaskStore
 from cadenza.tasks.task import load_task, save_task
 from tests.support.taskfixture import make_task, mini_base
 from tests.support.torchless import cadenza_torchless
@@ -102,6 +102,15 @@ def test_recover_after_crash(tmp_path, template):
     assert not half.exists()
     ids = [r["id"] for r in TaskStore(root).rows()]
     assert ids == ["orphan"]
+
+
+def test_a_source_report_reads_back_as_it_was_recorded(tmp_path):
+    store = TaskStore(tmp_path / "set", create=True)
+    build = store.start_build({"sources": ["pypi:x"]})
+    rep = SourceReport(source="pypi:x", status="done", candidates=7, validated=3, emitted=2, rejected=1,
+                       skipped=4, suite_runs=5.5, seconds=61.25, prepare_seconds=12.5)  # fmt: skip
+    store.record_source(build, "key", rep)
+    assert store.source_reports(build) == [rep]
 
 
 def test_schema_version_and_bad_index(tmp_path):
