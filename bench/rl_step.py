@@ -38,11 +38,12 @@ import torch
 from cadenza.agent.env import StepResult, ToolCall
 from cadenza.feedback.hints import Hint
 from cadenza.rl.chat import train_tokenizer
+from cadenza.rl.config import TeacherConfig
 from cadenza.rl.losses import group_advantages, grpo_loss
 from cadenza.rl.policy import HFPolicy, Sample, SampleRequest, tiny_qwen3_config
 from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
-from cadenza.rl.step import StepLossConfig, rl_losses
-from cadenza.rl.teacher import SelfDistillConfig, Teacher, build_hinted_turns
+from cadenza.rl.step import rl_losses
+from cadenza.rl.teacher import Teacher, build_hinted_turns
 from cadenza.rl.tokens import collate
 
 WORDS = (
@@ -172,7 +173,7 @@ def step(
     """One forward + backward; returns (wall seconds, CPU seconds of this process)."""
     policy = env["policy"]
     policy.model.zero_grad(set_to_none=True)
-    teacher = Teacher(policy.model, SelfDistillConfig(reuse_prefix_cache=reuse_cache, chunk_size=chunk_size))
+    teacher = Teacher(policy.model, TeacherConfig(reuse_prefix_cache=reuse_cache, chunk_size=chunk_size))
     w0, c0 = time.perf_counter(), time.process_time()
     res = rl_losses(
         policy,
@@ -180,7 +181,7 @@ def step(
         env["adv"],
         items=env["items"] if sd else (),
         teacher=teacher,
-        config=StepLossConfig(chunk_size=chunk_size),
+        chunk_size=chunk_size,
     )
     res.loss.backward()
     return time.perf_counter() - w0, time.process_time() - c0

@@ -10,8 +10,6 @@ import torch
 
 from cadenza.errors import CadenzaError
 from cadenza.rl.config import TrainConfig
-from cadenza.rl.step import StepLossConfig
-from cadenza.rl.teacher import SelfDistillConfig
 
 
 def build_policy(cfg: TrainConfig) -> tuple[Any, Any]:
@@ -120,36 +118,8 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opt
     )
 
 
-def sd_config(cfg: TrainConfig) -> SelfDistillConfig:
-    lc, tc = cfg.loss, cfg.teacher
-    return SelfDistillConfig(
-        placement=cfg.feedback.placement,
-        teacher=tc.weights,
-        ema_decay=tc.ema_decay,
-        refresh_every=tc.refresh_every,
-        reuse_prefix_cache=tc.reuse_prefix_cache,
-        divergence=lc.divergence,
-        beta=lc.beta,
-        top_k=lc.top_k or None,
-        temperature=lc.sd_temperature,
-        chunk_size=tc.chunk_size,
-        token_clip=lc.token_clip or None,
-    )
-
-
-def step_config(cfg: TrainConfig) -> StepLossConfig:
-    """The GRPO/SD loss settings. Truncated IS applies when the engine's weights can differ from the
-    trainer's (asynchronous rollouts, or another engine's kernels); the synchronous ``hf`` engine samples
+def is_off_policy(cfg: TrainConfig) -> bool:
+    """Whether the engine's weights can differ from the trainer's (asynchronous rollouts, or another
+    engine's kernels): truncated IS (``loss.is_cap``) applies then. The synchronous ``hf`` engine samples
     with the trainer's own module, so its behaviour log-probs already are the trainer's."""
-    lc, r = cfg.loss, cfg.rollout
-    off_policy = r.max_staleness > 0 or r.engine != "hf"
-    return StepLossConfig(
-        clip_eps_low=lc.clip_eps,
-        clip_eps_high=lc.clip_eps_high,
-        kl_coef=lc.kl_ref,
-        aggregation=lc.aggregation,
-        lambda_sd=lc.lambda_sd,
-        temperature=r.temperature,
-        chunk_size=cfg.teacher.chunk_size,
-        is_cap=lc.is_cap if off_policy else 0.0,
-    )
+    return cfg.rollout.max_staleness > 0 or cfg.rollout.engine != "hf"

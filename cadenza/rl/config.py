@@ -101,6 +101,9 @@ class LossConfig:
         True  # groups whose rewards are all equal leave the GRPO term (counted, logged)
     )
     is_cap: float = 2.0  # truncated importance-sampling cap on trainer/engine ratios (0 = off; docs/async.md)
+    # per-token SD estimate: full = the divergence over the vocabulary; sampled = log p_s - log p_t on the
+    # turn's own tokens (cheaper, noisier)
+    sd_estimator: Literal["full", "sampled"] = "full"
 
 
 @dataclass(kw_only=True)

@@ -14,35 +14,12 @@ from dataclasses import dataclass
 import torch
 
 from cadenza.errors import CadenzaError
+from cadenza.rl.config import LossConfig
 from cadenza.rl.logprobs import sequence_logprobs
-from cadenza.rl.losses import AGGREGATIONS, clip_fraction, grpo_loss, masked_mean, truncated_is_weights
+from cadenza.rl.losses import clip_fraction, grpo_loss, masked_mean, truncated_is_weights
 from cadenza.rl.policy import HFPolicy
 from cadenza.rl.teacher import HintedTurn, SDResult, Teacher
 from cadenza.rl.tokens import TokenBatch
-
-
-@dataclass(kw_only=True)
-class StepLossConfig:
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.28
-    kl_coef: float = 0.0
-    aggregation: str = "token_mean"
-    lambda_sd: float = 1.0
-    temperature: float = 1.0  # the sampling temperature: log-probs are computed under the same scaling
-    chunk_size: int | None = 1024
-    # > 0: off-policy GRPO (decoupled PPO): ratios against the trainer's own log-probs, each token weighted
-    # by min(pi_trainer / mu_engine, is_cap). 0: ratios against the engine's log-probs (on-policy sampling).
-    is_cap: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.aggregation not in AGGREGATIONS:
-            raise CadenzaError(
-                f"unknown aggregation {self.aggregation!r}; use one of {', '.join(AGGREGATIONS)}"
-            )
-        if self.lambda_sd < 0:
-            raise CadenzaError(f"lambda_sd must be >= 0, got {self.lambda_sd}")
-        if not self.temperature > 0:
-            raise CadenzaError(f"temperature must be > 0, got {self.temperature}")
 
 
 @dataclass(kw_only=True)
@@ -73,15 +50,25 @@ def rl_losses(
     *,
     items: Sequence[HintedTurn] = (),
     teacher: Teacher | None = None,
-    config: StepLossConfig | None = None,
+    loss: LossConfig | None = None,
+    temperature: float = 1.0,
+    chunk_size: int | None = 1024,
+    off_policy: bool = False,
     ref_logprobs: torch.Tensor | None = None,
 ) -> StepLosses:
     """Forward the student once and return the combined loss (call ``.loss.backward()``) and metrics.
 
+    ``loss`` is the run's ``[loss]``; ``temperature`` the sampling temperature (log-probs are computed
+    under the same scaling); ``chunk_size`` tokens per logits chunk. ``off_policy``: the engine's
+    weights can differ from the trainer's (asynchronous rollouts, another engine's kernels), so with
+    ``loss.is_cap > 0`` ratios are taken against the trainer's own log-probs and each token weighted
+    by ``min(pi_trainer / mu_engine, is_cap)`` (decoupled PPO); otherwise against the engine's.
     ``advantages`` is ``[B]`` (e.g. :func:`cadenza.rl.losses.group_advantages` of ``batch.rewards``);
     ``ref_logprobs`` (``[B, T]``, aligned like the batch) enables the KL-to-reference term.
     """
-    cfg = config or StepLossConfig()
+    cfg = loss or LossConfig()
+    if not temperature > 0:
+        raise CadenzaError(f"temperature must be > 0, got {temperature}")
     if items and teacher is None:
         raise CadenzaError(
             "hinted turns were given but no teacher; build one with cadenza.rl.teacher.Teacher"
@@ -94,11 +81,11 @@ def rl_losses(
         policy.lm_head,
         batch.input_ids,
         batch.loss_mask,
-        chunk_size=cfg.chunk_size,
-        temperature=cfg.temperature,
+        chunk_size=chunk_size,
+        temperature=temperature,
     )
     behaviour, is_weights, truncated = batch.behaviour_logprobs, None, None
-    if cfg.is_cap > 0:  # the trainer's weights are the proximal policy; the engine's tokens get IS weights
+    if off_policy and cfg.is_cap > 0:  # the trainer's weights are the proximal policy; IS weights the rest
         is_weights, truncated = truncated_is_weights(logprobs, behaviour, cfg.is_cap)
         behaviour = logprobs.detach()
     grpo = grpo_loss(
@@ -106,10 +93,10 @@ def rl_losses(
         behaviour,
         advantages,
         batch.loss_mask,
-        cfg.clip_eps_low,
+        cfg.clip_eps,
         cfg.clip_eps_high,
         ref_logprobs=ref_logprobs,
-        kl_coef=cfg.kl_coef,
+        kl_coef=cfg.kl_ref,
         aggregation=cfg.aggregation,
         is_weights=is_weights,
     )
@@ -131,7 +118,7 @@ def rl_losses(
             kl_unhinted=float(masked_mean(k3, unhinted)),
             clip_fraction=float(
                 clip_fraction(
-                    logprobs, batch.behaviour_logprobs, batch.loss_mask, cfg.clip_eps_low, cfg.clip_eps_high
+                    logprobs, batch.behaviour_logprobs, batch.loss_mask, cfg.clip_eps, cfg.clip_eps_high
                 )
             ),
             num_model_tokens=int(batch.loss_mask.sum()),

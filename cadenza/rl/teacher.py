@@ -28,6 +28,7 @@ import torch
 from cadenza.errors import CadenzaError
 from cadenza.feedback.hints import Hint
 from cadenza.rl.chat import render_continuation, require_chat_template, turn_end_glue
+from cadenza.rl.config import LossConfig, TeacherConfig
 from cadenza.rl.logprobs import hidden_divergence, token_logprobs
 from cadenza.rl.losses import DivergenceSpec, sampled_token_surrogate
 from cadenza.rl.tokens import Segment, TokenTrajectory
@@ -35,57 +36,6 @@ from cadenza.rl.tokens import Segment, TokenTrajectory
 PLACEMENTS = ("user_before_turn", "append_to_observation")
 TEACHER_WEIGHTS = ("frozen", "ema", "snapshot", "live")
 ESTIMATORS = ("full", "sampled")
-
-
-@dataclass(kw_only=True)
-class SelfDistillConfig:
-    """How teachers are built and how the per-turn SD loss is computed."""
-
-    placement: str = "user_before_turn"
-    # frozen: initial weights; ema: moving average of the student (``ema_decay``); snapshot: a copy of the
-    # student refreshed every ``refresh_every`` optimizer steps (a target network); live: the student itself,
-    # which erodes: training the un-hinted context wears away its use of the hint (docs/experiments.md)
-    teacher: str = "frozen"
-    ema_decay: float = 0.99  # EMA per optimizer step; 0.99 averages over ~100 steps
-    refresh_every: int = 10  # snapshot teacher: optimizer steps between refreshes
-    reuse_prefix_cache: bool = True  # only possible for the live teacher
-    divergence: str = "reverse_kl"
-    beta: float = 0.5
-    top_k: int | None = None
-    temperature: float = 1.0
-    chunk_size: int | None = 1024
-    token_clip: float | None = None  # cap each token's divergence (OPSD's point-wise clipping); None = off
-    estimator: str = (
-        "full"  # full: divergence over the vocabulary; sampled: log p_s - log p_t on sampled tokens
-    )
-
-    @property
-    def spec(self) -> DivergenceSpec:
-        """The divergence settings as the loss functions take them."""
-        return DivergenceSpec(
-            divergence=self.divergence, beta=self.beta, top_k=self.top_k, temperature=self.temperature
-        )
-
-    def __post_init__(self) -> None:
-        if self.estimator not in ESTIMATORS:
-            raise CadenzaError(f"unknown SD estimator {self.estimator!r}; use one of {', '.join(ESTIMATORS)}")
-        if self.token_clip is not None and not self.token_clip > 0:
-            raise CadenzaError(f"token_clip must be > 0 or None, got {self.token_clip}")
-        if self.placement not in PLACEMENTS:
-            raise CadenzaError(
-                f"unknown hint placement {self.placement!r}; use one of {', '.join(PLACEMENTS)}"
-            )
-        if self.teacher not in TEACHER_WEIGHTS:
-            raise CadenzaError(
-                f"unknown teacher weights {self.teacher!r}; use one of {', '.join(TEACHER_WEIGHTS)}"
-            )
-        if self.refresh_every < 1:
-            raise CadenzaError(f"refresh_every must be >= 1, got {self.refresh_every}")
-        if not 0.0 <= self.ema_decay < 1.0:
-            raise CadenzaError(f"ema_decay must be in [0, 1), got {self.ema_decay}")
-        _ = self.spec  # building the spec validates the divergence settings
-        if self.chunk_size is not None and self.chunk_size < 1:
-            raise CadenzaError(f"chunk_size must be >= 1 or None, got {self.chunk_size}")
 
 
 @dataclass(kw_only=True)
@@ -223,10 +173,31 @@ def _hinted_turn(row: int, traj: TokenTrajectory, hint: Hint, tokenizer: Any, pl
 class Teacher:
     """Teacher weights (frozen initial copy, EMA, refreshed snapshot or live) and batched hinted passes."""
 
-    def __init__(self, model: torch.nn.Module, config: SelfDistillConfig) -> None:
-        self.config = config
+    def __init__(
+        self, model: torch.nn.Module, config: TeacherConfig | None = None, loss: LossConfig | None = None
+    ) -> None:
+        """``config``: the run's ``[teacher]`` (which weights, refresh, logits chunk); ``loss``: its
+        ``[loss]`` (divergence, top-k, temperature, token clip and estimator of the SD term)."""
+        self.config = config = config or TeacherConfig()
+        self.loss_config = loss = loss or LossConfig()
+        if config.weights not in TEACHER_WEIGHTS:
+            raise CadenzaError(
+                f"unknown teacher weights {config.weights!r}; use one of {', '.join(TEACHER_WEIGHTS)}"
+            )
+        if config.weights == "snapshot" and config.refresh_every < 1:
+            raise CadenzaError(f"teacher refresh_every must be >= 1, got {config.refresh_every}")
+        if loss.sd_estimator not in ESTIMATORS:
+            raise CadenzaError(
+                f"unknown SD estimator {loss.sd_estimator!r}; use one of {', '.join(ESTIMATORS)}"
+            )
+        if loss.token_clip < 0:
+            raise CadenzaError(f"token_clip must be >= 0 (0 = off), got {loss.token_clip}")
+        top_k = loss.top_k or None  # 0 = the full vocabulary
+        self.spec = DivergenceSpec(
+            divergence=loss.divergence, beta=loss.beta, top_k=top_k, temperature=loss.sd_temperature
+        )
         self.updates = 0  # optimizer steps seen (snapshot refresh clock when no step is passed)
-        if config.teacher == "live":
+        if config.weights == "live":
             self.model = model
         else:
             self.model = copy.deepcopy(model)
@@ -238,7 +209,7 @@ class Teacher:
 
     @property
     def reuses_student_cache(self) -> bool:
-        return self.config.teacher == "live" and self.config.reuse_prefix_cache
+        return self.config.weights == "live" and self.config.reuse_prefix_cache
 
     @torch.no_grad()
     def update(self, student: torch.nn.Module, step: int | None = None) -> None:
@@ -246,7 +217,7 @@ class Teacher:
         when ``step`` (the trainer's step, so a resumed run refreshes on the same steps) is a multiple of
         ``refresh_every``; live and frozen teachers do nothing."""
         self.updates += 1
-        kind = self.config.teacher
+        kind = self.config.weights
         step = self.updates if step is None else step
         if kind == "ema":
             for t, s in zip(self.model.parameters(), student.parameters(), strict=True):
@@ -305,17 +276,17 @@ class Teacher:
         ``student_hidden`` ``[B, T, D]`` are the student's final hidden states over the batch rows that
         ``items`` index (the same forward that feeds the GRPO loss).
         """
-        cfg = self.config
+        cfg, lc = self.config, self.loss_config
         if not items:
             return SDResult(loss=student_hidden.sum() * 0.0, num_tokens=0)
         teacher = torch.cat(self.target_hidden(items, student_cache))
         student = torch.cat([student_hidden[it.row, it.turn_start - 1 : it.turn_end - 1] for it in items])
-        t_head = self.lm_head if cfg.teacher != "live" else student_head
-        if cfg.estimator == "sampled":
+        t_head = self.lm_head if cfg.weights != "live" else student_head
+        if lc.sd_estimator == "sampled":
             targets = torch.tensor(
                 [t for it in items for t in it.teacher_ids[it.teacher_turn_start :]], device=student.device
             )
-            kw = dict(chunk_size=cfg.chunk_size, temperature=cfg.temperature)
+            kw = dict(chunk_size=cfg.chunk_size, temperature=lc.sd_temperature)
             s_lp, _ = token_logprobs(student, student_head, targets, **kw)
             with torch.no_grad():
                 t_lp, _ = token_logprobs(teacher, t_head, targets, **kw)
@@ -326,11 +297,11 @@ class Teacher:
                 teacher,
                 student_head,
                 t_head,
-                spec=cfg.spec,
+                spec=self.spec,
                 chunk_size=cfg.chunk_size,
             )
-        if cfg.token_clip is not None:  # clipped tokens pass no gradient: one noisy token cannot dominate
-            per_token = per_token.clamp(max=cfg.token_clip)
+        if lc.token_clip > 0:  # clipped tokens pass no gradient: one noisy token cannot dominate
+            per_token = per_token.clamp(max=lc.token_clip)
         per_turn = [float(x.mean()) for x in per_token.detach().split([it.num_tokens for it in items])]
         return SDResult(loss=per_token.mean(), num_tokens=per_token.numel(), per_turn=per_turn)
 

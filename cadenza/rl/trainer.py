@@ -35,7 +35,7 @@ from cadenza.errors import CadenzaError
 from cadenza.jsonio import atomic_write_json
 from cadenza.metrics import MetricsLogger, read_metrics
 from cadenza.rl import checkpoint as ckpt
-from cadenza.rl.build import build_optimizer, build_policy, check_same_run, sd_config, step_config
+from cadenza.rl.build import build_optimizer, build_policy, check_same_run, is_off_policy
 from cadenza.rl.config import TrainConfig, validate
 from cadenza.rl.curriculum import PoolExhausted
 from cadenza.rl.data_parallel import DataParallel
@@ -76,11 +76,10 @@ class Trainer:
         self.tokenizer, self.policy = build_policy(cfg)
         self.model = self.policy.model
         self.optimizer = build_optimizer(self.model, cfg)
-        self.sd_config, self.step_config = sd_config(cfg), step_config(cfg)
-        self.teacher = Teacher(self.model, self.sd_config)
+        self.teacher = Teacher(self.model, cfg.teacher, cfg.loss)
         self.ref_model = self._frozen_copy() if cfg.loss.kl_ref > 0 else None
         self.learner = Learner(cfg=cfg, policy=self.policy, tokenizer=self.tokenizer,
-                               optimizer=self.optimizer, teacher=self.teacher, step_config=self.step_config,
+                               optimizer=self.optimizer, teacher=self.teacher, off_policy=is_off_policy(cfg),
                                ref_model=self.ref_model, dp=self.dp)  # fmt: skip
         self.step = 0
         self.episodes = 0

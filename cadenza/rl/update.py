@@ -18,7 +18,7 @@ from cadenza.rl.data_parallel import DataParallel
 from cadenza.rl.episodes import TrainEpisode, signal_rows
 from cadenza.rl.logprobs import sequence_logprobs
 from cadenza.rl.losses import group_advantages
-from cadenza.rl.step import StepLossConfig, hinted_mask, rl_losses
+from cadenza.rl.step import hinted_mask, rl_losses
 from cadenza.rl.teacher import Teacher, build_hinted_turns
 from cadenza.rl.tokens import collate
 
@@ -47,7 +47,9 @@ class Learner:
     tokenizer: Any
     optimizer: torch.optim.Optimizer
     teacher: Teacher
-    step_config: StepLossConfig
+    off_policy: bool = False
+    """The engine's weights can differ from the trainer's: ``loss.is_cap`` then applies
+    (:func:`cadenza.rl.build.is_off_policy`)."""
     ref_model: torch.nn.Module | None = None
     dp: DataParallel = field(default_factory=DataParallel)
     """The data-parallel group: this rank computes microbatches ``dp.mine(n)``; gradients are summed."""
@@ -93,7 +95,10 @@ class Learner:
                 adv[idx],
                 items=chunk,
                 teacher=self.teacher,
-                config=self.step_config,
+                loss=lc,
+                temperature=cfg.rollout.temperature,
+                chunk_size=cfg.teacher.chunk_size,
+                off_policy=self.off_policy,
                 ref_logprobs=ref_lp,
             )
             kept = sum(tokens[i].num_model_tokens for i in idx if i in grpo_rows)

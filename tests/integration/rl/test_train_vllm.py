@@ -57,7 +57,7 @@ def test_k0_losses_on_vllm_samples_equal_the_hf_engine_path(sft_model_32, tmp_pa
     finally:
         trainer_v.close()
     trainer_h = Trainer(config(sft_model_32, tmp_path / "h", steps=1, lambda_sd=1.0))
-    assert trainer_v.step_config.is_cap > 0 and trainer_h.step_config.is_cap == 0
+    assert trainer_v.learner.off_policy and not trainer_h.learner.off_policy
     upd_v = trainer_v.learner.update(copy.deepcopy(episodes), step=1)
     upd_h = trainer_h.learner.update(copy.deepcopy(episodes), step=1)
     assert upd_v.grpo_loss == pytest.approx(upd_h.grpo_loss, abs=1e-6)

@@ -49,7 +49,7 @@ def sd_loss_on(trainer: Trainer, episodes) -> float:
     with torch.no_grad():
         return float(
             rl_losses(
-                trainer.policy, batch, adv, items=items, teacher=trainer.teacher, config=trainer.step_config
+                trainer.policy, batch, adv, items=items, teacher=trainer.teacher, loss=trainer.cfg.loss
             ).sd.loss
         )
 

@@ -11,10 +11,11 @@ import torch
 from cadenza.errors import ConfigError
 from cadenza.experiments.toolworld import PROFILES, ToolworldSource
 from cadenza.rl.chat import render
+from cadenza.rl.config import TeacherConfig
 from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
 from cadenza.rl.probe import HintFollowingEroded, HintProbe, ProbeItem, ProbeSchedule, load_probe_file
 from cadenza.rl.sft import encode_messages
-from cadenza.rl.teacher import SelfDistillConfig, Teacher
+from cadenza.rl.teacher import Teacher
 from cadenza.rl.tokens import collate
 from tests.support.rl_helpers import CounterEnv, make_tokenizer
 
@@ -96,7 +97,7 @@ def test_diagnostic_fires_for_an_eroding_live_teacher_and_not_for_a_frozen_one(t
         pol = _model(tok)
         # warm-up: with the hint the model calls add; without it, it calls add too (a weaker habit)
         _ce_steps(pol, tok, [(hinted_ctx, ADD), (ctx, ADD)], steps=100, lr=1e-2)
-        teacher = Teacher(pol.model, SelfDistillConfig(teacher=weights))
+        teacher = Teacher(pol.model, TeacherConfig(weights=weights))
         sched = ProbeSchedule(probe, every=2, stop_ratio=0.5)
         rows, fired = [], None
         # scripted erosion: training moves only the un-hinted context (here toward submit); the shared

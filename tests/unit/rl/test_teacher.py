@@ -10,10 +10,11 @@ import torch
 from cadenza.errors import CadenzaError
 from cadenza.feedback.hints import Hint
 from cadenza.rl.chat import render
+from cadenza.rl.config import LossConfig, TeacherConfig
 from cadenza.rl.losses import DivergenceSpec, self_distillation_loss
 from cadenza.rl.policy import HFPolicy, tiny_qwen3_config, tiny_qwen3_moe_config
 from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
-from cadenza.rl.teacher import SelfDistillConfig, Teacher, build_hinted_turns, select_rows
+from cadenza.rl.teacher import Teacher, build_hinted_turns, select_rows
 from cadenza.rl.tokens import TokenTrajectory, collate
 from tests.support.rl_helpers import CounterEnv, ScriptedPolicy, make_tokenizer
 
@@ -89,7 +90,7 @@ def test_kv_cache_teacher_equals_no_cache_and_unbatched_reference(tok, trajector
     pol = _policy(tok, moe)
     batch = collate(trajectories, tok.pad_token_id)
     items = build_hinted_turns(trajectories, HINTS, tok, placement)
-    teacher = Teacher(pol.model, SelfDistillConfig(placement=placement, teacher="live"))
+    teacher = Teacher(pol.model, TeacherConfig(weights="live"))
     with torch.no_grad():
         _, cache = pol.hidden_states(batch.input_ids, batch.attention_mask, use_cache=True)
         cached = teacher.target_hidden(items, cache)
@@ -108,8 +109,7 @@ def test_sd_loss_matches_public_loss_and_gradients_stay_in_target_turns(tok, tra
     pol = _policy(tok, dtype="float64")
     batch = collate(trajectories, tok.pad_token_id)
     items = build_hinted_turns(trajectories, HINTS, tok)
-    cfg = SelfDistillConfig(divergence="jsd", beta=0.3, chunk_size=5)
-    teacher = Teacher(pol.model, cfg)
+    teacher = Teacher(pol.model, TeacherConfig(chunk_size=5), LossConfig(divergence="jsd", beta=0.3))
     hidden, cache = pol.hidden_states(batch.input_ids, batch.attention_mask, use_cache=True)
     hidden.retain_grad()
     result = teacher.loss(hidden, pol.lm_head, items, cache)
@@ -165,7 +165,7 @@ def test_teacher_gets_no_gradient_and_weight_modes(tok, trajectories):
     items = build_hinted_turns(trajectories, HINTS, tok)
     initial = copy.deepcopy(pol.model.state_dict())
 
-    frozen = Teacher(pol.model, SelfDistillConfig(teacher="frozen"))
+    frozen = Teacher(pol.model, TeacherConfig(weights="frozen"))
     hidden, cache = pol.hidden_states(batch.input_ids, batch.attention_mask, use_cache=True)
     frozen.loss(hidden, pol.lm_head, items, cache).loss.backward()
     assert all(p.grad is None for p in frozen.model.parameters())
@@ -173,7 +173,7 @@ def test_teacher_gets_no_gradient_and_weight_modes(tok, trajectories):
 
     # live teacher: its pass contributes nothing to the gradient (same as a detached precomputed teacher)
     pol.model.zero_grad(set_to_none=True)
-    live = Teacher(pol.model, SelfDistillConfig(teacher="live"))
+    live = Teacher(pol.model, TeacherConfig(weights="live"))
     hidden, cache = pol.hidden_states(batch.input_ids, batch.attention_mask, use_cache=True)
     live.loss(hidden, pol.lm_head, items, cache).loss.backward()
     got = {n: p.grad.clone() for n, p in pol.model.named_parameters() if p.grad is not None}
@@ -188,7 +188,7 @@ def test_teacher_gets_no_gradient_and_weight_modes(tok, trajectories):
         if p.grad is not None:
             torch.testing.assert_close(got[n], p.grad, atol=1e-6, rtol=1e-4)
 
-    ema = Teacher(pol.model, SelfDistillConfig(teacher="ema", ema_decay=0.9))
+    ema = Teacher(pol.model, TeacherConfig(weights="ema", ema_decay=0.9))
     with torch.no_grad():
         for p in pol.model.parameters():
             p.add_(1.0)
@@ -201,9 +201,9 @@ def test_teacher_gets_no_gradient_and_weight_modes(tok, trajectories):
 
 
 def test_snapshot_teacher_refreshes_every_n_steps_and_default_is_not_live(tok):
-    assert SelfDistillConfig().teacher == "frozen"
+    assert TeacherConfig().weights == "frozen"
     pol = _policy(tok)
-    snap = Teacher(pol.model, SelfDistillConfig(teacher="snapshot", refresh_every=3))
+    snap = Teacher(pol.model, TeacherConfig(weights="snapshot", refresh_every=3))
     assert snap.model is not pol.model and all(not p.requires_grad for p in snap.model.parameters())
     first = copy.deepcopy(pol.model.state_dict())
     seen = []
@@ -219,7 +219,7 @@ def test_snapshot_teacher_refreshes_every_n_steps_and_default_is_not_live(tok):
     # refreshed at steps 3 and 6, held constant (stale) in between
     assert seen == ["start", "start", "student", "stale", "stale", "student", "stale"]
     with pytest.raises(CadenzaError, match="refresh_every"):
-        SelfDistillConfig(teacher="snapshot", refresh_every=0)
+        Teacher(pol.model, TeacherConfig(weights="snapshot", refresh_every=0))
 
 
 def test_chunked_equals_unchunked(tok, trajectories):
@@ -229,7 +229,7 @@ def test_chunked_equals_unchunked(tok, trajectories):
     grads, losses = [], []
     for chunk in (None, 3):
         pol.model.zero_grad(set_to_none=True)
-        teacher = Teacher(pol.model, SelfDistillConfig(chunk_size=chunk, top_k=5))
+        teacher = Teacher(pol.model, TeacherConfig(chunk_size=chunk), LossConfig(top_k=5))
         hidden, cache = pol.hidden_states(batch.input_ids, batch.attention_mask, use_cache=True)
         res = teacher.loss(hidden, pol.lm_head, items, cache)
         res.loss.backward()
@@ -258,9 +258,9 @@ def test_bad_input_fails_before_compute(tok, trajectories):
     with pytest.raises(CadenzaError, match="chat template"):
         build_hinted_turns(trajectories, HINTS, bare)
     with pytest.raises(CadenzaError, match="placement"):
-        SelfDistillConfig(placement="system")
+        build_hinted_turns(trajectories, HINTS, tok, "system")
     with pytest.raises(CadenzaError, match="teacher weights"):
-        SelfDistillConfig(teacher="other")
+        Teacher(_policy(tok).model, TeacherConfig(weights="other"))
     with pytest.raises(CadenzaError, match="2 trajectories"):
         build_hinted_turns(trajectories, HINTS[:1], tok)
 
@@ -269,7 +269,7 @@ def test_sampled_estimator_uses_target_token_logprobs(tok, trajectories):
     pol = _policy(tok, dtype="float64")
     batch = collate(trajectories, tok.pad_token_id)
     items = build_hinted_turns(trajectories, HINTS, tok)
-    teacher = Teacher(pol.model, SelfDistillConfig(estimator="sampled", chunk_size=4))
+    teacher = Teacher(pol.model, TeacherConfig(chunk_size=4), LossConfig(sd_estimator="sampled"))
     hidden, cache = pol.hidden_states(batch.input_ids, batch.attention_mask, use_cache=True)
     hidden.retain_grad()
     res = teacher.loss(hidden, pol.lm_head, items, cache)
@@ -291,7 +291,7 @@ def test_sampled_estimator_uses_target_token_logprobs(tok, trajectories):
         inside[it.row, it.turn_start - 1 : it.turn_end - 1] = True
     assert torch.all(hidden.grad[~inside] == 0) and hidden.grad[inside].abs().sum() > 0
     with pytest.raises(CadenzaError, match="estimator"):
-        SelfDistillConfig(estimator="mc")
+        Teacher(pol.model, loss=LossConfig(sd_estimator="mc"))
 
 
 def test_select_rows_reindexes_for_micro_batches(tok, trajectories):

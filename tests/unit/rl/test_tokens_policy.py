@@ -7,6 +7,7 @@ import torch
 
 from cadenza.errors import CadenzaError
 from cadenza.feedback.hints import Hint
+from cadenza.rl.config import LossConfig, TeacherConfig
 from cadenza.rl.logprobs import sequence_logprobs
 from cadenza.rl.losses import group_advantages
 from cadenza.rl.policy import (
@@ -17,8 +18,8 @@ from cadenza.rl.policy import (
     tiny_qwen3_moe_config,
 )
 from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
-from cadenza.rl.step import StepLossConfig, rl_losses
-from cadenza.rl.teacher import SelfDistillConfig, Teacher, build_hinted_turns
+from cadenza.rl.step import rl_losses
+from cadenza.rl.teacher import Teacher, build_hinted_turns
 from cadenza.rl.tokens import TokenTrajectory, TokenTrajectoryBuilder, collate
 from tests.support.rl_helpers import CounterEnv, ScriptedPolicy, make_tokenizer
 
@@ -161,13 +162,13 @@ def test_rl_losses_combines_grpo_and_sd():
     items = build_hinted_turns(
         trajs, [[Hint(turn=0, text="Tools: add, submit.", kind="tool_not_found")], []], tok
     )
-    teacher = Teacher(pol.model, SelfDistillConfig())
-    res = rl_losses(pol, batch, adv, items=items, teacher=teacher, config=StepLossConfig(lambda_sd=0.5))
+    teacher = Teacher(pol.model)
+    res = rl_losses(pol, batch, adv, items=items, teacher=teacher, loss=LossConfig(lambda_sd=0.5))
     assert res.sd.num_tokens == items[0].num_tokens and res.sd.loss.item() > 0
     assert res.loss.item() == pytest.approx(res.grpo.item() + 0.5 * res.sd.loss.item(), rel=1e-6)
     assert res.entropy_unhinted > 0 and res.num_model_tokens == int(batch.loss_mask.sum())
     res.loss.backward()
-    plain = rl_losses(pol, batch, adv, config=StepLossConfig(lambda_sd=0.5))
+    plain = rl_losses(pol, batch, adv, loss=LossConfig(lambda_sd=0.5))
     assert plain.sd.num_tokens == 0 and plain.loss.item() == pytest.approx(res.grpo.item(), rel=1e-6)
     with pytest.raises(CadenzaError, match="no teacher"):
         rl_losses(pol, batch, adv, items=items)
@@ -179,19 +180,17 @@ def test_sd_loss_decreases_under_training_and_token_clip_caps_it():
     items = build_hinted_turns(
         trajs, [[Hint(turn=0, text="Tools: add, submit.", kind="tool_not_found")]], tok
     )
-    clipped = Teacher(pol.model, SelfDistillConfig(token_clip=1e-4))
+    clipped = Teacher(pol.model, loss=LossConfig(token_clip=1e-4))
     hidden, cache = pol.hidden_states(batch.input_ids, batch.attention_mask, use_cache=True)
     assert clipped.loss(hidden, pol.lm_head, items, cache).loss.item() == pytest.approx(1e-4)
 
-    teacher = Teacher(pol.model, SelfDistillConfig(teacher="frozen"))
+    teacher = Teacher(pol.model, TeacherConfig(weights="frozen"))
     opt = torch.optim.AdamW(pol.model.parameters(), lr=3e-3)
     zero_adv = torch.zeros(len(trajs))
     history = []
     for _ in range(8):
         opt.zero_grad()
-        res = rl_losses(
-            pol, batch, zero_adv, items=items, teacher=teacher, config=StepLossConfig(lambda_sd=1.0)
-        )
+        res = rl_losses(pol, batch, zero_adv, items=items, teacher=teacher, loss=LossConfig(lambda_sd=1.0))
         res.loss.backward()
         opt.step()
         history.append(res.sd.loss.item())
