@@ -134,7 +134,7 @@ def build(args: argparse.Namespace) -> dict[str, Any]:
         FillerPolicy(tok, 0, args.turn_words),
         tok,
         tasks,
-        RolloutParams(group_size=2, max_turns=args.turns, max_context_tokens=100_000),
+        RolloutParams(group_size=2, max_turns=args.turns, max_context_tokens=100_000, max_new_tokens=256),
     )
     trajs = [r.tokens for r in out]
     # 1 model turn in 10 gets a hint (spread over the batch)

@@ -92,6 +92,9 @@ def section(cls: type, name: str) -> list[str]:
     """Markdown for ``[name]`` (and, after it, each nested table such as ``[feedback.critic]``)."""
     hints = typing.get_type_hints(cls)
     intro, docs = field_docs(cls)
+    for base in cls.__mro__[1:]:  # fields a section inherits (``[rollout]`` extends RolloutParams)
+        if dataclasses.is_dataclass(base):
+            docs = {**field_docs(base)[1], **docs}
     out = [f"### `[{name}]`", ""]
     if intro:
         out += [_cell(intro), ""]

@@ -44,11 +44,10 @@ def run_episodes(
         max_turns=cfg.max_steps + cfg.extra_turns,
         max_new_tokens=exp.max_new_tokens,
         temperature=exp.temperature,
-        seed=seed,
         response_prefix=exp.response_prefix,
     )
     results = rollout(
-        policy, tokenizer, [RolloutTask(task_id=t.id, make_env=factory(t)) for t in tasks], params
+        policy, tokenizer, [RolloutTask(task_id=t.id, make_env=factory(t)) for t in tasks], params, seed=seed
     )
     return results, envs
 

@@ -60,14 +60,31 @@ class EnvConfig:
 
 
 @dataclass(kw_only=True)
-class RolloutConfig:
+class RolloutParams:
+    """How episodes are sampled: what :func:`cadenza.rl.rollout.rollout` takes (``[rollout]`` is one)."""
+
     group_size: int = 8  # G samples per task
-    tasks_per_step: int = 4  # GRPO groups per step
     max_new_tokens: int = 64  # tokens per model turn
     temperature: float = 1.0  # sampling temperature of the rollouts
     top_k: int = 0  # 0 = off; keep 0 for on-policy GRPO ratios
     max_turns: int = 8  # model turns (tool calls) per episode
-    response_prefix: str = ""  # prompt text every assistant turn starts with, e.g. a forced '<tool_call>'
+    max_context_tokens: int = 4096  # prompt + episode tokens; an episode that reaches it ends (graded as is)
+    # text every assistant turn starts with, as prompt tokens (a forced tool call, as tool_choice="required"
+    # does by prefilling), e.g. '<tool_call>'; prepended to the sampled text before tool calls are parsed
+    response_prefix: str = ""
+
+    def __post_init__(self) -> None:
+        for name in ("group_size", "max_turns", "max_new_tokens", "max_context_tokens"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+
+
+@dataclass(kw_only=True)
+class RolloutConfig(RolloutParams):
+    """``[rollout]``: how episodes are sampled (the fields of ``RolloutParams``, which
+    :func:`cadenza.rl.rollout.rollout` takes as they are), who samples them and where they run."""
+
+    tasks_per_step: int = 4  # GRPO groups per step
     engine: Literal["hf", "vllm", "openai"] = (
         "hf"  # who samples: in-process HF, a vLLM server, any OpenAI API
     )

@@ -18,7 +18,7 @@ from cadenza.feedback.generate import generate_hints
 from cadenza.feedback.hints import Hint
 from cadenza.rl.curriculum import drop_zero_variance
 from cadenza.rl.monitor_hook import episode_outcome
-from cadenza.rl.rollout import Rollout, RolloutParams, RolloutTask, rollout
+from cadenza.rl.rollout import Rollout, RolloutTask, rollout
 
 
 @dataclass(kw_only=True)
@@ -79,21 +79,12 @@ def collect_episodes(
 
         return make
 
-    r = cfg.rollout
-    params = RolloutParams(
-        group_size=r.group_size,
-        max_turns=r.max_turns,
-        max_new_tokens=r.max_new_tokens,
-        temperature=r.temperature,
-        top_k=r.top_k,
-        seed=step_seed(cfg, step) if seed is None else seed,
-        response_prefix=r.response_prefix,
-    )
     results = rollout(
         engine,
         tokenizer,
         [RolloutTask(task_id=str(getattr(t, "id", i)), make_env=factory(t)) for i, t in enumerate(tasks)],
-        params,
+        cfg.rollout,
+        seed=step_seed(cfg, step) if seed is None else seed,
         group_offset=group_offset,
     )
 

@@ -30,6 +30,7 @@ from cadenza.rl.chat import (
     require_chat_template,
     turn_end_glue,
 )
+from cadenza.rl.config import RolloutParams
 from cadenza.rl.policy import Policy, Sample, SampleRequest, SamplingParams
 from cadenza.rl.tokens import TokenTrajectory, TokenTrajectoryBuilder
 
@@ -40,25 +41,6 @@ class RolloutTask:
 
     task_id: str
     make_env: Callable[[], Env]
-
-
-@dataclass(kw_only=True)
-class RolloutParams:
-    group_size: int = 4
-    max_turns: int = 8
-    max_new_tokens: int = 256
-    max_context_tokens: int = 4096
-    temperature: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-    # text every assistant turn starts with, as prompt tokens (a forced tool call, as tool_choice="required"
-    # does by prefilling); prepended to the sampled text before tool calls are parsed
-    response_prefix: str = ""
-
-    def __post_init__(self) -> None:
-        for name in ("group_size", "max_turns", "max_new_tokens", "max_context_tokens"):
-            if getattr(self, name) < 1:
-                raise CadenzaError(f"rollout {name} must be >= 1, got {getattr(self, name)}")
 
 
 @dataclass(kw_only=True)
@@ -116,11 +98,15 @@ def rollout(
     tasks: Sequence[RolloutTask],
     config: RolloutParams,
     *,
+    seed: int = 0,
     on_episode_done: Callable[[int, int], None] | None = None,
     group_offset: int = 0,
 ) -> list[Rollout]:
     """Roll out ``config.group_size`` episodes per task; results are ordered task by task.
 
+    ``config`` is the run's ``[rollout]`` (a :class:`~cadenza.rl.config.RolloutConfig` is one) or a
+    bare :class:`RolloutParams`; ``seed`` seeds the sampling generator (the trainer derives it from
+    the run seed and the step).
     ``group_id`` of every sample of ``tasks[i]`` is ``f"{group_offset + i}:{task_id}"`` (GRPO groups;
     the offset keeps ids unique when one step's tasks are rolled out in separate units).
     ``on_episode_done(finished, total)`` is called as episodes end (for progress bars).
@@ -131,7 +117,7 @@ def rollout(
         raise CadenzaError("the tokenizer has no eos token; set tokenizer.eos_token to the end-of-turn token")
     if not tasks:
         raise CadenzaError("no tasks to roll out")
-    generator = torch.Generator().manual_seed(config.seed)
+    generator = torch.Generator().manual_seed(seed)
     episodes = [
         _start(tokenizer, task, f"{group_offset + i}:{task.task_id}", config.response_prefix)
         for i, task in enumerate(tasks)

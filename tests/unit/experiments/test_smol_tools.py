@@ -80,7 +80,7 @@ def test_response_prefix_is_prompt_and_parsed_with_the_sampled_text():
         pol,
         tok,
         [RolloutTask(task_id="t", make_env=CounterEnv)],
-        RolloutParams(group_size=1, max_turns=1, response_prefix=prefix),
+        RolloutParams(group_size=1, max_turns=1, response_prefix=prefix, max_new_tokens=256),
     )
     [turn] = r.trajectory.turns
     assert turn.tool == "ad" and turn.error_kind == "tool_not_found"

@@ -46,7 +46,7 @@ def test_scripted_multi_turn_rollout_matches_template(tok):
         pol,
         tok,
         [RolloutTask(task_id="count3", make_env=CounterEnv)],
-        RolloutParams(group_size=1, max_turns=8),
+        RolloutParams(group_size=1, max_turns=8, max_new_tokens=256),
     )
     _check_consistent(tok, r)
     assert r.reward == 1.0 and r.outcome["resolved"] is True
@@ -64,13 +64,13 @@ def test_scripted_multi_turn_rollout_matches_template(tok):
 
 def test_random_model_rollout_spans_and_masks(tok):
     pol = HFPolicy.from_config(tiny_qwen3_moe_config(len(tok)), seed=0)
-    cfg = RolloutParams(group_size=2, max_turns=3, max_new_tokens=10, temperature=1.0, seed=1)
+    cfg = RolloutParams(group_size=2, max_turns=3, max_new_tokens=10, temperature=1.0)
     tasks = [
         RolloutTask(task_id="a", make_env=CounterEnv),
         RolloutTask(task_id="b", make_env=lambda: CounterEnv(2)),
     ]
     done = []
-    out = rollout(pol, tok, tasks, cfg, on_episode_done=lambda k, n: done.append((k, n)))
+    out = rollout(pol, tok, tasks, cfg, seed=1, on_episode_done=lambda k, n: done.append((k, n)))
     assert len(out) == 4 and done[-1] == (4, 4)
     assert [r.tokens.group_id for r in out] == ["0:a"] * 2 + ["1:b"] * 2
     for r in out:
@@ -95,11 +95,12 @@ def test_random_model_rollout_spans_and_masks(tok):
 
 def test_rollout_is_deterministic_under_seed(tok):
     pol = HFPolicy.from_config(tiny_qwen3_config(len(tok)), seed=0)
-    cfg = RolloutParams(group_size=2, max_turns=2, max_new_tokens=6, seed=7)
+    cfg = RolloutParams(group_size=2, max_turns=2, max_new_tokens=6)
     tasks = [RolloutTask(task_id="a", make_env=CounterEnv)]
-    a = [r.tokens.input_ids for r in rollout(pol, tok, tasks, cfg)]
-    b = [r.tokens.input_ids for r in rollout(pol, tok, tasks, cfg)]
-    assert a == b
+    a = [r.tokens.input_ids for r in rollout(pol, tok, tasks, cfg, seed=7)]
+    b = [r.tokens.input_ids for r in rollout(pol, tok, tasks, cfg, seed=7)]
+    c = [r.tokens.input_ids for r in rollout(pol, tok, tasks, cfg, seed=8)]
+    assert a == b and a != c
 
 
 def test_rollout_bad_input(tok):
@@ -121,10 +122,10 @@ def test_context_limit_truncates_turn_and_closes_it(tok):
         ScriptedPolicy(tok, [long_call]),
         tok,
         [RolloutTask(task_id="a", make_env=CounterEnv)],
-        RolloutParams(group_size=1, max_turns=1),
+        RolloutParams(group_size=1, max_turns=1, max_new_tokens=256),
     )
     prompt_len = probe.tokens.turn_spans[0][0]
-    cfg = RolloutParams(group_size=1, max_turns=5, max_context_tokens=prompt_len + 5)
+    cfg = RolloutParams(group_size=1, max_turns=5, max_context_tokens=prompt_len + 5, max_new_tokens=256)
     [r] = rollout(pol, tok, [RolloutTask(task_id="a", make_env=CounterEnv)], cfg)
     r.tokens.validate()
     start, end = r.tokens.turn_spans[0]
@@ -159,11 +160,12 @@ def test_turns_record_their_policy_version_and_context_overflow_ends_as_context(
         ScriptedPolicy(tok, [call]),
         tok,
         [RolloutTask(task_id="a", make_env=CounterEnv)],
-        RolloutParams(group_size=1, max_turns=2),
+        RolloutParams(group_size=1, max_turns=2, max_new_tokens=256),
     )
     second_prompt = probe.tokens.turn_spans[1][0]  # the context length at which turn 2 is asked for
     engine = _WindowedEngine(tok, [call], window=second_prompt + 3)  # turn 2 fits, turn 3 does not
-    [r] = rollout(engine, tok, [RolloutTask(task_id="a", make_env=CounterEnv)], RolloutParams(group_size=1))
+    one = RolloutParams(group_size=1, max_new_tokens=256)
+    [r] = rollout(engine, tok, [RolloutTask(task_id="a", make_env=CounterEnv)], one)
     _check_consistent(tok, r)
     assert [t.extra["policy_version"] for t in r.trajectory.turns] == [0, 1]
     assert r.trajectory.meta["policy_version"] == 0 and r.tokens.metadata["policy_version"] == 0

@@ -42,7 +42,7 @@ def trajectories(tok):
             ScriptedPolicy(tok, turns),
             tok,
             [RolloutTask(task_id="t", make_env=CounterEnv)],
-            RolloutParams(group_size=1),
+            RolloutParams(group_size=1, max_new_tokens=256),
         )
         out.append(r.tokens)
     return out

@@ -148,7 +148,7 @@ def _misnamed_then_submit(group_size: int):
         ScriptedPolicy(tok, turns),
         tok,
         [RolloutTask(task_id="a", make_env=CounterEnv)],
-        RolloutParams(group_size=group_size),
+        RolloutParams(group_size=group_size, max_new_tokens=256),
     )
     pol = HFPolicy.from_config(tiny_qwen3_config(len(tok), initializer_range=0.2), seed=0)
     return tok, pol, [r.tokens for r in out]
