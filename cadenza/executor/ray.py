@@ -2,9 +2,12 @@
 
 A private cluster (no ``ray_address``) is pinned to 127.0.0.1, keeps its session files under the
 run directory and gets its auth token through the environment, so nothing is written to ``~/.ray``
-and no listener leaves loopback. A unit whose worker process or node dies is re-run by Ray up to
-``max_retries`` times; every start is reported to the driver, so retries and losses are counted
-rather than guessed.
+and no listener leaves loopback. It never outlives the driver: a supervisor
+(:mod:`cadenza.executor.reaper`) stops every process of it when the driver dies, even by ``SIGKILL``,
+and ``SIGTERM`` on the driver is a clean shutdown (``SystemExit``, so ``close()`` runs).
+
+A unit whose worker process or node dies is re-run by Ray up to ``max_retries`` times; every start
+is reported to the driver, so retries and losses are counted rather than guessed.
 """
 
 from __future__ import annotations
@@ -14,15 +17,19 @@ import itertools
 import os
 import secrets
 import shutil
+import signal
 import socket
+import subprocess
 import sys
 import tempfile
+import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 from cadenza.errors import CadenzaError
+from cadenza.executor import reaper
 from cadenza.executor.base import EventQueue, ExecutorConfig, emit, set_sink
 
 INSTALL_HINT = "pip install 'cadenza[ray]' (ray==2.60.0)"
@@ -46,6 +53,11 @@ def _call(sink: Any, unit: int, fn: Callable[..., Any], *args: Any) -> Any:
     set_sink(sink)
     emit((_START, unit, os.getpid()))
     return fn(*args)
+
+
+def _on_sigterm(signum: int, frame: object) -> None:
+    """``SIGTERM`` on the driver: unwind like Ctrl-C, so every ``finally`` (``close()``) runs."""
+    raise SystemExit(128 + signum)
 
 
 def _probe(fn: Callable[[], Any]) -> tuple[str, Any]:
@@ -122,6 +134,8 @@ class RayExecutor:
         self._units = itertools.count()
         self._started = False
         self._tmp: Path | None = None
+        self._reaper: subprocess.Popen[bytes] | None = None
+        self._old_sigterm: Any = None
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no telemetry leaves the machine
         if ray.is_initialized():
             raise CadenzaError("Ray is already initialised in this process; run one cadenza job per process")
@@ -157,14 +171,18 @@ class RayExecutor:
                 _enable_token_auth()
 
     def _start_private(self, ray: Any) -> None:
-        base = Path(self.cfg.run_dir) if self.cfg.run_dir else None
+        base = Path(self.cfg.run_dir).resolve() / "ray" if self.cfg.run_dir else None
         # Ray puts unix sockets under its temp dir: keep the path short (AF_UNIX allows ~107 bytes).
-        if base is not None and len(str(base.resolve())) < 50:
-            tmp = base.resolve() / "ray"
-            tmp.mkdir(parents=True, exist_ok=True)
+        # One directory per cluster: the supervisor reaps exactly the processes that use it.
+        if base is not None and len(str(base)) < 45:
+            base.mkdir(parents=True, exist_ok=True)
+            tmp = Path(tempfile.mkdtemp(prefix="", dir=base))
         else:
             tmp = Path(tempfile.mkdtemp(prefix="cadenza-ray-"))
         self._tmp = tmp
+        self._reaper = reaper.spawn(os.getpid(), tmp)  # before the first Ray process exists
+        if threading.current_thread() is threading.main_thread():
+            self._old_sigterm = signal.signal(signal.SIGTERM, _on_sigterm) or signal.SIG_DFL
         try:
             ray.init(
                 num_cpus=self.cfg.workers,
@@ -176,8 +194,20 @@ class RayExecutor:
             )
         except Exception as exc:
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            self._stop_reaper(keep=True)
             raise CadenzaError(f"cannot start a local Ray cluster ({first}); its logs are in {tmp}") from None
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _on_sigterm)  # ray.init installed its own: ours unwinds the same
         self._started = True
+
+    def _stop_reaper(self, *, keep: bool = False) -> None:
+        """Reap what is left of the private cluster (nothing, after a clean ``ray.shutdown``)."""
+        if self._reaper is not None:
+            reaper.stop(self._reaper, keep=keep)
+            self._reaper = None
+        if self._old_sigterm is not None and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._old_sigterm)
+            self._old_sigterm = None
 
     # ------------------------------------------------------------------ the seam
 
@@ -226,11 +256,11 @@ class RayExecutor:
     def close(self) -> None:
         import ray
 
-        if not ray.is_initialized():
-            return
-        with contextlib.suppress(Exception):
-            ray.kill(self._queue.actor)
-        ray.shutdown()
+        if ray.is_initialized():
+            with contextlib.suppress(Exception):
+                ray.kill(self._queue.actor)
+            ray.shutdown()
+        self._stop_reaper()
         if self._started and self._tmp is not None:  # session files of a private cluster
             shutil.rmtree(self._tmp, ignore_errors=True)
         for key, old in self._saved_env.items():  # what _start_private changed in this process

@@ -51,10 +51,18 @@ class SampleRequest:
     prompts: Sequence[Sequence[int]]  # token-id prompts (never re-rendered text), each at least one token
     params: SamplingParams
     generator: torch.Generator | None = None  # seeds the draw; engines derive per-request seeds from it
+    # Served engines: one request seed per prompt, given (a router draws them before it splits the batch,
+    # so a prompt's sample does not depend on which engine it went to); None = drawn from ``generator``.
+    seeds: Sequence[int] | None = None
 
-    def part(self, prompts: Sequence[Sequence[int]], generator: torch.Generator | None) -> SampleRequest:
+    def part(
+        self,
+        prompts: Sequence[Sequence[int]],
+        generator: torch.Generator | None,
+        seeds: Sequence[int] | None = None,
+    ) -> SampleRequest:
         """The same parameters for a subset of the prompts (a router's share, one prompt of a batch)."""
-        return replace(self, prompts=prompts, generator=generator)
+        return replace(self, prompts=prompts, generator=generator, seeds=seeds)
 
 
 class Policy(Protocol):

@@ -7,8 +7,9 @@ to that root's engine (its KV prefix cache is warm there, and the G samples of a
 one root), any other prompt starts a session on the engine with the fewest sessions. Load is what
 this router placed: with many rollout workers each balances its own sessions.
 
-Weight syncs stream one pass over the tensors to every engine at once (a bounded queue per engine),
-so a model is never held in memory twice.
+Seeds are drawn per prompt before the split, as a lone engine draws them, so a prompt samples the
+same whichever engine serves it. Weight syncs stream one pass over the tensors to every engine at once
+(a bounded queue per engine), so a model is never held in memory twice.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from typing import Any
 import torch
 
 from cadenza.errors import CadenzaError
+from cadenza.rl.engines.openai import request_seeds
 from cadenza.rl.policy import Sample, SampleRequest
 
 _END = object()
@@ -71,18 +73,18 @@ class Router:
     def sample(self, request: SampleRequest) -> list[Sample]:
         prompts = request.prompts
         routes = [self.route(p) for p in prompts]
-        # One seed per engine, drawn in engine order: the draw is a function of the routing alone.
-        seeds = [int(torch.randint(0, 2**62, (1,), generator=request.generator)) for _ in self.engines]
+        # One seed per prompt, drawn before the split exactly as one engine draws them: a served engine
+        # samples a prompt the same whichever engine it went to (and as a lone engine would). Engines
+        # that sample from a generator (``hf``) get one seeded by their first prompt's seed.
+        seeds = request_seeds(request)
         jobs = {}
         for i, engine in enumerate(self.engines):
             mine = [k for k, r in enumerate(routes) if r == i]
             if mine:
                 self.served[i] += len(mine)
-                gen = torch.Generator().manual_seed(seeds[i])
-                jobs[i] = (
-                    mine,
-                    self._pool.submit(engine.sample, request.part([prompts[k] for k in mine], gen)),
-                )
+                gen = torch.Generator().manual_seed(seeds[mine[0]])
+                part = request.part([prompts[k] for k in mine], gen, [seeds[k] for k in mine])
+                jobs[i] = (mine, self._pool.submit(engine.sample, part))
         out: list[Sample | None] = [None] * len(prompts)
         for mine, fut in jobs.values():
             for k, sample in zip(mine, fut.result(), strict=True):

@@ -29,6 +29,13 @@ def draw_seeds(n: int, generator: torch.Generator | None) -> list[int]:
     return [int(s) for s in torch.randint(0, 2**62, (n,), generator=generator)]
 
 
+def request_seeds(request: SampleRequest) -> list[int]:
+    """The request's own per-prompt seeds (set by a router), else drawn from its generator."""
+    if request.seeds is not None:
+        return list(request.seeds)
+    return draw_seeds(len(request.prompts), request.generator)
+
+
 class CompletionsClient:
     """A minimal HTTP client for the completions endpoint (stdlib only, timeouts everywhere)."""
 
@@ -234,9 +241,7 @@ class OpenAIEngine:
         self._version = int(version)
 
     def sample(self, request: SampleRequest) -> list[Sample]:
-        out = self.client.complete(
-            request.prompts, request.params, draw_seeds(len(request.prompts), request.generator)
-        )
+        out = self.client.complete(request.prompts, request.params, request_seeds(request))
         for s in out:
             s.policy_version = self._version
         return out

@@ -26,7 +26,7 @@ from pathlib import Path
 import torch
 
 from cadenza.errors import CadenzaError, EngineError
-from cadenza.rl.engines.openai import CompletionsClient, draw_seeds
+from cadenza.rl.engines.openai import CompletionsClient, request_seeds
 from cadenza.rl.engines.vllm_server import VLLMServer, VLLMServerConfig
 from cadenza.rl.engines.weights import DEFAULT_BUCKET_BYTES, buckets, engine_names, to_safetensors_bytes
 from cadenza.rl.policy import Sample, SampleRequest
@@ -129,7 +129,7 @@ class VLLMEngine:
                 self._cond.notify_all()
 
     def sample(self, request: SampleRequest) -> list[Sample]:
-        seeds = draw_seeds(len(request.prompts), request.generator)
+        seeds = request_seeds(request)
         self._check_running()
         with self._generating() as version:
             out = self.client.complete(request.prompts, request.params, seeds)

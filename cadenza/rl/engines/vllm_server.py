@@ -10,7 +10,6 @@ Everything the server prints goes to a log file, named in every error.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import functools
 import json
 import os
@@ -27,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cadenza.errors import CadenzaError
+from cadenza.executor.reaper import set_pdeathsig as _set_pdeathsig
+from cadenza.executor.reaper import shm_mapped as _shm_mapped
 
 EXTENSION = "cadenza.rl.engines.vllm_ext.CadenzaWorkerExtension"
 CPU_MIN_HEAD_DIM = 32
@@ -123,23 +124,6 @@ def check_port(host: str, port: int) -> None:
             ) from None
 
 
-def _shm_mapped(pids: list[int]) -> set[str]:
-    """``/dev/shm`` files the given processes have mapped or open (vLLM's message queues)."""
-    found: set[str] = set()
-    for pid in pids:
-        with contextlib.suppress(OSError):
-            for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
-                if "/dev/shm/" in line:
-                    found.add(line[line.index("/dev/shm/") :].removesuffix(" (deleted)"))
-        with contextlib.suppress(OSError):
-            for fd in Path(f"/proc/{pid}/fd").iterdir():
-                with contextlib.suppress(OSError):
-                    target = os.readlink(fd)
-                    if target.startswith("/dev/shm/"):
-                        found.add(target.removesuffix(" (deleted)"))
-    return found
-
-
 def _group_pids(pgid: int) -> list[int]:
     pids = []
     for p in Path("/proc").iterdir():
@@ -168,11 +152,6 @@ def _kill_group(pgid: int, *, grace_s: float) -> None:
         shutil.rmtree(stage, ignore_errors=True)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pgid, signal.SIGKILL)
-
-
-def _set_pdeathsig(sig: int) -> None:
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # PR_SET_PDEATHSIG
 
 
 def _cpu_args(max_model_len: int) -> list[str]:
