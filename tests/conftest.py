@@ -33,6 +33,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.distributed)
         if item.get_closest_marker("serial") is not None:
             item.add_marker(pytest.mark.xdist_group("serial"))
+    # The serial lane is the longest unit of work: first, so it is not the tail of the run.
+    items.sort(key=lambda item: item.get_closest_marker("serial") is None)
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
@@ -40,6 +42,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     if config.getoption("dist") != "loadgroup":
         return None
     from xdist.scheduler import LoadGroupScheduling
+
+    # Units in collection order, not most-tests-first: distributed and integration modules (few, long
+    # tests) start early and the many short unit-test modules fill the tail.
+    config.option.loadscopereorder = False
 
     class ModulesAndGroups(LoadGroupScheduling):
         def _split_scope(self, nodeid: str) -> str:

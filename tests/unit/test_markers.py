@@ -65,7 +65,7 @@ def test_serial_tests_share_one_worker_and_modules_stay_whole(tmp_path) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-n", "3", "--dist", "loadgroup", "-v", "."],
         cwd=tmp_path,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        env={**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, "PYTHONPATH": str(ROOT)},
         capture_output=True,
         text=True,
         timeout=120,
