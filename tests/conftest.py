@@ -6,8 +6,9 @@ Markers (declared in pyproject.toml; ``make test`` runs everything, ``make test-
 ``pip`` cannot reach it).
 
 Concurrency (``make test`` runs ``pytest -n 4 --dist loadgroup``; see tests/README.md): the tests marked
-``serial`` (vLLM engines, Ray clusters) form one xdist group, so they run one at a time on one worker; every
-other module is a unit of its own, run on one worker in order, so its module fixtures are built once.
+``serial`` (vLLM engines) form one xdist group and those marked ``serial("ray")`` (Ray clusters) another, so
+each lane runs one test at a time on one worker; every other module is a unit of its own, run on one worker
+in order, so its module fixtures are built once.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if Path(str(item.fspath)).is_relative_to(DISTRIBUTED_DIR):
             item.add_marker(pytest.mark.distributed)
-        if item.get_closest_marker("serial") is not None:
-            item.add_marker(pytest.mark.xdist_group("serial"))
-    # The serial lane is the longest unit of work: first, so it is not the tail of the run.
+        if (serial := item.get_closest_marker("serial")) is not None:  # serial("ray"): the lane named "ray"
+            item.add_marker(pytest.mark.xdist_group("-".join(["serial", *serial.args])))
+    # The serial lanes are the longest units of work: first, so they are not the tail of the run.
     items.sort(key=lambda item: item.get_closest_marker("serial") is None)
 
 
