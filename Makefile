@@ -30,8 +30,8 @@ demo: prereqs $(BIN)/.ready
 	$(BIN)/cadenza demo
 
 # TEST_WORKERS xdist workers, more than the 2 cores: the suite mostly waits (subprocesses, pip, engine
-# start-up). Each module stays on one worker; the tests marked `serial` (vLLM engines, Ray clusters) share
-# one, so they run one at a time (tests/README.md). --durations: the 25 slowest tests are listed after
+# start-up). Each module stays on one worker; the tests marked `serial` (vLLM engines) share one and those
+# marked `serial("ray")` (Ray clusters) another, so each lane runs one test at a time (tests/README.md). --durations: the 25 slowest tests are listed after
 # every run, so the 20-minute budget stays visible.
 TEST_WORKERS ?= 4
 test: prereqs $(BIN)/.ready $(VENV)/.engines
