@@ -29,9 +29,13 @@ $(VENV)/.engines: $(BIN)/.ready
 demo: prereqs $(BIN)/.ready
 	$(BIN)/cadenza demo
 
-# --durations: the 25 slowest tests are listed after every run, so the 20-minute budget stays visible.
+# TEST_WORKERS xdist workers, more than the 2 cores: the suite mostly waits (subprocesses, pip, engine
+# start-up). Each module stays on one worker; the tests marked `serial` (vLLM engines) share one and those
+# marked `serial("ray")` (Ray clusters) another, so each lane runs one test at a time (tests/README.md). --durations: the 25 slowest tests are listed after
+# every run, so the 20-minute budget stays visible.
+TEST_WORKERS ?= 4
 test: prereqs $(BIN)/.ready $(VENV)/.engines
-	$(BIN)/python -m pytest -q --durations=25 tests
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 tests
 
 # About 2 minutes: the unit tests not marked slow (no PyPI builds, no distributed runs; see pyproject.toml).
 test-fast: prereqs $(BIN)/.ready

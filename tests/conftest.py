@@ -4,6 +4,11 @@ Markers (declared in pyproject.toml; ``make test`` runs everything, ``make test-
 ``slow`` (real task builds, long end-to-end runs), ``distributed`` (given here to every test under
 ``tests/distributed/``) and ``network`` (needs the package registry: skipped, with the reason, when
 ``pip`` cannot reach it).
+
+Concurrency (``make test`` runs ``pytest -n 4 --dist loadgroup``; see tests/README.md): the tests marked
+``serial`` (vLLM engines) form one xdist group and those marked ``serial("ray")`` (Ray clusters) another, so
+each lane runs one test at a time on one worker; every other module is a unit of its own, run on one worker
+in order, so its module fixtures are built once.
 """
 
 from __future__ import annotations
@@ -22,10 +27,33 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 DISTRIBUTED_DIR = Path(__file__).parent / "distributed"
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups (in its own hook of this name)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if Path(str(item.fspath)).is_relative_to(DISTRIBUTED_DIR):
             item.add_marker(pytest.mark.distributed)
+        if (serial := item.get_closest_marker("serial")) is not None:  # serial("ray"): the lane named "ray"
+            item.add_marker(pytest.mark.xdist_group("-".join(["serial", *serial.args])))
+    # The serial lanes are the longest units of work: first, so they are not the tail of the run.
+    items.sort(key=lambda item: item.get_closest_marker("serial") is None)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``--dist loadgroup``, with every test outside a group scheduled with its module (not one by one)."""
+    if config.getoption("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    # Units in collection order, not most-tests-first: distributed and integration modules (few, long
+    # tests) start early and the many short unit-test modules fill the tail.
+    config.option.loadscopereorder = False
+
+    class ModulesAndGroups(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            grouped = nodeid.rfind("@") > nodeid.rfind("]")  # as xdist's: a parameter may contain '@'
+            return nodeid.rsplit("@", 1)[-1] if grouped else nodeid.split("::", 1)[0]
+
+    return ModulesAndGroups(config, log)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -1,4 +1,4 @@
-"""A real task venv with pytest, built in well under a second and shared by every module of a session.
+"""A real task venv with pytest, built in well under a second, shared by every module and worker of a run.
 
 ``python -m venv --without-pip``, then pytest and its runtime requirements copied file by file from
 this interpreter's installed distributions (their RECORD lists). The result is an ordinary venv whose
@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+
+from tests.support.run_cache import build_once
 
 
 def _closure(name: str) -> list[md.Distribution]:
@@ -53,10 +55,4 @@ def build_pytest_venv(env: Path) -> Path:
 @pytest.fixture(scope="session")
 def task_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A real venv with pytest (the task environment of the toy tasks): one fast build per session."""
-    env = tmp_path_factory.getbasetemp() / "monitor-task-env" / "env"
-    if not (env / ".ready").exists():
-        shutil.rmtree(env, ignore_errors=True)
-        env.parent.mkdir(parents=True, exist_ok=True)
-        build_pytest_venv(env)
-        (env / ".ready").touch()
-    return env
+    return build_once(tmp_path_factory, "monitor-task-env", lambda d: build_pytest_venv(d / "env")) / "env"

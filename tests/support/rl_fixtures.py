@@ -22,6 +22,7 @@ from cadenza.rl.config import (
     RunConfig,
     TrainConfig,
 )
+from tests.support.run_cache import build_once
 
 TIMING = {"tokens_per_s", "rollout_s", "step_s", "generate_s", "sync_s"}
 
@@ -40,20 +41,18 @@ def _sft(out: Path, **arch) -> Path:
 @pytest.fixture(scope="session")
 def sft_model(tmp_path_factory) -> Path:
     """A tiny Qwen3 that has learnt toolworld's call format (and nothing about which alias fits a profile)."""
-    return _sft(tmp_path_factory.mktemp("sft"), hidden_size=32, intermediate_size=64, head_dim=8)
+    return build_once(
+        tmp_path_factory, "sft", lambda out: _sft(out, hidden_size=32, intermediate_size=64, head_dim=8)
+    )
 
 
 @pytest.fixture(scope="session")
 def sft_model_32(tmp_path_factory) -> Path:
     """As ``sft_model`` with head_dim 32 (hidden 64, 2 heads): a model vLLM's CPU build can serve."""
-    return _sft(
-        tmp_path_factory.mktemp("sft32"),
-        hidden_size=64,
-        intermediate_size=64,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=32,
+    arch = dict(
+        hidden_size=64, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1, head_dim=32
     )
+    return build_once(tmp_path_factory, "sft32", lambda out: _sft(out, **arch))
 
 
 def config(model: Path, out: Path, steps: int, **loss) -> TrainConfig:

@@ -149,11 +149,13 @@ def make_repo(
 
 
 def shared_env_cache(tmp_path_factory) -> Path:
-    """One base-env cache for the whole test session (or ``CADENZA_TEST_ENV_CACHE`` to keep it across
+    """One base-env cache for the whole test run (or ``CADENZA_TEST_ENV_CACHE`` to keep it across
     runs)."""
     import os
+
+    from tests.support.run_cache import run_dir
 
     keep = os.environ.get("CADENZA_TEST_ENV_CACHE")
     if keep:
         return Path(keep)
-    return tmp_path_factory.getbasetemp() / "cadenza-env-cache"
+    return run_dir(tmp_path_factory) / "cadenza-env-cache"  # shared by the xdist workers (it locks per env)

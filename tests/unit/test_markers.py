@@ -4,6 +4,7 @@ registry probe behind ``network`` reports an unreachable index instead of passin
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -32,3 +33,44 @@ def test_distributed_tests_are_marked_by_folder() -> None:
     )
     collected = [line for line in proc.stdout.splitlines() if "::" in line]
     assert proc.returncode == 0 and collected and all(c.startswith("tests/distributed/") for c in collected)
+
+
+# What a test module writes when it starts a vLLM engine or a Ray cluster (directly or through the CLI).
+STARTS_ENGINE = re.compile(
+    r'engine="vllm"|make_engine\(\s*"vllm"|kind="ray"|executor="ray"|"--executor", "ray"|RayWorkers\('
+)
+
+
+def test_modules_that_start_engines_or_ray_are_marked_serial() -> None:
+    """They share one xdist worker (tests/conftest.py); an unmarked one would run beside another engine."""
+    starting = [
+        p
+        for p in (ROOT / "tests").rglob("test_*.py")
+        if "unit" not in p.parts and STARTS_ENGINE.search(p.read_text())
+    ]
+    assert len(starting) >= 9, starting  # the vLLM, Ray and served-worker modules: the pattern still matches
+    unmarked = [str(p.relative_to(ROOT)) for p in starting if "pytest.mark.serial" not in p.read_text()]
+    assert not unmarked, f"mark these modules pytest.mark.serial (they start an engine or Ray): {unmarked}"
+
+
+def test_serial_tests_share_one_worker_and_modules_stay_whole(tmp_path) -> None:
+    """The grouping of tests/conftest.py under ``make test``'s xdist options (it silently stops working with
+    a pytest whose node ids xdist cannot tag, pytest-xdist#1386)."""
+    for name in ("a", "b"):
+        body = "import pytest\n\npytestmark = pytest.mark.serial\n"
+        (tmp_path / f"test_{name}.py").write_text(
+            body + "".join(f"\ndef test_{i}():\n    pass\n" for i in range(4))
+        )
+    (tmp_path / "test_c.py").write_text("".join(f"def test_{i}():\n    pass\n\n" for i in range(8)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-n", "3", "--dist", "loadgroup", "-v", "."],
+        cwd=tmp_path,
+        env={**{k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}, "PYTHONPATH": str(ROOT)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    ran = re.findall(r"\[(gw\d+)\] .*PASSED (test_\w)\.py", proc.stdout)
+    assert proc.returncode == 0 and len(ran) == 16, proc.stdout[-3000:]
+    assert len({gw for gw, mod in ran if mod != "test_c"}) == 1, ran
+    assert len({gw for gw, mod in ran if mod == "test_c"}) == 1, ran

@@ -13,7 +13,10 @@ from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
 from tests.support.engine_helpers import check_sync_parity, save
 from tests.support.rl_helpers import make_tokenizer
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = [
+    pytest.mark.serial,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
 
 
 class _Native:

@@ -11,7 +11,7 @@ from cadenza.agent.trajectory import Trajectory
 from tests.support.chat_server import serve
 from tests.support.eval_script import _eval, policy
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial("ray")]
 
 SAME = ("resolved", "reward", "turns", "flags", "error", "stop_reason")
 

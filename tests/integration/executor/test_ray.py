@@ -23,7 +23,7 @@ import pytest
 
 from tests.support.tasks_helpers import make_repo, shared_env_cache
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial("ray")]
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 

@@ -29,7 +29,7 @@ from cadenza.rl.sft import SFTConfig, encode_messages, supervised_finetune
 from tests.support.engine_helpers import TOL, check_sync_parity, hf_logprobs, requires_vllm, save
 from tests.support.rl_helpers import TOOLS, CounterEnv, make_tokenizer
 
-pytestmark = [pytest.mark.slow, requires_vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, requires_vllm]
 
 TEMPERATURE = 0.7
 

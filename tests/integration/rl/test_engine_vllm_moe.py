@@ -11,7 +11,7 @@ from cadenza.rl.policy import HFPolicy, SampleRequest, SamplingParams, tiny_qwen
 from tests.support.engine_helpers import TOL, check_sync_parity, hf_logprobs, requires_vllm, save
 from tests.support.rl_helpers import make_tokenizer
 
-pytestmark = [pytest.mark.slow, requires_vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, requires_vllm]
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
 from tests.support.engine_helpers import TOL, check_sync_parity, hf_logprobs, requires_vllm
 from tests.support.rl_helpers import CounterEnv
 
-pytestmark = [pytest.mark.slow, requires_vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, requires_vllm]
 
 
 @pytest.fixture(scope="module")

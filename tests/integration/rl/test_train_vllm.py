@@ -14,7 +14,7 @@ from tests.support.engine_helpers import free_port as _free_port
 from tests.support.engine_helpers import requires_vllm
 from tests.support.rl_fixtures import config
 
-pytestmark = [pytest.mark.slow, requires_vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, requires_vllm]
 
 
 @pytest.mark.parametrize("k", [0, 1])

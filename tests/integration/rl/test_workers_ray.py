@@ -17,7 +17,7 @@ from cadenza.rl.workers import LocalWorkers, RayWorkers
 from tests.support.rl_fixtures import config
 from tests.support.rl_fixtures import step_units as _units
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial("ray")]
 
 
 def _fingerprint(results):

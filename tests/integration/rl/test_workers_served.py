@@ -23,7 +23,7 @@ from tests.support.engine_helpers import requires_vllm
 from tests.support.rl_fixtures import config
 from tests.support.rl_fixtures import step_units as _units
 
-pytestmark = [pytest.mark.slow, requires_vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, requires_vllm]
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 

@@ -24,7 +24,7 @@ from tests.support.chat_server import closed_port_url
 from tests.support.rl_fixtures import config
 from tests.support.rl_fixtures import step_units as _units
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial("ray")]
 
 
 class _Models(BaseHTTPRequestHandler):

@@ -61,7 +61,8 @@ def bad_sources(root: Path) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> dict[str, str]:
-    return {**os.environ, "CADENZA_ENV_CACHE": str(shared_env_cache(tmp_path_factory))}
+    # COLUMNS: the summary table keeps its columns with the longer tmp paths of an xdist worker.
+    return {**os.environ, "CADENZA_ENV_CACHE": str(shared_env_cache(tmp_path_factory)), "COLUMNS": "240"}
 
 
 @pytest.fixture(scope="module")
