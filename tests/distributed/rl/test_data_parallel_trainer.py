@@ -25,6 +25,8 @@ from cadenza.rl.config import TrainConfig
 from cadenza.testing import spawn
 from tests.support.rl_fixtures import config
 
+pytestmark = pytest.mark.serial("ray")  # the CLI test starts a Ray cluster (tests/README.md)
+
 STEPS = 2
 COMPARED = ("grpo_loss", "sd_loss", "grad_norm", "reward", "clip_fraction")
 

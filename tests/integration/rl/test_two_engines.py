@@ -22,7 +22,7 @@ from tests.support.engine_helpers import TOL, engine_processes, hf_logprobs, req
 from tests.support.rl_fixtures import config
 from tests.support.rl_fixtures import step_units as _units
 
-pytestmark = [pytest.mark.slow, requires_vllm]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, requires_vllm]
 
 
 @pytest.fixture(scope="module")
