@@ -37,6 +37,7 @@ _START = "__cadenza_unit_start__"
 LOST_ERRORS = ("WorkerCrashedError", "NodeDiedError", "ActorDiedError", "OwnerDiedError", "ObjectLostError")
 
 
+_MAX_CLUSTER_DIR = 38  # bytes of a private cluster's directory path (see _start_private)
 _TOKEN: list[str] = []
 
 
@@ -172,9 +173,11 @@ class RayExecutor:
 
     def _start_private(self, ray: Any) -> None:
         base = Path(self.cfg.run_dir).resolve() / "ray" if self.cfg.run_dir else None
-        # Ray puts unix sockets under its temp dir: keep the path short (AF_UNIX allows ~107 bytes).
-        # One directory per cluster: the supervisor reaps exactly the processes that use it.
-        if base is not None and len(str(base)) < 45:
+        # Ray puts unix sockets under its temp dir (``<dir>/session_<date>_<time>_<us>_<pid>/sockets/
+        # plasma_store``, ~65 bytes more) and AF_UNIX allows 107: the directory (base + "/" + 8 random
+        # characters) must stay within 38. One directory per cluster: the supervisor reaps exactly the
+        # processes that use it.
+        if base is not None and len(str(base)) + 9 <= _MAX_CLUSTER_DIR:
             base.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix="", dir=base))
         else:
