@@ -117,11 +117,14 @@ def bench_episodes(root: Path, n_units: int) -> dict:
 def predict_builds(runs: dict[str, dict], cores: int) -> dict[str, float]:
     """Each build's tasks/minute as the capacity model predicts it: a 2-worker build from its
     executor's 1-worker build (per-source prepare and candidate seconds, Amdahl's law, capped at the
-    cores), the 1-worker Ray build from the local one (no Ray overhead assumed: the gap is Ray's)."""
+    cores, plus the 1-worker build's time outside its sources), the 1-worker Ray build from the local
+    one (no Ray overhead assumed: the gap is Ray's)."""
     from cadenza.scale import predict_build_seconds
 
     def rate(base: dict, workers: int) -> float:
-        wall = predict_build_seconds(base["sources"], min(workers, cores))
+        # what the 1-worker build spent outside its sources (dispatch, results, the store) stays
+        overhead = max(0.0, base["wall_seconds"] - predict_build_seconds(base["sources"], 1))
+        wall = predict_build_seconds(base["sources"], min(workers, cores)) + overhead
         return round(base["tasks"] / wall * 60, 2) if wall else 0.0
 
     return {
