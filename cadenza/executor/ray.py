@@ -37,7 +37,7 @@ _START = "__cadenza_unit_start__"
 LOST_ERRORS = ("WorkerCrashedError", "NodeDiedError", "ActorDiedError", "OwnerDiedError", "ObjectLostError")
 
 
-_MAX_CLUSTER_DIR = 38  # bytes of a private cluster's directory path (see _start_private)
+_MAX_CLUSTER_DIR = 38  # bytes of a private cluster's directory path (see cluster_dir)
 _TOKEN: list[str] = []
 
 
@@ -47,6 +47,22 @@ def _process_token() -> str:
     if not _TOKEN:
         _TOKEN.append(secrets.token_hex(16))
     return _TOKEN[0]
+
+
+def cluster_dir(run_dir: str | None) -> Path:
+    """A new directory for one private cluster (the supervisor reaps exactly the processes using it).
+
+    Ray puts its unix sockets under it (``<dir>/session_<date>_<time>_<us>_<pid>/sockets/plasma_store``,
+    up to ~65 bytes more) and AF_UNIX allows 107, so the directory may take at most 38: under the run's
+    own directory when that is short enough, else in the system temp directory (``/tmp`` when even that
+    is too long)."""
+    base = Path(run_dir).resolve() / "ray" if run_dir else None
+    if base is not None and len(str(base)) + 9 <= _MAX_CLUSTER_DIR:  # + "/" + 8 random characters
+        base.mkdir(parents=True, exist_ok=True)
+        return Path(tempfile.mkdtemp(prefix="", dir=base))
+    temp = tempfile.gettempdir()
+    short = temp if len(temp) + len("/cadenza-ray-") + 8 <= _MAX_CLUSTER_DIR else "/tmp"
+    return Path(tempfile.mkdtemp(prefix="cadenza-ray-", dir=short))
 
 
 def _call(sink: Any, unit: int, fn: Callable[..., Any], *args: Any) -> Any:
@@ -172,16 +188,7 @@ class RayExecutor:
                 _enable_token_auth()
 
     def _start_private(self, ray: Any) -> None:
-        base = Path(self.cfg.run_dir).resolve() / "ray" if self.cfg.run_dir else None
-        # Ray puts unix sockets under its temp dir (``<dir>/session_<date>_<time>_<us>_<pid>/sockets/
-        # plasma_store``, ~65 bytes more) and AF_UNIX allows 107: the directory (base + "/" + 8 random
-        # characters) must stay within 38. One directory per cluster: the supervisor reaps exactly the
-        # processes that use it.
-        if base is not None and len(str(base)) + 9 <= _MAX_CLUSTER_DIR:
-            base.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix="", dir=base))
-        else:
-            tmp = Path(tempfile.mkdtemp(prefix="cadenza-ray-"))
+        tmp = cluster_dir(self.cfg.run_dir)
         self._tmp = tmp
         self._reaper = reaper.spawn(os.getpid(), tmp)  # before the first Ray process exists
         if threading.current_thread() is threading.main_thread():
