@@ -55,9 +55,9 @@ def share_from_rank0(fn: Callable[[], T], *, result_to_all: bool = True) -> T:
     """Run ``fn`` on rank 0 only; every rank returns its result (``result_to_all``) or raises its error.
 
     A rank-0 failure must reach the other ranks, or they wait in the next collective until the group
-    times out. A user error (``CadenzaError``) is re-raised as itself on every rank when it pickles
-    (``PoolExhausted`` stays ``PoolExhausted``); any other error is re-raised as itself on rank 0 and
-    as ``RuntimeError("rank 0 failed: ...")`` elsewhere.
+    times out. Rank 0 raises its own error; the others raise a user error (``CadenzaError``) as itself
+    when it pickles (``PoolExhausted`` stays ``PoolExhausted``), anything else as
+    ``RuntimeError("rank 0 failed: ...")``.
     """
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return fn()
@@ -75,7 +75,7 @@ def share_from_rank0(fn: Callable[[], T], *, result_to_all: bool = True) -> T:
     status, payload = box[0]
     if status == "ok":
         return result if dist.get_rank() == 0 else payload
-    if failure is not None and not isinstance(failure, CadenzaError):
+    if failure is not None:  # rank 0 raises its own error, traceback and all
         raise failure
     raise payload
 
