@@ -59,14 +59,19 @@ def test_reap_is_scoped_to_its_directory_and_takes_descendants(tmp_path):
         assert not _alive(a_child) and not mine.exists() and not Path(shm_mine).exists()
         assert b.poll() is None and _alive(b_child) and Path(shm_other).exists()  # another cluster: untouched
     finally:
-        for p in (a, b):
-            p.kill()
-            p.wait()
-        for pid in (a_child, b_child):
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        for f in (shm_mine, shm_other):
-            Path(f).unlink(missing_ok=True)
+        _clean_up((a, b), (a_child, b_child), (shm_mine, shm_other))
+
+
+def _clean_up(procs, pids, shm_files) -> None:
+    """Whatever a failed test left: its processes, their children, their shared-memory files."""
+    for p in procs:
+        p.kill()
+        p.wait()
+    for pid in pids:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    for f in shm_files:
+        Path(f).unlink(missing_ok=True)
 
 
 DRIVER = """
@@ -97,10 +102,4 @@ def test_supervisor_reaps_when_its_driver_is_killed(tmp_path):
             time.sleep(0.1)
         assert not _alive(child) and not _alive(sup) and not root.exists() and not Path(shm).exists()
     finally:
-        for p in (driver, worker):
-            p.kill()
-            p.wait()
-        for pid in (child, sup):
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        Path(shm).unlink(missing_ok=True)
+        _clean_up((driver, worker), (child, sup), (shm,))
