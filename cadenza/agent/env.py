@@ -16,6 +16,10 @@ class ToolCall:
     arguments: dict[str, Any] | str  # a str when the model produced arguments that are not a JSON object
     id: str = ""
 
+    def argument_dict(self) -> dict[str, Any]:
+        """The arguments as a trajectory records them: a JSON object, or ``{"_raw": text}`` when not one."""
+        return self.arguments if isinstance(self.arguments, dict) else {"_raw": self.arguments}
+
 
 @dataclass(kw_only=True)
 class StepResult:

@@ -24,7 +24,7 @@ from cadenza.agent.grade import GradeResult, grade, task_env_dir
 from cadenza.agent.outcome import Outcome
 from cadenza.agent.prompt import initial_messages
 from cadenza.agent.tools import TOOL_NAMES, Toolbox, ToolsConfig
-from cadenza.agent.trajectory import Flag, Trajectory, TurnMeta
+from cadenza.agent.trajectory import Flag, Trajectory
 from cadenza.errors import CadenzaError, ConfigError
 from cadenza.monitor import monitor as default_monitor
 from cadenza.sandbox import Sandbox, SandboxConfig, hidden_roots
@@ -155,32 +155,21 @@ class Episode:
         duration = time.monotonic() - t0
         call_id = call.id or f"call_{len(traj.turns)}"
         raw_args = call.arguments if isinstance(call.arguments, str) else json.dumps(call.arguments)
-        traj.messages.append(
+        function = {"name": call.name, "arguments": raw_args}
+        traj.add_turn(
             {
                 "role": "assistant",
                 "content": content,
-                "tool_calls": [
-                    {
-                        "id": call_id,
-                        "type": "function",
-                        "function": {"name": call.name, "arguments": raw_args},
-                    }
-                ],
-            }
-        )
-        traj.turns.append(
-            TurnMeta(
-                index=len(traj.turns),
-                message_index=len(traj.messages) - 1,
-                tool=call.name,
-                arguments=call.arguments if isinstance(call.arguments, dict) else {"_raw": call.arguments},
-                error_kind=result.error_kind,
-                exit_code=result.exit_code,
-                duration_s=duration,
-                token_ids=token_ids,
-                logprobs=logprobs,
-                extra=dict(result.edit) if result.edit else {},
-            )
+                "tool_calls": [{"id": call_id, "type": "function", "function": function}],
+            },
+            tool=call.name,
+            arguments=call.argument_dict(),
+            error_kind=result.error_kind,
+            exit_code=result.exit_code,
+            duration_s=duration,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            extra=dict(result.edit) if result.edit else {},
         )
         observation, reason = self._end_turn(result.observation, tokens, token_ids, submitted=result.done)
         traj.messages.append({"role": "tool", "tool_call_id": call_id, "content": observation})
@@ -204,15 +193,11 @@ class Episode:
         traj, _ = self._require()
         if self.done:
             return StepResult(observation="Error: the episode is over.", done=True, error_kind="tool_error")
-        traj.messages.append({"role": "assistant", "content": content})
-        traj.turns.append(
-            TurnMeta(
-                index=len(traj.turns),
-                message_index=len(traj.messages) - 1,
-                error_kind="no_tool_call",
-                token_ids=token_ids,
-                logprobs=logprobs,
-            )
+        traj.add_turn(
+            {"role": "assistant", "content": content},
+            error_kind="no_tool_call",
+            token_ids=token_ids,
+            logprobs=logprobs,
         )
         observation, reason = self._end_turn(NO_TOOL_CALL, tokens, token_ids)
         traj.messages.append({"role": "user", "content": observation})

@@ -17,7 +17,7 @@ from typing import Any
 
 from cadenza.agent.env import Env, StepResult, ToolCall
 from cadenza.agent.llm import ChatClient, LLMContextError, LLMError
-from cadenza.agent.trajectory import Trajectory, TurnMeta
+from cadenza.agent.trajectory import Trajectory
 
 NO_TOOL_CALL = "Error: no tool call found. Call one of the tools; call submit when done."
 
@@ -81,12 +81,8 @@ def run_agent(
             )  # type: ignore[attr-defined]
             convo.append({"role": "user", "content": result.observation})
             if not rich:
-                own.messages.extend([msg, {"role": "user", "content": result.observation}])
-                own.turns.append(
-                    TurnMeta(
-                        index=len(own.turns), message_index=len(own.messages) - 2, error_kind="no_tool_call"
-                    )
-                )
+                own.add_turn(msg, error_kind="no_tool_call")
+                own.messages.append({"role": "user", "content": result.observation})
             done = result.done
         for i, tc in enumerate(calls):
             fn = tc["function"]
@@ -107,25 +103,14 @@ def run_agent(
                 result = env.step(call)
             convo.append({"role": "tool", "tool_call_id": call.id, "content": result.observation})
             if not rich:
-                own.messages.append(
-                    {
-                        "role": "assistant",
-                        "content": msg.get("content") if i == 0 else None,
-                        "tool_calls": [tc],
-                    }
-                )
-                own.turns.append(
-                    TurnMeta(
-                        index=len(own.turns),
-                        message_index=len(own.messages) - 1,
-                        tool=call.name,
-                        arguments=call.arguments
-                        if isinstance(call.arguments, dict)
-                        else {"_raw": call.arguments},
-                        error_kind=result.error_kind,
-                        exit_code=result.info.get("exit_code"),
-                        duration_s=time.monotonic() - t0,
-                    )
+                content = msg.get("content") if i == 0 else None
+                own.add_turn(
+                    {"role": "assistant", "content": content, "tool_calls": [tc]},
+                    tool=call.name,
+                    arguments=call.argument_dict(),
+                    error_kind=result.error_kind,
+                    exit_code=result.info.get("exit_code"),
+                    duration_s=time.monotonic() - t0,
                 )
                 own.messages.append({"role": "tool", "tool_call_id": call.id, "content": result.observation})
             if result.done:

@@ -62,6 +62,13 @@ class Trajectory:
     sandboxed: bool = True
     meta: dict[str, Any] = field(default_factory=dict)
 
+    def add_turn(self, message: dict[str, Any], **meta: Any) -> TurnMeta:
+        """Append the assistant ``message`` and its turn, whose indices point at it."""
+        self.messages.append(message)
+        turn = TurnMeta(index=len(self.turns), message_index=len(self.messages) - 1, **meta)
+        self.turns.append(turn)
+        return turn
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

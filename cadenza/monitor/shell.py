@@ -17,8 +17,8 @@ import zlib
 
 from cadenza.monitor.shell_lex import (
     _ASSIGN,
-    _KEYWORDS,
     DYNAMIC,
+    KEYWORDS,
     MAX_DEPTH,
     Command,
     ShellState,
@@ -111,7 +111,7 @@ def _finalize(cmd: Command, state: ShellState, depth: int) -> None:
     slot = getattr(cmd, "_heredoc_slot", None)
     if slot is not None:
         cmd.heredoc = slot.get("heredoc") or ""
-    while cmd.argv and cmd.argv[0] in _KEYWORDS:
+    while cmd.argv and cmd.argv[0] in KEYWORDS:
         cmd.argv.pop(0)
     if cmd.argv and cmd.argv[0] in ("for", "select") and "in" in cmd.argv:
         cmd.argv = ["ls", *cmd.argv[cmd.argv.index("in") + 1 :]]  # the loop reads what it iterates over

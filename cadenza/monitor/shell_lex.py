@@ -12,22 +12,10 @@ _REDIRECTS = ("<<<", "<<-", "&>>", "<<", ">>", ">&", "<&", "&>", ">|", "<>", ">"
 _WORD_END = set(" \t\n;&|<>()")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _ASSIGN = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)(\+?)=(.*)$", re.S)
-_KEYWORDS = {
-    "if",
-    "then",
-    "else",
-    "elif",
-    "do",
-    "while",
-    "until",
-    "!",
-    "{",
-    "}",
-    "time",
-    "fi",
-    "done",
-    "esac",
-}
+#: reserved words that may stand before a command's name (skipped when looking for argv[0])
+KEYWORDS = frozenset(
+    ["if", "then", "else", "elif", "do", "while", "until", "!", "{", "}", "time", "fi", "done", "esac"]
+)
 DYNAMIC = "\x00?"  # stands in for text the reader could not resolve
 MAX_DEPTH = 6
 

@@ -32,6 +32,15 @@ class MuonConfig:
     ns_dtype: str = "bfloat16"  # Newton–Schulz precision: bfloat16 | float32 | float16
     adamw_lr: float = 0.0  # lr of the AdamW groups (embeddings, lm_head, norms); 0 = the Muon lr
 
+    def optimizer_options(self) -> dict[str, Any]:
+        """The :class:`~cadenza.optim.muon.Muon` keyword arguments this section sets."""
+        return dict(
+            momentum=self.momentum,
+            adjust_lr=self.adjust_lr,
+            ns_steps=self.ns_steps,
+            ns_dtype=NS_DTYPES[self.ns_dtype],
+        )
+
     def check(self, where: str = "muon") -> None:
         """One-line :class:`ConfigError` for a value Muon cannot use."""
         if self.adjust_lr not in ("original", "match_rms_adamw"):
@@ -116,13 +125,4 @@ def build_optimizer(
         return _adamw(model, lr=lr, weight_decay=weight_decay, betas=betas, decay_vectors=decay_vectors)
     muon = muon or MuonConfig()
     groups = muon_groups(model, lr=lr, weight_decay=weight_decay, muon=muon, decay_vectors=decay_vectors)
-    return Muon(
-        groups,
-        lr=lr,
-        weight_decay=weight_decay,
-        betas=betas,
-        momentum=muon.momentum,
-        adjust_lr=muon.adjust_lr,
-        ns_steps=muon.ns_steps,
-        ns_dtype=NS_DTYPES[muon.ns_dtype],
-    )
+    return Muon(groups, lr=lr, weight_decay=weight_decay, betas=betas, **muon.optimizer_options())

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cadenza.errors import CadenzaError
+from cadenza.errors import CadenzaError, need
 from cadenza.tasks.pool import TaskPool, TaskStats
 
 
@@ -55,10 +55,22 @@ class CurriculumConfig:
     max_level: int = 3
 
     def __post_init__(self) -> None:
-        if not 0.0 < self.target < 1.0:
-            raise CadenzaError(f"curriculum target must be in (0, 1), got {self.target}")
-        if not 0.0 <= self.unseen_share <= 1.0:
-            raise CadenzaError(f"curriculum unseen_share must be in [0, 1], got {self.unseen_share}")
+        need(0.0 < self.target < 1.0, f"curriculum target must be in (0, 1), got {self.target}")
+        for name in (
+            "unseen_share",
+            "confirm_share",
+            "near_band",
+            "escalate_mean_pass",
+            "escalate_min_near_share",
+        ):
+            value = getattr(self, name)
+            need(0.0 <= value <= 1.0, f"curriculum {name} must be in [0, 1], got {value}")
+        for name in ("escalate_min_groups", "escalate_cooldown_steps", "escalate_tasks", "max_level"):
+            value = getattr(self, name)
+            need(
+                isinstance(value, int) and value >= 0,
+                f"curriculum {name} must be an integer >= 0, got {value!r}",
+            )
 
 
 class CurriculumSampler:

@@ -34,7 +34,7 @@ from cadenza.tasks.deps import parsed_files
 from cadenza.tasks.runner import RunCounter, run_pytest, run_python
 from cadenza.tasks.source import copy_tree
 from cadenza.tasks.venv import BaseEnv, make_task_env
-from cadenza.testrun import env_plugins
+from cadenza.testrun import TestReport, env_plugins
 
 GoldCheck = Literal["f2p", "full"]
 
@@ -257,18 +257,23 @@ def recheck(
     ``make_python(workspace_copy, env_dir)`` builds the env, e.g. ``lambda w, e: make_task_env(base, w, e)``.
     """
     scratch.mkdir(parents=True, exist_ok=True)
-    kw = dict(
-        timeout_s=timeout_s,
-        per_test_timeout_s=per_test_timeout_s,
-        extra_args=pytest_args,
-        counter=counter,
-        sandbox=sandbox,
-    )
+    tests = fail_to_pass + pass_to_pass
+
+    def run(copy: Path) -> TestReport:
+        return run_pytest(
+            make_python(copy, copy.with_name(f"{copy.name}-env")),
+            copy,
+            tests,
+            timeout_s=timeout_s,
+            per_test_timeout_s=per_test_timeout_s,
+            extra_args=pytest_args,
+            counter=counter,
+            sandbox=sandbox,
+        )
+
     broken = scratch / "broken"
     shutil.copytree(workspace, broken, symlinks=True)
-    report = run_pytest(
-        make_python(broken, scratch / "broken-env"), broken, fail_to_pass + pass_to_pass, **kw
-    )
+    report = run(broken)
     still = [t for t in fail_to_pass if report.passed(t)]
     if still:
         return Validation(
@@ -284,8 +289,8 @@ def recheck(
     err = _apply_patch(gold, gold_patch)
     if err:
         return Validation(ok=False, reason=f"gold patch does not apply: {err}")
-    report = run_pytest(make_python(gold, scratch / "gold-env"), gold, fail_to_pass + pass_to_pass, **kw)
-    bad = [t for t in fail_to_pass + pass_to_pass if not report.passed(t)]
+    report = run(gold)
+    bad = [t for t in tests if not report.passed(t)]
     if bad:
         return Validation(ok=False, reason=f"gold patch leaves {len(bad)} test(s) failing, e.g. {bad[0]}")
     return Validation(ok=True, fail_to_pass=list(fail_to_pass), pass_to_pass=list(pass_to_pass))

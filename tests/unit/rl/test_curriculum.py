@@ -199,3 +199,18 @@ def test_kill_9_mid_step_keeps_counts_consistent(tmp_path):
     assert pool.check_consistency() == []
     after = pool.stats()
     assert all(s.attempts == max(40, before[s.task_id] // 16) * 16 for s in after)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("target", 1.0, r"target must be in \(0, 1\)"),
+        ("confirm_share", 1.5, r"confirm_share must be in \[0, 1\], got 1.5"),
+        ("near_band", -0.1, r"near_band must be in \[0, 1\]"),
+        ("escalate_tasks", -1, "escalate_tasks must be an integer >= 0, got -1"),
+        ("max_level", 2.5, "max_level must be an integer >= 0, got 2.5"),
+    ],
+)
+def test_config_names_the_bad_field(field: str, value: object, message: str) -> None:
+    with pytest.raises(CadenzaError, match=message):
+        CurriculumConfig(**{field: value})
