@@ -229,6 +229,10 @@ class VLLMServer:
             TRANSFORMERS_OFFLINE="1",
         )
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
+        if vllm_is_cpu_build(self.config.python):
+            # The CPU build otherwise runs its one worker in a third process (a third import of vLLM and
+            # torch); in the engine-core process it starts ~15 s sooner, and collective_rpc still reaches it.
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         env.update(self.config.extra_env)
         return env
 
