@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import re
+import threading
+from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -164,14 +166,47 @@ def render(
     *,
     add_generation_prompt: bool = False,
 ) -> str:
-    """Render ``messages`` with the tokenizer's chat template (text, not ids)."""
+    """Render ``messages`` with the tokenizer's chat template (text, not ids).
+
+    Memoised: an incremental rollout renders each history two or three times (as the end of one
+    continuation, the start of the next, for the turn-end glue), and a Jinja render costs ~1 ms."""
     require_chat_template(tokenizer)
-    return tokenizer.apply_chat_template(
+    key = _render_key(tokenizer, messages, tools, add_generation_prompt)
+    with _RENDERED_LOCK:
+        text = _RENDERED.get(key) if key is not None else None
+        if text is not None:
+            _RENDERED.move_to_end(key)
+            return text
+    text = tokenizer.apply_chat_template(
         list(messages),
         tools=list(tools) if tools else None,
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
     )
+    if key is not None:
+        with _RENDERED_LOCK:
+            _RENDERED[key] = text
+            while len(_RENDERED) > _RENDER_CACHE_SIZE:
+                _RENDERED.popitem(last=False)
+    return text
+
+
+_RENDER_CACHE_SIZE = 1024
+_RENDERED: OrderedDict[tuple[Any, ...], str] = OrderedDict()
+_RENDERED_LOCK = threading.Lock()  # rollouts render from worker threads
+
+
+def _render_key(
+    tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None, gen: bool
+) -> tuple[Any, ...] | None:
+    """What a render depends on: the template, the special tokens it may print, the inputs (JSON keeps
+    key order, which ``tojson`` shows). None when the inputs are not JSON (then nothing is cached)."""
+    try:
+        inputs = json.dumps([list(messages), list(tools) if tools else None], ensure_ascii=False)
+    except (TypeError, ValueError):
+        return None
+    specials = json.dumps(getattr(tokenizer, "special_tokens_map", {}), sort_keys=True, default=str)
+    return (tokenizer.chat_template, specials, gen, inputs)
 
 
 def render_continuation(

@@ -179,3 +179,26 @@ def test_load_tokenizer_checks(tok, tmp_path):
     cfg_path.write_text(json.dumps(cfg))
     with pytest.raises(CadenzaError, match="no chat template"):
         load_tokenizer(tmp_path / "bare")
+
+
+def test_memoised_render_is_the_template_s_and_follows_template_and_input_changes(tok):
+    conv = _conversation()
+
+    def fresh(messages, template=None):
+        return tok.apply_chat_template(
+            messages, tools=TOOLS, tokenize=False, chat_template=template or tok.chat_template
+        )
+
+    for n in range(1, len(conv) + 1):
+        assert render(tok, conv[:n], TOOLS) == render(tok, conv[:n], TOOLS) == fresh(conv[:n])
+    reordered = [dict(reversed(list(m.items()))) for m in conv]  # same keys, other order: other JSON
+    assert render(tok, reordered, TOOLS) == fresh(reordered)
+    edited = [*conv[:-1], {**conv[-1], "content": conv[-1]["content"] + " (edited)"}]
+    assert render(tok, edited, TOOLS) == fresh(edited) != render(tok, conv, TOOLS)
+    old = tok.chat_template
+    try:
+        tok.chat_template = old.replace("<|im_start|>system", "<|im_start|>SYSTEM")
+        assert render(tok, conv, TOOLS) == fresh(conv) != fresh(conv, old)  # not the cached old render
+    finally:
+        tok.chat_template = old
+    assert render(tok, conv, TOOLS) == fresh(conv)
