@@ -14,7 +14,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from cadenza.errors import CadenzaError
 
@@ -217,8 +217,9 @@ def train_config(cfg: DemoConfig, task_set: Path, model_dir: Path) -> Any:
     )
 
 
-@dataclass(kw_only=True)
-class DemoResult:
+class DemoResult(NamedTuple):
+    """What a demo run leaves behind: the task set, the warmed-up model, the run and its plot."""
+
     task_set: Path
     model_dir: Path
     run_dir: Path
