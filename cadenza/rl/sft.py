@@ -74,18 +74,12 @@ def token_logprobs(
 class SFTConfig:
     """Supervised fine-tuning on transcripts: the warm-up that gives RL a policy that can call tools."""
 
-    steps: int = 300
-    """Optimizer steps (the data is reshuffled into length-bucketed batches whenever it runs out)."""
-    batch_size: int = 32
-    """Transcripts per step."""
-    lr: float = 3e-3
-    """AdamW peak learning rate, reached after ``warmup`` steps."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    warmup: int = 20
-    """Steps of linear learning-rate warm-up."""
-    seed: int = 0
-    """Seed of the batch order."""
+    steps: int = 300  # optimizer steps (the data is reshuffled into length-bucketed batches as it runs out)
+    batch_size: int = 32  # transcripts per step
+    lr: float = 3e-3  # AdamW peak learning rate, reached after `warmup` steps
+    weight_decay: float = 0.0  # AdamW weight decay
+    warmup: int = 20  # steps of linear learning-rate warm-up
+    seed: int = 0  # seed of the batch order
 
 
 def supervised_finetune(
