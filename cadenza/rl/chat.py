@@ -13,6 +13,7 @@ exactly what the model saw while model tokens stay the ids it sampled.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import threading
@@ -191,7 +192,7 @@ def render(
     return text
 
 
-_RENDER_CACHE_SIZE = 1024
+_RENDER_CACHE_SIZE = 256  # ~3 live renders per in-flight episode; each entry holds one rendered text
 _RENDERED: OrderedDict[tuple[Any, ...], str] = OrderedDict()
 _RENDERED_LOCK = threading.Lock()  # rollouts render from worker threads
 
@@ -199,14 +200,16 @@ _RENDERED_LOCK = threading.Lock()  # rollouts render from worker threads
 def _render_key(
     tokenizer: Any, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None, gen: bool
 ) -> tuple[Any, ...] | None:
-    """What a render depends on: the template, the special tokens it may print, the inputs (JSON keeps
-    key order, which ``tojson`` shows). None when the inputs are not JSON (then nothing is cached)."""
+    """What a render depends on: the template, the special tokens it may print, the inputs (a digest of
+    their JSON, which keeps key order as ``tojson`` shows it). None when the inputs are not JSON (then
+    nothing is cached)."""
     try:
         inputs = json.dumps([list(messages), list(tools) if tools else None], ensure_ascii=False)
     except (TypeError, ValueError):
         return None
     specials = json.dumps(getattr(tokenizer, "special_tokens_map", {}), sort_keys=True, default=str)
-    return (tokenizer.chat_template, specials, gen, inputs)
+    digest = hashlib.blake2b(inputs.encode(), digest_size=20).digest()
+    return (tokenizer.chat_template, specials, gen, digest)
 
 
 def render_continuation(
