@@ -92,18 +92,17 @@ def run_agent(
                 id=tc.get("id") or f"call_{i}",
             )
             t0 = time.monotonic()
-            if rich:  # the message's content and token count go with its first call
-                first = i == 0
+            content = msg.get("content") if i == 0 else None  # the message's content goes with its first call
+            if rich:  # and so does its token count
                 result = env.step(
                     call,
-                    content=msg.get("content") if first else None,  # type: ignore[call-arg]
-                    tokens=int(reply.usage.get("completion_tokens") or 0) if first else 0,
+                    content=content,  # type: ignore[call-arg]
+                    tokens=int(reply.usage.get("completion_tokens") or 0) if i == 0 else 0,
                 )
             else:
                 result = env.step(call)
             convo.append({"role": "tool", "tool_call_id": call.id, "content": result.observation})
             if not rich:
-                content = msg.get("content") if i == 0 else None
                 own.add_turn(
                     {"role": "assistant", "content": content, "tool_calls": [tc]},
                     tool=call.name,
