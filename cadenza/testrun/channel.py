@@ -1,26 +1,29 @@
-"""The trusted side of the result channel: set up before the run, verified after it.
+"""The trusted side of the result channel: set up before the run, judged after it.
 
-A channel is a fresh directory outside the workspace holding the plugin file, ``config.json`` (node
-selection and which checks are on), ``key`` (a per-run random key the plugin reads and deletes at
-import) and, after the run, ``results.jsonl``. :func:`read_channel` accepts a record only with a valid
-HMAC and the next sequence number, requires the plugin's final record, and cross-checks the reported
-node IDs against the requested ones: a forged, reordered, duplicated or unknown record is tampering.
+A channel is a fresh directory outside the workspace holding the runner's three files (:mod:`boot`,
+:mod:`guard`, :mod:`plugin`, copied, never imported by the parent), ``config.json`` (the node ids
+the parent chose, per-run random module names, the guard's allowances) and, after the run,
+``results.jsonl``. No secret is given to the test process: it runs the agent's code, and nothing it
+holds can be kept from that code. What counts as evidence is decided here, from what the parent
+fixed beforehand: records numbered from 0 with nothing after the final one, each requested node at
+most once and no other, the plugin's final record before a clean exit, the guard's exit status.
 """
 
 from __future__ import annotations
 
 import ast
-import hashlib
-import hmac
 import json
 import secrets
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PLUGIN_FILE = Path(__file__).with_name("plugin.py")  # copied, never imported by the parent
-PLUGIN_MODULE = "_cadenza_testrun_plugin"
-DIR_ENV = "CADENZA_TESTRUN_DIR"
+HERE = Path(__file__).parent
+RUNNER_FILES = ("boot.py", "guard.py", "plugin.py")  # copied, never imported by the parent
+PLUGIN_FILE = HERE / "plugin.py"
+GUARD_EXIT = 86  # cadenza.testrun.guard.GUARD_EXIT (the guard imports nothing, so it is repeated here)
+#: the fixed name of the old ``-p`` loading, kept only for the mutation test of ``by_path``
+LEGACY_PLUGIN_MODULE = "_cadenza_testrun_plugin"
 
 
 def plugin_report_hooks() -> frozenset[str]:
@@ -36,11 +39,13 @@ def plugin_report_hooks() -> frozenset[str]:
 class Checks:
     """Switches for each check of the verdict (all on; turned off one at a time only by mutation tests)."""
 
-    mac: bool = True  # reject records without a valid per-run HMAC and sequence number
+    sequence: bool = True  # records numbered 0, 1, 2...; no unreadable line but a cut last one; none after the end
     node_ids: bool = True  # unknown or duplicated node IDs are tampering
     end_record: bool = True  # a run that exits 0 without the plugin's final record is tampering
     integrity: bool = True  # the plugin's snapshot of the runner machinery and its reporting hooks
     call_vs_report: bool = True  # a test whose call raised but whose report says passed
+    guard: bool = True  # the audit hook that ends the process when workspace code reaches for it
+    by_path: bool = True  # the runner loaded by file path under a random name (off: ``-p`` by a fixed name)
 
 
 @dataclass(kw_only=True)
@@ -56,32 +61,51 @@ class Channel:
     """One run's channel directory (created empty by the caller, e.g. bound read-write in the sandbox)."""
 
     def __init__(
-        self, directory: Path, *, select: list[str] | None, cov_context: bool = False, checks: Checks
+        self,
+        directory: Path,
+        *,
+        select: list[str] | None,
+        cov_context: bool = False,
+        checks: Checks,
+        test_paths: list[str] | None = None,
+        allow: dict[str, list[str]] | None = None,
     ) -> None:
-        self.dir = Path(directory)
+        self.dir = Path(directory).absolute()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.checks = checks
         self.select = list(select) if select is not None else None
-        self._key = secrets.token_bytes(32)
-        shutil.copyfile(PLUGIN_FILE, self.dir / f"{PLUGIN_MODULE}.py")
-        config = {"select": self.select, "cov_context": cov_context, "checks": vars(checks)}
+        for name in RUNNER_FILES:
+            shutil.copyfile(HERE / name, self.dir / name)
+        if not checks.by_path:
+            shutil.copyfile(PLUGIN_FILE, self.dir / f"{LEGACY_PLUGIN_MODULE}.py")
+        token = secrets.token_hex(8)  # not a secret: only a name no workspace file can have chosen
+        config = {
+            "select": self.select,
+            "cov_context": cov_context,
+            "checks": vars(checks),
+            "results": str(self.results),
+            "plugin_name": f"_cz_plugin_{token}",
+            "guard_name": f"_cz_guard_{token}",
+            "guard": {"test_paths": list(test_paths or []), "allow": dict(allow or {})},
+        }
         (self.dir / "config.json").write_text(json.dumps(config))
-        (self.dir / "key").write_bytes(self._key)
 
     @property
     def results(self) -> Path:
         return self.dir / "results.jsonl"
 
+    @property
+    def boot(self) -> Path:
+        return self.dir / "boot.py"
+
     def read(self, *, exit_code: int | None) -> ChannelResult:
-        return read_channel(
-            self.results, self._key, requested=self.select, checks=self.checks, exit_code=exit_code
-        )
+        return read_channel(self.results, requested=self.select, checks=self.checks, exit_code=exit_code)
 
 
 def read_channel(
-    path: Path, key: bytes, *, requested: list[str] | None, checks: Checks, exit_code: int | None
+    path: Path, *, requested: list[str] | None, checks: Checks, exit_code: int | None
 ) -> ChannelResult:
-    """Verify and decode the records in ``path`` (see module docstring)."""
+    """Judge the records in ``path`` (see module docstring)."""
     res = ChannelResult()
     try:
         lines = path.read_bytes().splitlines()
@@ -92,18 +116,16 @@ def read_channel(
     wanted = set(requested) if requested is not None else None
     for i, raw in enumerate(lines):
         try:
-            frame = json.loads(raw)
-            seq, body, mac = frame["seq"], frame["body"], frame["mac"]
-            rec = json.loads(body)
+            rec = json.loads(raw)
+            seq = rec["seq"]
         except (ValueError, KeyError, TypeError):
-            if i < len(lines) - 1 and checks.mac:  # only the last line may be cut by a kill
+            if i < len(lines) - 1 and checks.sequence:  # only the last line may be cut by a kill
                 res.tampering.append(f"unreadable record {i + 1} in the result channel")
             continue
-        if checks.mac:
-            good = hmac.new(key, f"{seq}:{body}".encode(), hashlib.sha256).hexdigest()
-            if not hmac.compare_digest(str(mac), good) or seq != expected_seq:
-                res.tampering.append(f"record {i + 1} is not authentic (forged or reordered)")
-                continue
+        if checks.sequence and (seq != expected_seq or res.complete):
+            what = "after the final record" if res.complete else "out of sequence"
+            res.tampering.append(f"record {i + 1} is {what} (forged or replayed)")
+            continue
         expected_seq += 1
         kind = rec.get("kind")
         if kind == "collect_error":
@@ -116,10 +138,17 @@ def read_channel(
                 res.tampering.append(f"node {nid} was not requested")
             seen.add(nid)
             res.outcomes[nid] = str(rec.get("outcome"))
+        elif kind == "guard":
+            res.tampering.append(
+                f"the guard ended the test process: {rec.get('capability')} ({rec.get('event')}) "
+                f"at {rec.get('where')}"
+            )
         elif kind == "end":
             res.complete = True
             res.cpu_s = float(rec.get("cpu_s") or 0.0)
             res.tampering.extend(str(t) for t in rec.get("tamper") or [])
+    if exit_code == GUARD_EXIT and not any("guard ended" in t for t in res.tampering):
+        res.tampering.append(f"the test process exited with the guard's status {GUARD_EXIT}")
     if checks.end_record and not res.complete and exit_code == 0:
         res.tampering.append("the test process exited with status 0 before the runner's final record")
     return res

@@ -1,27 +1,24 @@
-"""The pytest plugin of cadenza's one test runner (loaded with ``-p``, before any workspace code).
+"""The pytest plugin of cadenza's one test runner, handed to ``pytest.main`` by :mod:`boot`.
 
-It is deployed by copying this file into the run's private channel directory, so it imports nothing
-from cadenza. At import time, which pytest reaches before any conftest, package or test module, it:
+It is copied into the run's private channel directory and loaded by file path under a per-run random
+name, so it imports nothing from cadenza and is never found through ``sys.path``. :mod:`boot` injects
+``_BOOT = (config, emit)`` before this module runs (before any conftest, package or test module):
 
-- reads the run's config and the per-run key from the channel directory and unlinks the key file, so
-  code imported later cannot learn it from the file system;
-- binds every function it will need later (``json.dumps``, ``hmac``, ``os.write``) and snapshots the
-  identity of the test runner's machinery (``_pytest`` runner/report/terminal modules, ``pluggy``,
-  this module), so a later monkeypatch of any of it is visible;
-- opens the result file (append only) once.
+- every finished test is one numbered record; the parent fixes which node ids run and in what order,
+  and checks the records against that (a record is evidence only of what this process said);
+- the identity of the machinery that decides outcomes is snapshotted now: pytest's runner, report
+  and terminal modules, ``pluggy``, ``json`` and this module strictly (any replacement not made by
+  pytest itself), and every other module already imported (stdlib, third-party) for replacements by
+  workspace code; a test whose call raised but whose final report says "passed" (a rewritten report)
+  and a reporting hook implemented by a workspace file are noted too.
 
-Every finished test is written as one record authenticated with HMAC-SHA256 over a sequence number
-and the record; the trusted parent (:mod:`cadenza.testrun.channel`) rejects a record it cannot verify.
-A test whose call raised but whose final report says "passed" (a rewritten report), a reporting hook
-implemented by a plugin from the workspace, or a replaced runner function is reported as tampering
-in the final record, which the parent requires.
+Evidence goes into the final record. None of this is what makes the verdict trustworthy (code in this
+process can reach all of it): the parent's capability check and the guard are; these checks make the
+generic patches of pytest visible and cost nothing.
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-import json
 import os
 import resource
 import sys
@@ -29,11 +26,7 @@ import types
 
 import pytest
 
-_DIR = os.environ.get("CADENZA_TESTRUN_DIR", "")
-_CONFIG: dict = {}
-if _DIR:
-    with open(os.path.join(_DIR, "config.json")) as _fh:
-        _CONFIG = json.load(_fh)
+_CONFIG, _emit = globals().get("_BOOT") or getattr(sys, "_cadenza_boot", None) or ({}, lambda rec: None)
 _CHECKS: dict = _CONFIG.get("checks", {})
 _WORKSPACE = os.path.realpath(os.getcwd())
 #: Hooks through which a plugin decides or rewrites a test's outcome.
@@ -64,8 +57,6 @@ WATCHED_MODULES = (
     "pluggy._result",
     "json",
     "json.encoder",
-    "hmac",
-    "hashlib",
     __name__,
 )
 
@@ -97,12 +88,12 @@ CRITICAL = frozenset(
 )
 
 
-def snapshot() -> list[tuple[str, object, dict[str, object]]]:
-    """(name, owner, its callables) for every watched module and every class defined in one."""
+def snapshot(names=WATCHED_MODULES) -> list[tuple[str, object, dict[str, object]]]:
+    """(name, owner, its callables) for every module in ``names`` and every class defined in one."""
     out = []
-    for name in WATCHED_MODULES:
+    for name in names:
         mod = sys.modules.get(name)
-        if mod is None:
+        if mod is None or not isinstance(mod, types.ModuleType):
             continue
         out.append((name, mod, _callables(vars(mod))))
         for attr, value in list(vars(mod).items()):
@@ -136,8 +127,23 @@ def _from_runner(obj: object) -> bool:
     return False
 
 
-def changed(snap: list[tuple[str, object, dict[str, object]]]) -> list[str]:
-    """What was replaced, added or removed since ``snap`` by code other than pytest's own."""
+def _from_workspace(obj: object) -> bool:
+    """Whether ``obj``'s code lives in a workspace file (or was compiled from a string there)."""
+    for fn in (getattr(obj, "fget", None), getattr(obj, "__func__", None), obj):
+        code = getattr(fn, "__code__", None)
+        if code is not None:
+            path = code.co_filename
+            return path.startswith("<") or os.path.realpath(path).startswith(_WORKSPACE + os.sep)
+    if isinstance(obj, type):
+        mod = sys.modules.get(obj.__module__)
+        path = getattr(mod, "__file__", None) or ""
+        return bool(path) and os.path.realpath(path).startswith(_WORKSPACE + os.sep)
+    return False
+
+
+def changed(snap: list[tuple[str, object, dict[str, object]]], *, strict: bool = True) -> list[str]:
+    """What was replaced, added or removed since ``snap``: by anything but pytest itself (``strict``),
+    or by workspace code (the broad snapshot of every other module: stdlib, third-party)."""
     found = []
     for name, owner, before in snap:
         if isinstance(owner, types.ModuleType) and sys.modules.get(name) is not owner:
@@ -145,34 +151,27 @@ def changed(snap: list[tuple[str, object, dict[str, object]]]) -> list[str]:
         now = _callables(vars(owner))
         for attr in before.keys() | now.keys():
             new = now.get(attr)
-            if before.get(attr) is new or (new is not None and _from_runner(new)):
+            if before.get(attr) is new:
+                continue
+            if strict and new is not None and _from_runner(new):
+                continue
+            if not strict and not (new is not None and _from_workspace(new)):
                 continue
             found.append(f"{name}.{attr} {'replaced' if attr in before else 'added'}")
     return found
 
 
-def _make_writer():
-    """The record writer: key, sequence and file stay in this closure, not in module globals."""
-    if not _DIR:
-        return lambda rec: None
-    key_path = os.path.join(_DIR, "key")
-    with open(key_path, "rb") as fh:
-        key = fh.read()
-    os.unlink(key_path)
-    fd = os.open(os.path.join(_DIR, "results.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-    dumps, new, sha, write = json.dumps, hmac.new, hashlib.sha256, os.write
-    seq = [0]
-
-    def emit(rec: dict) -> None:
-        body = dumps(rec, sort_keys=True)
-        mac = new(key, f"{seq[0]}:{body}".encode(), sha).hexdigest()
-        write(fd, (dumps({"seq": seq[0], "body": body, "mac": mac}) + "\n").encode())
-        seq[0] += 1
-
-    return emit
+def _broad_names() -> list[str]:
+    """Every imported module not watched strictly and not from the workspace."""
+    out = []
+    for name, mod in list(sys.modules.items()):
+        path = getattr(mod, "__file__", None) or ""
+        if name in WATCHED_MODULES or (path and os.path.realpath(path).startswith(_WORKSPACE + os.sep)):
+            continue
+        out.append(name)
+    return out
 
 
-_emit = _make_writer()
 _state: dict[str, str] = {}
 _raised: dict[str, bool] = {}
 _tamper: list[str] = []
@@ -270,7 +269,8 @@ def foreign_report_hooks(pluginmanager) -> list[str]:
 @pytest.hookimpl(trylast=True)
 def pytest_sessionfinish(session, exitstatus):
     if _CHECKS.get("integrity", True):
-        for evidence in changed(_SNAPSHOT) + foreign_report_hooks(session.config.pluginmanager):
+        found = changed(_SNAPSHOT) + changed(_BROAD, strict=False)
+        for evidence in found + foreign_report_hooks(session.config.pluginmanager):
             _note(evidence)
     use = [resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
     cpu = sum(u.ru_utime + u.ru_stime for u in use)  # the host cannot see a sandboxed run's CPU time
@@ -279,5 +279,6 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 _SNAPSHOT = snapshot()  # last, so that this module's own functions are in it
+_BROAD = snapshot(_broad_names()) if _CHECKS.get("integrity", True) else []
 _CRITICAL_SNAPSHOT = [entry for entry in _SNAPSHOT if entry[0] in CRITICAL]
 _emit({"kind": "start", "pid": os.getpid()})

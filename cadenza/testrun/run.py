@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from cadenza.sandbox.execute import kill_tree
-from cadenza.testrun.channel import DIR_ENV, PLUGIN_MODULE, Channel, Checks
+from cadenza.testrun.channel import LEGACY_PLUGIN_MODULE, Channel, Checks
 from cadenza.testrun.report import TestReport
 
 OUTPUT_TAIL = 4000
@@ -119,15 +119,18 @@ def pytest_command(
     python: str,
     workspace: Path,
     *,
+    boot: Path,
     plugins: list[str],
     extra_args: list[str],
     files: list[str],
     per_test_timeout_s: float | None,
     coverage_rc: Path | None = None,
     clear_addopts: bool = True,
+    by_path: bool = True,
 ) -> list[str]:
-    """The one pytest command line (see module docstring)."""
-    args = ["-p", PLUGIN_MODULE, "-p", "no:cacheprovider"]
+    """The one pytest command line (see module docstring): the interpreter on the runner's boot file,
+    its config, then pytest's arguments."""
+    args = ["-p", "no:cacheprovider"] + ([] if by_path else ["-p", LEGACY_PLUGIN_MODULE])
     for mod in plugins:
         args += ["-p", mod]
     args += [
@@ -143,9 +146,10 @@ def pytest_command(
     if per_test_timeout_s and "pytest_timeout" in plugins:
         args.append(f"--timeout={per_test_timeout_s:g}")
     args += files
+    head = [str(boot), str(boot.with_name("config.json"))]
     if coverage_rc is not None:
-        return [python, "-m", "coverage", "run", f"--rcfile={coverage_rc}", "-m", "pytest", *args]
-    return [python, "-m", "pytest", *args]
+        return [python, "-m", "coverage", "run", f"--rcfile={coverage_rc}", *head, *args]
+    return [python, *head, *args]
 
 
 def run_tests(
@@ -164,11 +168,15 @@ def run_tests(
     checks: Checks | None = None,
     autoload_off: bool = True,
     clear_addopts: bool = True,
+    test_paths: list[str] | None = None,
+    allow: dict[str, list[str]] | None = None,
 ) -> TestReport:
     """Run ``node_ids`` (``None``: the configured suite) in ``workspace`` and read the verified outcomes.
 
     ``channel_dir`` is an empty directory outside the workspace that the executor can write. IDs that
-    never report are ``missing``; a run with tampering evidence passes nothing.
+    never report are ``missing``; a run with tampering evidence passes nothing. ``test_paths``
+    (workspace-relative) are the trusted test files beside the usual patterns; ``allow`` maps a
+    workspace file to the capability kinds the guard lets it use (see :mod:`cadenza.testrun.guard`).
     """
     workspace = Path(workspace).absolute()
     files: list[str] = []
@@ -179,18 +187,27 @@ def run_tests(
                 outcomes={}, requested=list(node_ids), exit_code=4, timed_out=False, duration_s=0.0
             )
     checks = checks or Checks()
-    channel = Channel(channel_dir, select=node_ids, cov_context=coverage_rc is not None, checks=checks)
+    channel = Channel(
+        channel_dir,
+        select=node_ids,
+        cov_context=coverage_rc is not None,
+        checks=checks,
+        test_paths=test_paths,
+        allow=allow,
+    )
     argv = pytest_command(
         str(python),
         workspace,
+        boot=channel.boot,
         plugins=plugins,
         extra_args=list(extra_args or []),
         files=files,
         per_test_timeout_s=per_test_timeout_s,
         coverage_rc=coverage_rc,
         clear_addopts=clear_addopts,
+        by_path=checks.by_path,
     )
-    env = {DIR_ENV: str(channel.dir), "PYTHONPATH": os.pathsep.join([str(channel.dir), *(pythonpath or [])])}
+    env = {"PYTHONPATH": os.pathsep.join(pythonpath or [])} if pythonpath else {}
     if autoload_off:
         env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     start = time.monotonic()
