@@ -29,11 +29,12 @@ from typing import Any
 import tomli_w
 
 from cadenza.agent.diff import compare
+from cadenza.agent.grade_capabilities import capability_findings
 from cadenza.agent.grade_policy import Defences, GradePolicy, top_level_modules
 from cadenza.errors import CadenzaError
 from cadenza.sandbox import Sandbox, SandboxConfig, env_info, hidden_roots
 from cadenza.tasks.task import WORKSPACE, Task, load_task, task_python
-from cadenza.testrun import SandboxExecutor, env_plugins, run_tests
+from cadenza.testrun import SandboxExecutor, TestReport, env_plugins, run_tests
 
 
 @dataclass(kw_only=True)
@@ -52,6 +53,7 @@ class GradeResult:
     log_tail: str = ""
     sandboxed: bool = True
     tampering: list[str] = field(default_factory=list)  # evidence that the verdict was interfered with
+    capabilities: list[str] = field(default_factory=list)  # process-level capabilities the change brought in
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,45 +89,40 @@ def grade(
     env = task_env_dir(task_dir, task)
     info = env_info(env)
     policy = GradePolicy.for_task(
-        task, shadowable=info.importable_names(), pristine_top=top_level_modules(pristine), defences=defences
+        task,
+        shadowable=info.importable_names(),
+        pristine_top=top_level_modules(pristine),
+        pristine_files=frozenset(_files(pristine)),
+        defences=defences,
     )
     with tempfile.TemporaryDirectory(prefix="cadenza-grade-") as tmp:
         work = Path(tmp) / "workspace"
-        results = Path(tmp) / "results"
-        results.mkdir()
         shutil.copytree(pristine, work, symlinks=True)
         applied, dropped = apply_changes(pristine, agent, work, policy)
-        # one command per grade: a fresh per-call bubblewrap, never an episode's long-lived instance
-        one_shot = replace(sandbox or SandboxConfig(), persistent=False)
-        box = Sandbox(
-            work,
-            env_dir=env,
-            config=one_shot,
-            hidden=hidden_roots(task_dir),
-            path_map={pristine: work},
-            rw_extra=[results],
-        )
         nodeids = [*task.fail_to_pass, *task.pass_to_pass]
-        timeout = run_timeout_s if run_timeout_s is not None else max(600.0, task.test_timeout_s)
-        try:
-            report = run_tests(
-                python=info.python,
-                workspace=work,
-                node_ids=nodeids,
-                executor=SandboxExecutor(box),
-                channel_dir=results,
-                plugins=env_plugins(info.sys_path, [pristine, work]),
-                extra_args=list(task.pytest_args),
-                pythonpath=box.plan.pythonpath,
-                timeout_s=timeout,
-                per_test_timeout_s=task.test_timeout_s,
-                checks=defences.checks,
-                autoload_off=defences.autoload_off,
-                clear_addopts=defences.clear_addopts,
+        findings = capability_findings(pristine, work, applied, policy) if defences.capability_check else []
+        if findings:  # decided here, before any of the change runs: nothing to gain from running it
+            report = TestReport(
+                outcomes={}, requested=nodeids, exit_code=-1, timed_out=False, duration_s=0.0, complete=False
             )
-        finally:
-            box.close()
-        statuses = report.statuses(nodeids)
+            statuses = dict.fromkeys(nodeids, "blocked")
+            sandboxed = True
+        else:
+            run = _Runner(task_dir, task, info, env, pristine, work, Path(tmp), sandbox, policy)
+            timeout = run_timeout_s if run_timeout_s is not None else max(600.0, task.test_timeout_s)
+            report, sandboxed = run(nodeids, timeout)
+            statuses = report.statuses(nodeids)
+            f2p_ok = bool(task.fail_to_pass) and all(statuses[n] == "passed" for n in task.fail_to_pass)
+            if defences.f2p_rerun and f2p_ok:
+                alone, _ = run(list(reversed(task.fail_to_pass)), timeout)
+                differ = [n for n in task.fail_to_pass if alone.outcome(n) != "passed"]
+                if differ:
+                    report.tampering.append(
+                        f"{len(differ)} fail-to-pass test(s) did not pass when run alone in a fresh process"
+                        f" ({differ[0]}: {alone.outcome(differ[0])}): the outcome depends on the run"
+                    )
+                    report.tampering.extend(t for t in alone.tampering if t not in report.tampering)
+                    statuses = report.statuses(nodeids)
     f2p = sum(statuses[n] == "passed" for n in task.fail_to_pass)
     p2p = sum(statuses[n] == "passed" for n in task.pass_to_pass)
     all_pass = f2p == len(task.fail_to_pass) and p2p == len(task.pass_to_pass)
@@ -142,9 +139,59 @@ def grade(
         exit_code=report.exit_code,
         timed_out=report.timed_out,
         log_tail=report.output_tail,
-        sandboxed=box.sandboxed,
+        sandboxed=sandboxed,
         tampering=list(report.tampering),
+        capabilities=[str(f) for f in findings],
     )
+
+
+class _Runner:
+    """Runs node ids in a fresh one-shot sandbox over the graded copy, each call with its own channel."""
+
+    def __init__(self, task_dir, task, info, env, pristine, work, tmp, sandbox, policy) -> None:
+        self.task_dir, self.task, self.info, self.env = task_dir, task, info, env
+        self.pristine, self.work, self.tmp, self.sandbox, self.policy = pristine, work, tmp, sandbox, policy
+        self.calls = 0
+
+    def __call__(self, nodeids: list[str], timeout: float) -> tuple[TestReport, bool]:
+        self.calls += 1
+        results = self.tmp / f"results-{self.calls}"
+        results.mkdir()
+        # one command per run: a fresh per-call bubblewrap, never an episode's long-lived instance
+        one_shot = replace(self.sandbox or SandboxConfig(), persistent=False)
+        box = Sandbox(
+            self.work,
+            env_dir=self.env,
+            config=one_shot,
+            hidden=hidden_roots(self.task_dir),
+            path_map={self.pristine: self.work},
+            rw_extra=[results],
+        )
+        d = self.policy.defences
+        try:
+            report = run_tests(
+                python=self.info.python,
+                workspace=self.work,
+                node_ids=nodeids,
+                executor=SandboxExecutor(box),
+                channel_dir=results,
+                plugins=env_plugins(self.info.sys_path, [self.pristine, self.work]),
+                extra_args=list(self.task.pytest_args),
+                pythonpath=box.plan.pythonpath,
+                timeout_s=timeout,
+                per_test_timeout_s=self.task.test_timeout_s,
+                checks=d.checks,
+                autoload_off=d.autoload_off,
+                clear_addopts=d.clear_addopts,
+                test_paths=sorted(self.policy.test_paths),
+            )
+        finally:
+            box.close()
+        return report, box.sandboxed
+
+
+def _files(root: Path) -> list[str]:
+    return [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and ".git" not in p.parts]
 
 
 def apply_changes(

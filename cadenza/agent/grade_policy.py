@@ -39,6 +39,9 @@ class Defences:
     drop_bytecode: bool = True  # __pycache__/ and *.pyc are never compared nor copied (cadenza.agent.diff)
     autoload_off: bool = True  # PYTEST_DISABLE_PLUGIN_AUTOLOAD=1: entry-point plugins never load
     clear_addopts: bool = True  # -o addopts= before the task's own (neutralised) pytest_args
+    drop_new_init_near_tests: bool = True  # a new __init__.py in a test directory or any directory above one
+    capability_check: bool = True  # changed code may use no process-level capability the original never used
+    f2p_rerun: bool = True  # the fail-to-pass tests run again alone, in a fresh process; outcomes must agree
     checks: Checks = field(default_factory=Checks)  # the result channel's checks
 
 
@@ -49,6 +52,7 @@ class GradePolicy:
     test_paths: frozenset[str]
     shadowable: frozenset[str]  # importable top-level names (stdlib + env)
     pristine_top: frozenset[str]  # top-level module names that exist in the pristine workspace
+    pristine_files: frozenset[str] = frozenset()  # every file of the pristine workspace
     import_roots: tuple[str, ...] = ("", "src")
     defences: Defences = field(default_factory=Defences)
 
@@ -59,6 +63,7 @@ class GradePolicy:
         *,
         shadowable: frozenset[str],
         pristine_top: frozenset[str],
+        pristine_files: frozenset[str] = frozenset(),
         defences: Defences | None = None,
     ) -> GradePolicy:
         paths = {p.strip("/") for p in task.test_files}
@@ -69,6 +74,7 @@ class GradePolicy:
             test_paths=frozenset(p for p in paths if p),
             shadowable=shadowable,
             pristine_top=pristine_top,
+            pristine_files=pristine_files,
             defences=defences or Defences(),
         )
 
@@ -93,6 +99,8 @@ class GradePolicy:
             return "packaging metadata (entry points) is never graded"
         if d.drop_tests and self.is_test(rel):
             return "test file"
+        if d.drop_new_init_near_tests and name == "__init__.py" and self.beside_or_above_tests(rel):
+            return "new __init__.py beside or above test files (it would run before the tests)"
         shadow = self.shadowed_module(path) if d.drop_shadow_modules else None
         if shadow is not None:
             return f"new module '{shadow}' would shadow an importable module"
@@ -105,6 +113,17 @@ class GradePolicy:
         if any(fnmatch.fnmatch(path.name, pat) for pat in TEST_FILE_PATTERNS):
             return True
         return any(part in TEST_DIR_NAMES for part in path.parts[:-1])
+
+    def beside_or_above_tests(self, rel: str) -> bool:
+        """A new ``__init__.py`` in a directory that holds test files or is an ancestor of one: pytest
+        imports such a package before the test module (rootdir/``__init__`` package detection)."""
+        if rel in self.pristine_files:
+            return False
+        here = str(PurePosixPath(rel).parent)
+        here = "" if here == "." else here
+        dirs = {str(PurePosixPath(t).parent) if t.endswith(".py") else t for t in self.test_paths}
+        dirs = {"" if d == "." else d for d in dirs}
+        return any(here == "" or d == here or d.startswith(here + "/") for d in dirs)
 
     def shadowed_module(self, path: PurePosixPath) -> str | None:
         for root in self.import_roots:

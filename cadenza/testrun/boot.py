@@ -17,6 +17,7 @@ code can run it:
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -55,10 +56,8 @@ def _preimport(workspace: str) -> None:
 
         for name in _pytest.config.default_plugins:
             if name not in ("pytester", "legacypath"):
-                try:
+                with contextlib.suppress(ImportError):  # an optional dependency of a built-in plugin
                     importlib.import_module(f"_pytest.{name}")
-                except ImportError:  # an optional dependency of a built-in plugin
-                    pass
     finally:
         sys.path[:] = saved
 

@@ -39,7 +39,7 @@ def plugin_report_hooks() -> frozenset[str]:
 class Checks:
     """Switches for each check of the verdict (all on; turned off one at a time only by mutation tests)."""
 
-    sequence: bool = True  # records numbered 0, 1, 2...; no unreadable line but a cut last one; none after the end
+    sequence: bool = True  # records numbered 0, 1, ...; only the last may be cut; none after the end
     node_ids: bool = True  # unknown or duplicated node IDs are tampering
     end_record: bool = True  # a run that exits 0 without the plugin's final record is tampering
     integrity: bool = True  # the plugin's snapshot of the runner machinery and its reporting hooks

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-#: Outcomes a node can have; ``missing`` (never reported) and ``tampered`` count as failures.
-OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "missing", "tampered")
+#: Outcomes a node can have; ``missing`` (never reported), ``tampered`` and ``blocked`` (not run: the
+#: change failed the capability check) count as failures.
+OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed", "missing", "tampered", "blocked")
 
 
 @dataclass(kw_only=True)
