@@ -65,6 +65,7 @@ NAMES: dict[str, str] = {
     "importlib.util.spec_from_loader": "import_hooks",
     "importlib.reload": "import_hooks",
     "sys.modules": "modules",
+    "sys._": "internals",
     "builtins": "builtins",
     "builtins.": "builtins",
     "os._exit": "exit",
@@ -109,6 +110,27 @@ NAMES: dict[str, str] = {
     "cadenza": "runner",
     "cadenza.": "runner",
 }
+#: modules other modules re-export as attributes: ``os.sys`` is ``sys``
+REROOT = frozenset(
+    {
+        "sys",
+        "gc",
+        "ctypes",
+        "builtins",
+        "importlib",
+        "inspect",
+        "atexit",
+        "subprocess",
+        "os",
+        "signal",
+        "types",
+        "marshal",
+        "threading",
+        "traceback",
+        "_pytest",
+        "pluggy",
+    }
+)
 PREFIX_NAMES = tuple(k for k in NAMES if k.endswith("."))
 #: attribute names that are a capability on any object
 ATTRS: dict[str, str] = {
@@ -165,7 +187,8 @@ KIND_TEXT = {
     "raw_fd": "raw file descriptors",
     "reflection": "class-hierarchy reflection or computed attributes on modules",
     "foreign_patch": "attributes set on classes or modules it did not define, or dunders assigned",
-    "runner": "the test runner's internals",
+    "runner": "the test runner's internals or its hooks",
+    "internals": "private interpreter state (sys._*)",
     "encoding": "a source encoding other than UTF-8",
     "unreadable": "source that cannot be decoded, parsed or read whole",
 }
@@ -209,6 +232,8 @@ class _Scanner(ast.NodeVisitor):
             return self.alias.get(node.id)
         if isinstance(node, ast.Attribute):
             base = self.dotted(node.value)
+            if base and node.attr in REROOT:
+                return node.attr  # a module re-exported by another (``os.sys``, ``inspect.types``)
             return f"{base}.{node.attr}" if base else None
         if isinstance(node, ast.Call) and _is_name(node.func, "getattr") and len(node.args) >= 2:
             base, name = self.dotted(node.args[0]), _const_str(node.args[1])
@@ -242,6 +267,13 @@ class _Scanner(ast.NodeVisitor):
             if full:
                 self.check_name(full, node)
                 self.alias[a.asname or a.name] = full
+
+    def visit_FunctionDef(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
+        if node.name.startswith("pytest_"):
+            self.add("runner", node, f"defines the pytest hook {node.name}")
+        self.generic_visit(node)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
         self.classes.add(node.name)

@@ -42,7 +42,7 @@ def rules_of(t) -> list[str]:
     ids=["patch_report", "plugin_manager", "report_hook", "result_channel", "assign_pytest_attr", "pluggy"],
 )
 def test_source_reaching_the_runner_fires(path: str, content: str):
-    assert rules_of(_create(path, content)) == ["verdict_machinery"]
+    assert "verdict_machinery" in rules_of(_create(path, content))
 
 
 def test_every_hook_the_runner_plugin_watches_fires_in_package_source():
