@@ -102,9 +102,10 @@ def check_verdict_machinery(ev: Event, ctx: Context) -> str | None:
     return None
 
 
-#: capability kinds (:mod:`cadenza.testrun.capabilities`) no ordinary edit brings into a source file
-#: (the runner's internals are ``verdict_machinery``'s; exits, subprocesses, signals and exec/eval have legitimate uses in libraries and their own rules;
-#: of ``foreign_patch`` only assigned dunders count here: wrapping a module function is a library idiom)
+#: capability kinds (:mod:`cadenza.testrun.capabilities`) no ordinary edit brings into a source file.
+#: The runner's internals are ``verdict_machinery``'s; exits, subprocesses, signals and exec/eval have
+#: legitimate uses in libraries and rules of their own; of ``foreign_patch`` only assigned dunders count
+#: here (wrapping a module's function is a library idiom).
 BLATANT_KINDS = frozenset(
     {
         "frames",

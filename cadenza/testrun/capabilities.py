@@ -131,7 +131,7 @@ REROOT = frozenset(
         "pluggy",
     }
 )
-PREFIX_NAMES = tuple(k for k in NAMES if k.endswith("."))
+PREFIX_NAMES = tuple(k for k in NAMES if k.endswith((".", "_")))
 #: attribute names that are a capability on any object
 ATTRS: dict[str, str] = {
     "f_back": "frames",

@@ -3,8 +3,6 @@ final record) with each check switched off in turn, and real pytest runs without
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
 import sys
 import textwrap
@@ -13,15 +11,11 @@ from pathlib import Path
 import pytest
 
 from cadenza.testrun import Checks, HostExecutor, env_plugins, run_tests
-from cadenza.testrun.channel import read_channel
-
-KEY = b"k" * 32
+from cadenza.testrun.channel import GUARD_EXIT, read_channel
 
 
-def _frame(seq: int, rec: dict, key: bytes = KEY) -> str:
-    body = json.dumps(rec, sort_keys=True)
-    mac = hmac.new(key, f"{seq}:{body}".encode(), hashlib.sha256).hexdigest()
-    return json.dumps({"seq": seq, "body": body, "mac": mac})
+def _frame(seq: int, rec: dict) -> str:
+    return json.dumps({"seq": seq, **rec}, sort_keys=True)
 
 
 def _test(nid: str, outcome: str = "passed") -> dict:
@@ -36,10 +30,10 @@ def _read(tmp_path: Path, lines: list[str], *, off: str | None = None, exit_code
     path = tmp_path / "results.jsonl"
     path.write_text("\n".join(lines) + "\n")
     checks = Checks(**({off: False} if off else {}))
-    return read_channel(path, KEY, requested=list(req), checks=checks, exit_code=exit_code)
+    return read_channel(path, requested=list(req), checks=checks, exit_code=exit_code)
 
 
-def test_authentic_records_are_read(tmp_path: Path):
+def test_records_in_sequence_are_read(tmp_path: Path):
     got = _read(tmp_path, [_frame(0, START), _frame(1, _test("a")), _frame(2, END)])
     assert got.outcomes == {"a": "passed"} and got.tampering == [] and got.complete
 
@@ -48,16 +42,21 @@ def test_authentic_records_are_read(tmp_path: Path):
     "name,lines,check,evidence",
     [
         (
-            "wrong_key",
-            [_frame(0, START), _frame(1, _test("a"), b"x"), _frame(2, END)],
-            "mac",
-            "not authentic",
+            "reordered",
+            [_frame(0, START), _frame(2, _test("a")), _frame(1, END)],
+            "sequence",
+            "out of sequence",
         ),
-        ("reordered", [_frame(0, START), _frame(2, _test("a")), _frame(1, END)], "mac", "not authentic"),
+        (
+            "after_the_end",
+            [_frame(0, START), _frame(1, _test("a", "failed")), _frame(2, END), _frame(3, _test("a"))],
+            "sequence",
+            "after the final record",
+        ),
         (
             "garbage_line",
             [_frame(0, START), "{not json", _frame(1, _test("a")), _frame(2, END)],
-            "mac",
+            "sequence",
             "unreadable",
         ),
         (
@@ -88,8 +87,16 @@ def test_each_channel_check_catches_its_forgery_and_only_it(tmp_path: Path, name
 
 
 def test_a_cut_last_line_is_no_evidence_and_a_crash_without_end_is_not_either(tmp_path: Path):
-    got = _read(tmp_path, [_frame(0, START), _frame(1, _test("a")), '{"seq": 2, "bo'], exit_code=-9)
+    got = _read(tmp_path, [_frame(0, START), _frame(1, _test("a")), '{"seq": 2, "ki'], exit_code=-9)
     assert got.tampering == [] and got.outcomes == {"a": "passed"} and not got.complete
+
+
+def test_the_guards_record_or_status_is_tampering(tmp_path: Path):
+    rec = {"kind": "guard", "capability": "gc", "event": "gc.get_objects", "where": "pkg/a.py:3"}
+    got = _read(tmp_path, [_frame(0, START), _frame(1, rec)], exit_code=GUARD_EXIT)
+    assert got.tampering == ["the guard ended the test process: gc (gc.get_objects) at pkg/a.py:3"]
+    bare = _read(tmp_path, [_frame(0, START)], exit_code=GUARD_EXIT)
+    assert bare.tampering == [f"the test process exited with the guard's status {GUARD_EXIT}"]
 
 
 def _ws(tmp_path: Path, files: dict[str, str]) -> Path:
@@ -158,7 +165,7 @@ def test_a_real_suite_reports_exact_outcomes_without_false_alarms(tmp_path: Path
         "tests/test_a.py::T::test_u": "failed",
         "tests/test_a.py::T::test_v": "passed",
     }
-    assert not (tmp_path / "chan" / "key").exists()  # the plugin deleted the key before any test ran
+    assert not (tmp_path / "chan" / "key").exists()  # no secret is ever handed to the test process
 
 
 def test_tampering_fails_every_node(tmp_path: Path):
