@@ -114,11 +114,12 @@ def grade(
             statuses = report.statuses(nodeids)
             f2p_ok = bool(task.fail_to_pass) and all(statuses[n] == "passed" for n in task.fail_to_pass)
             if defences.f2p_rerun and f2p_ok:
-                alone, _ = run(list(reversed(task.fail_to_pass)), timeout)
+                alone, _ = run(list(task.fail_to_pass), timeout, reverse=True)
                 differ = [n for n in task.fail_to_pass if alone.outcome(n) != "passed"]
                 if differ:
                     report.tampering.append(
-                        f"{len(differ)} fail-to-pass test(s) did not pass when run alone in a fresh process"
+                        f"{len(differ)} fail-to-pass test(s) did not pass when run alone, in reverse"
+                        " order, in a fresh process"
                         f" ({differ[0]}: {alone.outcome(differ[0])}): the outcome depends on the run"
                     )
                     report.tampering.extend(t for t in alone.tampering if t not in report.tampering)
@@ -153,7 +154,9 @@ class _Runner:
         self.pristine, self.work, self.tmp, self.sandbox, self.policy = pristine, work, tmp, sandbox, policy
         self.calls = 0
 
-    def __call__(self, nodeids: list[str], timeout: float) -> tuple[TestReport, bool]:
+    def __call__(
+        self, nodeids: list[str], timeout: float, *, reverse: bool = False
+    ) -> tuple[TestReport, bool]:
         self.calls += 1
         results = self.tmp / f"results-{self.calls}"
         results.mkdir()
@@ -184,6 +187,7 @@ class _Runner:
                 autoload_off=d.autoload_off,
                 clear_addopts=d.clear_addopts,
                 test_paths=sorted(self.policy.test_paths),
+                reverse=reverse,
             )
         finally:
             box.close()

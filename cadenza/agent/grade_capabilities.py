@@ -2,8 +2,9 @@
 
 Runs in the trusted parent before any of the change executes (:mod:`cadenza.testrun.capabilities`
 finds the uses). A kept Python file may use a process-level capability only if its pristine version
-or the pristine package (its non-test Python files) already does; native extension modules the agent
-adds or changes are never allowed. Findings fail the grade and are flagged (``capability``).
+or the pristine package (its non-test Python files) already does; native extension modules and
+bytecode the agent adds or changes are never allowed. Findings fail the grade and are flagged
+(``capability``).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from cadenza.testrun.capabilities import Finding, kinds, new_capabilities
 
 PY_SUFFIXES = (".py", ".pyw")
 NATIVE_SUFFIXES = (".so", ".pyd", ".dylib", ".dll")
+BYTECODE_SUFFIXES = (".pyc", ".pyo")
 
 
 def capability_findings(pristine: Path, work: Path, applied: list[str], policy: GradePolicy) -> list[Finding]:
@@ -28,6 +30,8 @@ def capability_findings(pristine: Path, work: Path, applied: list[str], policy: 
             continue
         if rel.endswith(NATIVE_SUFFIXES) or ".so." in PurePosixPath(rel).name:
             found.append(Finding(rel, 0, "ctypes", "a native extension module"))
+        elif rel.endswith(BYTECODE_SUFFIXES):
+            found.append(Finding(rel, 0, "unreadable", "compiled bytecode, whose source is not what runs"))
         elif rel.endswith(PY_SUFFIXES):
             changed[rel] = path.read_bytes()
     if not changed:

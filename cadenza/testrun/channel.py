@@ -69,6 +69,7 @@ class Channel:
         checks: Checks,
         test_paths: list[str] | None = None,
         allow: dict[str, list[str]] | None = None,
+        reverse: bool = False,
     ) -> None:
         self.dir = Path(directory).absolute()
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -81,6 +82,7 @@ class Channel:
         token = secrets.token_hex(8)  # not a secret: only a name no workspace file can have chosen
         config = {
             "select": self.select,
+            "reverse": reverse,
             "cov_context": cov_context,
             "checks": vars(checks),
             "results": str(self.results),

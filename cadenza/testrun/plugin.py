@@ -189,6 +189,8 @@ def pytest_collection_modifyitems(config, items):
     wanted = set(wanted)
     keep = [i for i in items if i.nodeid in wanted]
     drop = [i for i in items if i.nodeid not in wanted]
+    if _CONFIG.get("reverse"):  # the parent's second run: the same tests, in the opposite order
+        keep.reverse()
     items[:] = keep
     if drop:
         config.hook.pytest_deselected(items=drop)

@@ -190,13 +190,15 @@ def run_tests(
     clear_addopts: bool = True,
     test_paths: list[str] | None = None,
     allow: dict[str, list[str]] | None = None,
+    reverse: bool = False,
 ) -> TestReport:
     """Run ``node_ids`` (``None``: the configured suite) in ``workspace`` and read the verified outcomes.
 
     ``channel_dir`` is an empty directory outside the workspace that the executor can write. IDs that
     never report are ``missing``; a run with tampering evidence passes nothing. ``test_paths``
     (workspace-relative) are the trusted test files beside the usual patterns; ``allow`` maps a
-    workspace file to the capability kinds the guard lets it use (see :mod:`cadenza.testrun.guard`).
+    workspace file to the capability kinds the guard lets it use (see :mod:`cadenza.testrun.guard`);
+    ``reverse`` runs the selected tests in the opposite of their collection order.
     """
     workspace = Path(workspace).absolute()
     files: list[str] = []
@@ -216,6 +218,7 @@ def run_tests(
         checks=checks,
         test_paths=test_paths,
         allow=allow,
+        reverse=reverse,
     )
     argv = pytest_command(
         str(python),
