@@ -29,7 +29,7 @@ from typing import Any
 import tomli_w
 
 from cadenza.agent.diff import compare
-from cadenza.agent.grade_capabilities import capability_findings
+from cadenza.agent.grade_capabilities import capability_findings, guard_allowances
 from cadenza.agent.grade_policy import Defences, GradePolicy, top_level_modules
 from cadenza.errors import CadenzaError
 from cadenza.sandbox import Sandbox, SandboxConfig, env_info, hidden_roots
@@ -187,6 +187,7 @@ class _Runner:
                 autoload_off=d.autoload_off,
                 clear_addopts=d.clear_addopts,
                 test_paths=sorted(self.policy.test_paths),
+                allow=guard_allowances(self.pristine, self.work, self.policy),
                 reverse=reverse,
             )
         finally:

@@ -13,7 +13,7 @@ from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
 from cadenza.agent.grade_policy import GradePolicy
-from cadenza.testrun.capabilities import Finding, kinds, new_capabilities
+from cadenza.testrun.capabilities import GUARD_KINDS, Finding, kinds, new_capabilities
 
 PY_SUFFIXES = (".py", ".pyw")
 NATIVE_SUFFIXES = (".so", ".pyd", ".dylib", ".dll")
@@ -57,3 +57,19 @@ def _package_kinds(root: str, files: tuple[str, ...]) -> frozenset[str]:
         except OSError:
             continue
     return frozenset(out - {"unreadable", "encoding"})
+
+
+def guard_allowances(pristine: Path, work: Path, policy: GradePolicy) -> dict[str, list[str]]:
+    """What the guard lets each Python file of the graded copy do: the capabilities the capability check
+    allows it (its pristine version's and the pristine package's), never the ones the change added."""
+    package = package_kinds(pristine, policy)
+    out: dict[str, list[str]] = {}
+    for path in work.rglob("*.py"):
+        rel = str(path.relative_to(work))
+        if policy.is_test(rel):
+            continue
+        own = kinds((pristine / rel).read_bytes()) if (pristine / rel).is_file() else frozenset()
+        allowed = sorted({GUARD_KINDS[k] for k in own | package if k in GUARD_KINDS})
+        if allowed:
+            out[rel] = allowed
+    return out

@@ -41,6 +41,11 @@ def defences(off: tuple[str, ...] | list[str]) -> Defences:
     return dataclasses.replace(d, checks=checks)
 
 
+#: layers that detect (and so flag) rather than prevent (the drops, autoload off, loading by path)
+DETECTING = {"capability_check", "f2p_rerun"} | {
+    f"checks.{f.name}" for f in dataclasses.fields(Checks) if f.name != "by_path"
+}
+
 PLANT_PYC = (
     "import importlib.util, py_compile, sys\n"
     "py_compile.compile(sys.argv[1], importlib.util.cache_from_source(sys.argv[2]), doraise=True,\n"
@@ -81,7 +86,7 @@ def test_attack_earns_nothing_and_is_flagged(request, tmp_path: Path, task_env: 
     tdir = task_for(request, attack)
     if attack.bytecode:  # bytecode is planted, not written through a tool call
         got = grade(tdir, workspace(tdir, tmp_path, attack, task_env))
-        assert got.resolved is False and got.capabilities, got
+        assert got.resolved is False and got.f2p_passed == 0, got  # never copied, so never run
         return
     calls = [ToolCall(name="create", arguments={"path": p, "content": c}) for p, c in attack.files.items()]
     outcome, _ = replay(tdir, [*calls, ToolCall(name="submit", arguments={})], EpisodeConfig(max_turns=30))
@@ -112,7 +117,7 @@ def test_each_layer_alone_stops_the_attack(request, tmp_path: Path, task_env: Pa
     others = [s for s in attack.stoppers if s != layer]
     result = grade(tdir, workspace(tdir, tmp_path, attack, task_env), defences=defences(others))
     assert result.resolved is False and result.f2p_passed < len(F2P), (layer, result.tests, result.tampering)
-    if layer.startswith("checks.") or layer in ("capability_check", "f2p_rerun"):
+    if layer in DETECTING:
         assert result.tampering or result.capabilities, (layer, "a detecting layer leaves evidence")
 
 
