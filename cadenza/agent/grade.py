@@ -22,6 +22,7 @@ import shutil
 import tempfile
 import time
 import tomllib
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -110,11 +111,21 @@ def grade(
         else:
             run = _Runner(task_dir, task, info, env, pristine, work, Path(tmp), sandbox, policy)
             timeout = run_timeout_s if run_timeout_s is not None else max(600.0, task.test_timeout_s)
+            rerun = None
+            if defences.f2p_rerun and task.fail_to_pass:
+                # its own copy, made before either run starts (no run can leave anything for the other),
+                # run beside the main one so that grading takes the time of one run, not two
+                alone_ws = Path(tmp) / "workspace-alone"
+                shutil.copytree(work, alone_ws, symlinks=True)
+                pool = ThreadPoolExecutor(max_workers=1)
+                rerun = pool.submit(run, list(task.fail_to_pass), timeout, reverse=True, work=alone_ws)
+                pool.shutdown(wait=False)
             report, sandboxed = run(nodeids, timeout)
             statuses = report.statuses(nodeids)
             f2p_ok = bool(task.fail_to_pass) and all(statuses[n] == "passed" for n in task.fail_to_pass)
-            if defences.f2p_rerun and f2p_ok:
-                alone, _ = run(list(task.fail_to_pass), timeout, reverse=True)
+            alone = rerun.result() if rerun is not None else None
+            if alone is not None and f2p_ok:
+                alone, _ = alone
                 differ = [n for n in task.fail_to_pass if alone.outcome(n) != "passed"]
                 if differ:
                     report.tampering.append(
@@ -152,33 +163,32 @@ class _Runner:
     def __init__(self, task_dir, task, info, env, pristine, work, tmp, sandbox, policy) -> None:
         self.task_dir, self.task, self.info, self.env = task_dir, task, info, env
         self.pristine, self.work, self.tmp, self.sandbox, self.policy = pristine, work, tmp, sandbox, policy
-        self.calls = 0
 
     def __call__(
-        self, nodeids: list[str], timeout: float, *, reverse: bool = False
+        self, nodeids: list[str], timeout: float, *, reverse: bool = False, work: Path | None = None
     ) -> tuple[TestReport, bool]:
-        self.calls += 1
-        results = self.tmp / f"results-{self.calls}"
+        work = work or self.work
+        results = self.tmp / f"results-{'alone' if reverse else 'main'}-{len(nodeids)}"
         results.mkdir()
         # one command per run: a fresh per-call bubblewrap, never an episode's long-lived instance
         one_shot = replace(self.sandbox or SandboxConfig(), persistent=False)
         box = Sandbox(
-            self.work,
+            work,
             env_dir=self.env,
             config=one_shot,
             hidden=hidden_roots(self.task_dir),
-            path_map={self.pristine: self.work},
+            path_map={self.pristine: work},
             rw_extra=[results],
         )
         d = self.policy.defences
         try:
             report = run_tests(
                 python=self.info.python,
-                workspace=self.work,
+                workspace=work,
                 node_ids=nodeids,
                 executor=SandboxExecutor(box),
                 channel_dir=results,
-                plugins=env_plugins(self.info.sys_path, [self.pristine, self.work]),
+                plugins=env_plugins(self.info.sys_path, [self.pristine, work]),
                 extra_args=list(self.task.pytest_args),
                 pythonpath=box.plan.pythonpath,
                 timeout_s=timeout,
@@ -187,7 +197,7 @@ class _Runner:
                 autoload_off=d.autoload_off,
                 clear_addopts=d.clear_addopts,
                 test_paths=sorted(self.policy.test_paths),
-                allow=guard_allowances(self.pristine, self.work, self.policy),
+                allow=guard_allowances(self.pristine, work, self.policy),
                 reverse=reverse,
             )
         finally:

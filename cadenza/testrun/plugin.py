@@ -61,14 +61,11 @@ WATCHED_MODULES = (
 )
 
 
+CALLABLE_TYPES = (types.FunctionType, type, classmethod, staticmethod, property, types.BuiltinFunctionType)
+
+
 def _callables(ns: dict) -> dict[str, object]:
-    return {
-        k: v
-        for k, v in ns.items()
-        if isinstance(
-            v, (types.FunctionType, type, classmethod, staticmethod, property, types.BuiltinFunctionType)
-        )
-    }
+    return {k: v for k, v in ns.items() if isinstance(v, CALLABLE_TYPES)}
 
 
 #: Checked after every test (cheap); the whole snapshot is checked once, at the end of the session.
@@ -88,17 +85,19 @@ CRITICAL = frozenset(
 )
 
 
-def snapshot(names=WATCHED_MODULES) -> list[tuple[str, object, dict[str, object]]]:
-    """(name, owner, its callables) for every module in ``names`` and every class defined in one."""
+def snapshot(names=WATCHED_MODULES, pick=_callables) -> list[tuple[str, object, dict[str, object]]]:
+    """(name, owner, ``pick`` of its namespace) for every module in ``names`` and every class defined
+    in one (the broad snapshot copies namespaces whole: cheaper than sorting out callables now)."""
     out = []
     for name in names:
         mod = sys.modules.get(name)
         if mod is None or not isinstance(mod, types.ModuleType):
             continue
-        out.append((name, mod, _callables(vars(mod))))
-        for attr, value in list(vars(mod).items()):
+        ns = vars(mod)
+        out.append((name, mod, pick(ns)))
+        for attr, value in list(ns.items()):
             if isinstance(value, type) and getattr(value, "__module__", None) == name:
-                out.append((f"{name}.{attr}", value, _callables(vars(value))))
+                out.append((f"{name}.{attr}", value, pick(vars(value))))
     return out
 
 
@@ -148,10 +147,12 @@ def changed(snap: list[tuple[str, object, dict[str, object]]], *, strict: bool =
     for name, owner, before in snap:
         if isinstance(owner, types.ModuleType) and sys.modules.get(name) is not owner:
             found.append(f"sys.modules[{name!r}] replaced")
-        now = _callables(vars(owner))
+        now = vars(owner)
         for attr in before.keys() | now.keys():
             new = now.get(attr)
             if before.get(attr) is new:
+                continue
+            if not isinstance(new, CALLABLE_TYPES) and not isinstance(before.get(attr), CALLABLE_TYPES):
                 continue
             if strict and new is not None and _from_runner(new):
                 continue
@@ -281,6 +282,6 @@ def pytest_sessionfinish(session, exitstatus):
 
 
 _SNAPSHOT = snapshot()  # last, so that this module's own functions are in it
-_BROAD = snapshot(_broad_names()) if _CHECKS.get("integrity", True) else []
+_BROAD = snapshot(_broad_names(), pick=dict) if _CHECKS.get("integrity", True) else []
 _CRITICAL_SNAPSHOT = [entry for entry in _SNAPSHOT if entry[0] in CRITICAL]
 _emit({"kind": "start", "pid": os.getpid()})
