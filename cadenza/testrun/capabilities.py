@@ -430,10 +430,8 @@ class Finding:
     what: str
 
     def __str__(self) -> str:
-        return (
-            f"{self.path}:{self.line}: {KIND_TEXT.get(self.kind, self.kind)} ({self.what}), "
-            "which the original file and package never use"
-        )
+        head = f"{self.path}:{self.line}: {KIND_TEXT.get(self.kind, self.kind)} ({self.what})"
+        return head if self.kind == "unreadable" else f"{head}, which the original file and package never use"
 
 
 def new_capabilities(

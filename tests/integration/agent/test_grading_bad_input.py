@@ -1,0 +1,90 @@
+"""Bad input to grading: binary or mis-encoded source, a huge file, an import that never returns, a test
+process that kills itself or closes every descriptor. Each episode is graded (not resolved, the reason
+recorded), the next grade is unaffected, and nothing of the task on the host changes."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from cadenza.agent.grade import grade
+from cadenza.agent.grade_policy import Defences
+from cadenza.agent.toytask import OPS_REMOVED
+
+
+def _digest(root: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and "__pycache__" not in p.parts:
+            h.update(str(p.relative_to(root)).encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+def _ws(task_dir: Path, tmp_path: Path, files: dict[str, bytes]) -> Path:
+    ws = tmp_path / "agent"
+    shutil.rmtree(ws, ignore_errors=True)
+    shutil.copytree(task_dir / "workspace", ws)
+    for rel, data in files.items():
+        (ws / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ws / rel).write_bytes(data)
+    return ws
+
+
+def _gold_resolves(task_dir: Path, tmp_path: Path) -> None:
+    ws = tmp_path / "gold"
+    shutil.rmtree(ws, ignore_errors=True)
+    shutil.copytree(task_dir / "workspace", ws)
+    subprocess.run(["git", "apply", str(task_dir / "gold.patch")], cwd=ws, check=True, timeout=60)
+    assert grade(task_dir, ws).resolved is True
+
+
+CLAMP = "def clamp(x, lo, hi):\n"
+UNCHECKED = Defences(capability_check=False)  # so that the code runs and the runner meets it
+
+
+@pytest.mark.parametrize(
+    "name,files,defences,reason",
+    [
+        ("binary_source", {"calc/blob.py": b"\x00\xff\xfe\x89PNG\r\n\x1a\n" * 64}, None, "cannot be decoded"),
+        ("mis_encoded", {"calc/ops.py": b"x = 1\ny = '\xff\xfe'\n"}, None, "does not decode"),
+        ("huge_file", {"calc/big.py": b"X = 1\n" * 400_000}, None, "limit"),
+        ("import_never_returns", {"calc/__init__.py": b"while True:\n    pass\n"}, None, "timed out"),
+        (
+            "kills_itself",
+            {
+                "calc/ops.py": (
+                    OPS_REMOVED + "\n\nimport os\n\n\n" + CLAMP + "    os.kill(os.getpid(), 9)\n"
+                ).encode()
+            },
+            UNCHECKED,
+            "exit",
+        ),
+        (
+            "closes_every_descriptor",
+            {
+                "calc/ops.py": (
+                    OPS_REMOVED + "\n\nimport os\n\n\n" + CLAMP + "    os.closerange(0, 65536)\n"
+                ).encode()
+            },
+            UNCHECKED,
+            "exit",
+        ),
+    ],
+)
+def test_bad_input_is_graded_and_changes_nothing(task_dir, tmp_path, name, files, defences, reason):
+    before = _digest(task_dir)
+    result = grade(task_dir, _ws(task_dir, tmp_path, files), run_timeout_s=20, defences=defences)
+    assert result.resolved is False and result.f2p_passed == 0
+    recorded = " ".join([*result.capabilities, *result.tampering])
+    if reason == "timed out":
+        assert result.timed_out is True
+    elif reason == "exit":
+        assert result.exit_code not in (0, None), result
+    else:
+        assert reason in recorded, recorded
+    assert _digest(task_dir) == before
+    _gold_resolves(task_dir, tmp_path)  # the next grade is unaffected
