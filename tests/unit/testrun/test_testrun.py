@@ -202,3 +202,23 @@ def test_the_callers_python_and_pytest_variables_never_reach_the_run(tmp_path: P
     ws = _ws(tmp_path, {"tests/test_c.py": "def test_bad(): assert 0\n"})
     rep = _run(tmp_path, ws, ["tests/test_c.py::test_bad"])
     assert rep.outcomes == {"tests/test_c.py::test_bad": "failed"} and rep.tampering == [], rep.output_tail
+
+
+def test_a_patch_of_any_imported_module_by_workspace_code_is_evidence(tmp_path: Path):
+    """The broad snapshot: not only pytest's modules. Package code that neuters ``unittest``'s assertions
+    (an unwatched stdlib module) makes a failing unittest-style test pass; the integrity check sees it."""
+    ws = _ws(
+        tmp_path,
+        {
+            "pkg/__init__.py": "import unittest\n\n\ndef _quiet(self, *a, **k):\n    return None\n\n\n"
+            "unittest.TestCase.assertEqual = _quiet\n",
+            "tests/test_u.py": "import unittest\n\nimport pkg\n\n\nclass T(unittest.TestCase):\n"
+            "    def test_u(self):\n        self.assertEqual(1, 2)\n",
+        },
+    )
+    node = "tests/test_u.py::T::test_u"
+    on = _run(tmp_path, ws, [node])
+    assert any("unittest.case.TestCase.assertEqual replaced" in t for t in on.tampering), on.tampering
+    assert on.passing == set()
+    off = _run(tmp_path / "off", ws, [node], checks=Checks(integrity=False))
+    assert off.tampering == [] and off.passing == {node}
