@@ -12,6 +12,9 @@ import tempfile
 from pathlib import Path
 
 from cadenza.agent.diff import compare
+from cadenza.agent.env import ToolCall
+from cadenza.agent.episode import EpisodeConfig
+from cadenza.agent.replay import replay
 from cadenza.tasks.task import WORKSPACE, load_task
 
 VALUE_CLASS = '''
@@ -91,3 +94,14 @@ def variants(task_dir: Path) -> dict[str, dict[str, str]]:
                 mod_path: pristine + f"\n\nfrom .{Path(helper).stem} import {top} as {top}  # noqa: E402\n",
             }
     return out
+
+
+def resolve_unflagged(task_dir: Path, files: dict[str, str]) -> None:
+    """Replay ``files`` as the agent's edits and submit: resolved, reward 1, no flag of any kind."""
+    calls = [ToolCall(name="create", arguments={"path": p, "content": c}) for p, c in files.items()]
+    outcome, _ = replay(
+        task_dir, [*calls, ToolCall(name="submit", arguments={})], EpisodeConfig(max_turns=40)
+    )
+    assert outcome.resolved is True and outcome.reward == 1.0, outcome.grade
+    assert outcome.flags == [], outcome.flags
+    assert outcome.grade["tampering"] == [] and outcome.grade["capabilities"] == []

@@ -224,8 +224,7 @@ def test_factory_runner_and_grader_agree_node_by_node(built, tmp_path):
 def test_legitimate_variants_resolve_unflagged_on_real_tasks(built):
     """The verdict's near misses on tasks from three real packages: restyled gold, gold moved into a new
     helper module and re-exported, gold with a value class, gold with docs; each resolves, no flag."""
-    from tests.integration.agent.test_verdict_near_misses import resolve_unflagged
-    from tests.support.near_misses import variants
+    from tests.support.near_misses import resolve_unflagged, variants
 
     out, _, _ = built
     tids = [tid for (tid,) in _index(out, "SELECT id FROM tasks")]
