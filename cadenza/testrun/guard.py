@@ -130,7 +130,7 @@ def install(
     protected = tuple(d.rstrip("/") + "/" for d in protected_dirs)
     allow = {k: frozenset(v) for k, v in allow.items()}
     busy: set[int] = set()
-    safe_finders: set[int] = set()
+    safe_finders: dict[int, object] = {}  # id -> the finder, kept alive so no id is reused
     ws = workspace.rstrip("/") + "/"
 
     def protected_path(path) -> bool:
@@ -181,20 +181,26 @@ def install(
         name = frame.f_code.co_filename
         return classify(name) == "workspace" and kind not in allow.get(realpath(name), ())
 
-    def finder_origin(obj) -> str:
+    def finder_file(obj) -> str:
         code = getattr(obj, "__code__", None)
         if code is not None:
-            return classify(code.co_filename)
+            return code.co_filename
         mod = sys.modules.get(getattr(type(obj), "__module__", ""), None)
-        return classify(getattr(mod, "__file__", None) or "<frozen>")
+        return getattr(mod, "__file__", None) or "<frozen>"
 
     def check_finders(meta_path, path_hooks) -> str | None:
+        """A finder defined in the workspace is evidence, unless its file may install import hooks (the
+        pristine package does so there, e.g. a lazy-import shim)."""
         for obj in (*meta_path, *path_hooks):
             if id(obj) in safe_finders:
                 continue
-            if finder_origin(obj) in ("workspace", "dynamic"):
+            name = finder_file(obj)
+            what = classify(name)
+            if what == "dynamic" or (
+                what == "workspace" and "import_hooks" not in allow.get(realpath(name), ())
+            ):
                 return f"import hook {type(obj).__name__} from the workspace"
-            safe_finders.add(id(obj))
+            safe_finders[id(obj)] = obj
         return None
 
     def hook(event: str, args: tuple) -> None:
