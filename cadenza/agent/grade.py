@@ -115,7 +115,7 @@ def grade(
             if defences.f2p_rerun and task.fail_to_pass:
                 # its own copy, made before either run starts (no run can leave anything for the other),
                 # run beside the main one so that grading takes the time of one run, not two
-                alone_ws = Path(tmp) / "workspace-alone"
+                alone_ws = Path(tmp) / "alone" / "workspace"  # the same name: a root package keeps it
                 shutil.copytree(work, alone_ws, symlinks=True)
                 pool = ThreadPoolExecutor(max_workers=1)
                 rerun = pool.submit(run, list(task.fail_to_pass), timeout, reverse=True, work=alone_ws)

@@ -144,7 +144,9 @@ def test_attack_is_useless_at_grading(task_dir: Path, name: str):
     dropped = outcome.grade["dropped"]
     if reason:
         assert any(reason in why for why in dropped.values()), dropped
-    if name != "exit_before_report":
+    if outcome.grade["capabilities"]:  # refused before it ran (the capability check)
+        assert set(outcome.grade["tests"].values()) == {"blocked"}
+    elif name != "exit_before_report":
         assert outcome.p2p == (3, 3)  # restored tests still run and pass
 
 
@@ -160,10 +162,11 @@ def test_missing_node_counts_as_failed(task_dir: Path):
     actions, _, _ = ATTACKS["exit_before_report"]
     outcome, _ = _run(task_dir, patch_actions(GOLD_PATCH) + actions)
     assert outcome.resolved is False and outcome.reward == 0.0
-    # exit status 0 without the runner's final record is evidence of an injected exit: every node fails
-    assert set(outcome.grade["tests"].values()) == {"tampered"}
-    assert any("before the runner's final record" in t for t in outcome.grade["tampering"])
-    assert any(f.rule == "verdict_tampering" for f in outcome.flags)
+    # an exit the original code never makes is refused before the run; the exit itself (status 0 without
+    # the runner's final record) is the end_record check's, in test_redteam_verdict.py (forge_without_end)
+    assert set(outcome.grade["tests"].values()) == {"blocked"}
+    assert any("process exits" in c for c in outcome.grade["capabilities"])
+    assert any(f.rule == "capability" for f in outcome.flags)
 
 
 def test_gold_patch_as_tool_calls_resolves_without_flags(task_dir: Path):
