@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from tests.support.imports import circles, import_graph
 from tests.support.torchless import run_torchless
 
 CADENZA = Path(__file__).resolve().parents[2] / "cadenza"
@@ -18,6 +19,31 @@ TORCH_SIDE = ("torch", "transformers", "tokenizers", "safetensors")
 TORCH_FREE_MODULES = ("cli", "errors", "jsonio", "config_io", "preflight")
 TRAINING_SIDE = ("rl", "optim", "parallel", "pretrain", "experiments")
 AGENT_SIDE = ("tasks", "sandbox", "agent", "monitor", "feedback", "rl", "pretrain", "experiments", "commands")
+
+#: The house from the ground up: a module may import its own unit and units on lower floors only (units on
+#: one floor know nothing of each other). A unit is the longest listed prefix of a module's name; a module
+#: no unit names fails the test, so a new package has to be given its floor. Inside ``rl`` the floors
+#: follow the data: text and models, engines, config, then rollout and learn side by side (a token
+#: trajectory is their contract), then train composing them. ``agent.trajectory`` and ``agent.llm`` are the
+#: formats the monitor reads, below the monitor that the agent's episode runs.
+LAYERS: tuple[tuple[str, ...], ...] = (
+    ("errors", "jsonio"),
+    ("", "config_io", "metrics", "checkpoint", "scale", "testing"),
+    ("optim", "parallel", "sandbox", "executor"),
+    ("testrun", "preflight"),
+    ("tasks", "agent.trajectory", "agent.llm"),
+    ("monitor",),
+    ("agent",),
+    ("feedback",),
+    ("pretrain", "rl.text", "rl.models"),
+    ("rl.engines",),
+    ("rl.config",),
+    ("rl.rollout", "rl.learn"),
+    ("rl.train", "rl"),
+    ("experiments",),
+    ("docgen", "commands", "cli"),
+    ("__main__",),
+)
 
 
 def _imports(path: Path) -> list[tuple[int, str]]:
@@ -100,3 +126,39 @@ def test_no_test_module_imports_another() -> None:
         if mod.startswith("tests.") and not mod.startswith("tests.support")
     ]
     assert not bad, bad
+
+
+def _unit(module: str) -> str:
+    rest = module.removeprefix("cadenza").removeprefix(".")
+    units = [u for floor in LAYERS for u in floor if rest == u or rest.startswith(u + ".") or u == ""]
+    return max(units, key=len)
+
+
+def test_no_import_circle() -> None:
+    """No set of cadenza modules imports each other round (lazy imports in functions included, package
+    ``__init__`` modules too): a circle means two modules are one job, or a third owns what both need."""
+    found = circles(import_graph(CADENZA.parent))
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_no_upward_import() -> None:
+    """Every import (lazy ones too) points to the module's own unit or a lower floor of :data:`LAYERS`."""
+    floor = {u: i for i, units in enumerate(LAYERS) for u in units}
+    bad = []
+    for module, edges in import_graph(CADENZA.parent).items():
+        src = _unit(module)
+        for target, line in edges.items():
+            dst = _unit(target)
+            if dst != src and floor[dst] >= floor[src]:
+                bad.append(f"{module}:{line} ({src or 'cadenza'}) imports {target} ({dst or 'cadenza'})")
+    assert not bad, "imports that do not point down:\n" + "\n".join(bad)
+
+
+def test_every_module_has_a_floor_and_rl_is_split() -> None:
+    """The unit of every module is a listed one (not just the catch-all root), and rl's own modules live
+    in its sub-packages (only ``config`` and ``models`` at its top)."""
+    modules = import_graph(CADENZA.parent)
+    loose = [m for m in modules if m != "cadenza" and _unit(m) == ""]
+    assert not loose, f"modules outside every listed unit (add them to LAYERS): {loose}"
+    top = sorted(p.stem for p in (CADENZA / "rl").glob("*.py"))
+    assert top == ["__init__", "config", "models"], top
