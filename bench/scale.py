@@ -37,7 +37,7 @@ def cpu_seconds() -> float:
 
 
 def build(sources: list[str], out: Path, executor: str, workers: int, max_tasks: int) -> dict:
-    from cadenza.tasks.factory import BuildConfig, build_tasks
+    from cadenza.tasks.builder.factory import BuildConfig, build_tasks
 
     cfg = BuildConfig(
         out=out, workers=workers, max_tasks=max_tasks, levels=(1,), seed=1, progress=False, executor=executor
@@ -136,8 +136,8 @@ def predict_builds(runs: dict[str, dict], cores: int) -> dict[str, float]:
 
 
 def main() -> None:
-    from cadenza.tasks.fetch import fetch_source
-    from cadenza.tasks.venv import ensure_base_env
+    from cadenza.tasks.sources.fetch import fetch_source
+    from cadenza.tasks.sources.venv import ensure_base_env
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--packages", default=",".join(PACKAGES))

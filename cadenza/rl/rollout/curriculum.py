@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from cadenza.errors import CadenzaError, need
-from cadenza.tasks.pool import TaskPool, TaskStats
+from cadenza.tasks.records.pool import TaskPool, TaskStats
 
 
 class PoolExhausted(CadenzaError):

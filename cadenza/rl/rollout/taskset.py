@@ -18,7 +18,7 @@ from typing import Any
 
 from cadenza.errors import ConfigError
 from cadenza.rl.rollout.curriculum import CurriculumConfig, CurriculumSampler, Escalator, pool_metrics
-from cadenza.tasks.pool import AttemptResult, PoolConfig, TaskPool
+from cadenza.tasks.records.pool import AttemptResult, PoolConfig, TaskPool
 
 
 @dataclass(frozen=True)
@@ -70,8 +70,8 @@ def factory_for(task_set: Path, workers: int = 1):
     """A curriculum factory backed by the real task factory: harder tasks from ``source`` into the set."""
 
     def make(source: str, level: int, n: int) -> list[tuple[str, str, int]]:
-        from cadenza.tasks.factory import BuildConfig, build_source
-        from cadenza.tasks.store import TaskStore
+        from cadenza.tasks.builder.factory import BuildConfig, build_source
+        from cadenza.tasks.records.store import TaskStore
 
         before = {r["id"] for r in TaskStore(task_set).rows()}
         cfg = BuildConfig(
@@ -91,7 +91,7 @@ class TaskSetSource:
     ``record``/``metrics``."""
 
     def __init__(self, options: TaskSetOptions, seed: int = 0) -> None:
-        from cadenza.tasks.store import TaskStore
+        from cadenza.tasks.records.store import TaskStore
 
         self.options = options
         self.root = Path(options.task_set)

@@ -36,7 +36,7 @@ class DemoConfig:
     """Toy-scale defaults sized for ``make demo`` on 2 CPU cores (about 10 minutes with the task build)."""
 
     out: Path = Path("runs/demo")
-    source: str | None = None  # default: cadenza.tasks.demo.DEMO_SOURCE
+    source: str | None = None  # default: cadenza.tasks.builder.demo.DEMO_SOURCE
     max_tasks: int = 12
     levels: tuple[int, ...] = (1, 2)  # escalation asks the factory for level 3 when the pool goes easy
     steps: int = 3
@@ -143,7 +143,7 @@ def build_tiny_policy(task_dirs: list[Path], out: Path, cfg: DemoConfig, log: An
     from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_config
     from cadenza.rl.learn.sft import SFTConfig, encode_messages, supervised_finetune
     from cadenza.rl.text.chat import train_tokenizer
-    from cadenza.tasks.task import load_task
+    from cadenza.tasks.records.task import load_task
 
     if not task_dirs:
         raise CadenzaError("the demo task set has no tasks to write warm-up transcripts for")
@@ -228,7 +228,7 @@ class DemoResult(NamedTuple):
 
 
 def prepare_tasks(cfg: DemoConfig, console: Any = None) -> Path:
-    from cadenza.tasks.demo import DEMO_SOURCE, build_demo_tasks
+    from cadenza.tasks.builder.demo import DEMO_SOURCE, build_demo_tasks
 
     if cfg.task_set is not None:
         return cfg.task_set
@@ -244,7 +244,7 @@ def prepare_tasks(cfg: DemoConfig, console: Any = None) -> Path:
     if not summary.tasks:
         raise CadenzaError(f"the task factory built no task from {cfg.source or DEMO_SOURCE}; see {out}")
     if console is not None:
-        from cadenza.tasks.report import out_console, print_summary
+        from cadenza.tasks.records.report import out_console, print_summary
 
         print_summary(summary, out_console())  # tasks per level, F2P/P2P, yield, time; wide when piped
     return out
@@ -267,9 +267,9 @@ def check_device(device: str) -> None:
 def run_demo(cfg: DemoConfig, console: Any = None, log: Any = print) -> DemoResult:
     """Tasks -> policy -> RL with curriculum -> metrics, checkpoints and a pass-rate PNG under ``cfg.out``."""
     from cadenza.rl.train.trainer import Trainer
-    from cadenza.tasks.pool import TaskPool
-    from cadenza.tasks.pool_report import plot_pass_rates
-    from cadenza.tasks.store import TaskStore
+    from cadenza.tasks.records.pool import TaskPool
+    from cadenza.tasks.records.pool_report import plot_pass_rates
+    from cadenza.tasks.records.store import TaskStore
 
     check_device(cfg.device)
     from transformers.utils import logging as hf_logging

@@ -18,7 +18,7 @@ from cadenza.rl.rollout.episodes import TrainEpisode
 from cadenza.rl.rollout.monitor_hook import episode_outcome
 from cadenza.rl.rollout.taskset import TaskSetSource
 from cadenza.rl.train.trainer import Trainer
-from cadenza.tasks.pool import TaskPool
+from cadenza.tasks.records.pool import TaskPool
 from tests.support.sandbox_fixtures import F2P, P2P
 
 EQ_HACK = OPS_SOLVED.replace(

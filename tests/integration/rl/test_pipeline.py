@@ -19,9 +19,9 @@ from cadenza.agent.toytask import make_task
 from cadenza.rl.rollout.curriculum import CurriculumConfig, Escalator, PoolExhausted
 from cadenza.rl.rollout.taskset import factory_for
 from cadenza.rl.train.demo import DemoConfig, report_table, run_demo
-from cadenza.tasks.pool import AttemptResult, TaskPool
-from cadenza.tasks.store import TaskStore
-from cadenza.tasks.task import load_task, save_task
+from cadenza.tasks.records.pool import AttemptResult, TaskPool
+from cadenza.tasks.records.store import TaskStore
+from cadenza.tasks.records.task import load_task, save_task
 from tests.support.tasks_helpers import shared_env_cache
 
 

@@ -11,7 +11,7 @@ from cadenza.executor import EventQueue, drain
 class BuildProgress:
     """One bar per source plus an overall bar; a thread drains the executor's event queue.
 
-    Messages (sent by :func:`cadenza.tasks.factory.build_source` via :func:`cadenza.executor.emit`):
+    Messages (sent by :func:`cadenza.tasks.builder.factory.build_source` via :func:`cadenza.executor.emit`):
     ``("plan", spec, n, skipped)``, ``("tried", spec, tried, validated)``, ``("task", spec, id)``,
     ``("leak", spec, id, findings)``, ``("source", spec, report_dict)``.
     """

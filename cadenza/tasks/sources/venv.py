@@ -26,9 +26,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cadenza.errors import SourceError
-from cadenza.tasks.deps import TOOLING, Requirements, discover_requirements, req_name
-from cadenza.tasks.isolate import run_pip, run_python
-from cadenza.tasks.source import SourceInfo
+from cadenza.tasks.sources.deps import TOOLING, Requirements, discover_requirements, req_name
+from cadenza.tasks.sources.isolate import run_pip, run_python
+from cadenza.tasks.sources.source import SourceInfo
 
 ENV_FORMAT = 1  # bump to invalidate cached base environments
 PY_VER = f"python{sys.version_info.major}.{sys.version_info.minor}"

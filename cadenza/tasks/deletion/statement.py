@@ -13,7 +13,7 @@ import json
 import urllib.error
 import urllib.request
 
-from cadenza.tasks.delete import Deletion
+from cadenza.tasks.deletion.delete import Deletion
 
 MAX_TESTS_LISTED = 30
 

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.panel import Panel
 from rich.table import Table
 
-from cadenza.tasks.task import Task
+from cadenza.tasks.records.task import Task
 
 
 def out_console() -> Console:

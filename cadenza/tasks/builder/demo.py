@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from cadenza.tasks.factory import BuildConfig, BuildSummary, build_tasks
+from cadenza.tasks.builder.factory import BuildConfig, BuildSummary, build_tasks
 
 DEMO_SOURCE = "pypi:cachetools==8.0.2"
 DEMO_MAX_TASKS = 12

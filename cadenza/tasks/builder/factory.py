@@ -1,9 +1,9 @@
 """``cadenza tasks build``: many sources into one task set, in parallel, resumable.
 
-The core pipeline (:func:`cadenza.tasks.pipeline.iter_task_drafts`) yields validated drafts for
+The core pipeline (:func:`cadenza.tasks.builder.pipeline.iter_task_drafts`) yields validated drafts for
 one source; this module turns each draft into a published task (copy, scrub, light environment,
 leak scan, atomic publish) and runs sources in worker processes with a rich progress bar; spare
-workers validate candidates of one source in parallel (:mod:`cadenza.tasks.parallel`). A
+workers validate candidates of one source in parallel (:mod:`cadenza.tasks.builder.parallel`). A
 source that fails is one row with a one-line reason in the build report; a draft with leak
 findings is dropped, never published.
 """
@@ -23,16 +23,16 @@ from typing import TYPE_CHECKING, Any
 
 from cadenza.errors import CadenzaError
 from cadenza.executor import ExecutorConfig, emit, make_executor, preflight, set_sink
-from cadenza.tasks.owners import owner_alive, owner_tag
-from cadenza.tasks.progress import BuildProgress
-from cadenza.tasks.scan import Finding, scan_tasks
-from cadenza.tasks.scrub import scrub_env, scrub_workspace
-from cadenza.tasks.secret import derive_secret
-from cadenza.tasks.store import SourceReport, TaskStore
-from cadenza.tasks.task import GOLD_PATCH, WORKSPACE, save_task
+from cadenza.tasks.builder.progress import BuildProgress
+from cadenza.tasks.leaks.scan import Finding, scan_tasks
+from cadenza.tasks.leaks.scrub import scrub_env, scrub_workspace
+from cadenza.tasks.leaks.secret import derive_secret
+from cadenza.tasks.records.owners import owner_alive, owner_tag
+from cadenza.tasks.records.store import SourceReport, TaskStore
+from cadenza.tasks.records.task import GOLD_PATCH, WORKSPACE, save_task
 
 if TYPE_CHECKING:
-    from cadenza.tasks.pipeline import TaskDraft
+    from cadenza.tasks.builder.pipeline import TaskDraft
 
 ENV_DIR = "env"
 WORK = ".work"  # pristine source copies and candidates while a source builds; never left behind
@@ -94,7 +94,7 @@ def publish_draft(
 
     ``limit``: at most that many tasks of ``spec`` in the set (status ``full`` once reached).
     """
-    from cadenza.tasks.venv import make_task_env
+    from cadenza.tasks.sources.venv import make_task_env
 
     task = draft.task
     task.meta["spec"] = spec or task.meta.get("spec") or task.source
@@ -124,7 +124,7 @@ def publish_draft(
 
 
 def _prepare(spec: str, work_dir: Path, cfg: BuildConfig, stats: Any, skip: set[tuple[str, int]]) -> Any:
-    from cadenza.tasks.pipeline import SourceConfig, prepare_source
+    from cadenza.tasks.builder.pipeline import SourceConfig, prepare_source
 
     # No max_tasks here: drafts the scan rejects must not count, so the caller stops once the
     # set has enough tasks of this source.
@@ -135,7 +135,7 @@ def _prepare(spec: str, work_dir: Path, cfg: BuildConfig, stats: Any, skip: set[
 
 
 def _new_stats(spec: str) -> Any:
-    from cadenza.tasks.pipeline import BuildStats
+    from cadenza.tasks.builder.pipeline import BuildStats
 
     return BuildStats(source=spec)
 
@@ -147,8 +147,8 @@ def build_source(spec: str, cfg: BuildConfig, build_id: int | None = None, worke
     are published in candidate order, so the set does not depend on ``workers``. Candidates whose
     task the set already holds (a resumed build) are skipped before any test runs.
     """
-    from cadenza.tasks.parallel import iter_attempts
-    from cadenza.tasks.pipeline import record_attempt
+    from cadenza.tasks.builder.parallel import iter_attempts
+    from cadenza.tasks.builder.pipeline import record_attempt
 
     t0 = time.monotonic()
     store = TaskStore(cfg.out)

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cadenza.sandbox import SandboxConfig
-from cadenza.tasks.scan import scan_tasks, task_env_dir
-from cadenza.tasks.task import GOLD_PATCH, WORKSPACE, load_task
+from cadenza.tasks.leaks.scan import scan_tasks, task_env_dir
+from cadenza.tasks.records.task import GOLD_PATCH, WORKSPACE, load_task
 
 
 @dataclass(kw_only=True)
@@ -54,7 +54,7 @@ def clone_env(env_dir: Path, workspace: Path, new_workspace: Path, dest: Path) -
 
 def verify_task(task_dir: Path) -> VerifyResult:
     """F2P fail and P2P pass on a copy; everything passes on a gold-patched copy; no leak finding."""
-    from cadenza.tasks.validate import recheck
+    from cadenza.tasks.validation.validate import recheck
 
     task_dir = Path(task_dir)
     task = load_task(task_dir)

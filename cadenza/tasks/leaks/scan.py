@@ -23,8 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from cadenza.tasks.isolate import run_python
-from cadenza.tasks.scan_read import (
+from cadenza.tasks.leaks.scan_read import (
     _Content,
     _lines_of_text,
     _walk_files,
@@ -32,8 +31,9 @@ from cadenza.tasks.scan_read import (
     read_content,
     read_file,
 )
-from cadenza.tasks.secret import Secret, derive_secret
-from cadenza.tasks.task import GOLD_PATCH, WORKSPACE, Task, load_task
+from cadenza.tasks.leaks.secret import Secret, derive_secret
+from cadenza.tasks.records.task import GOLD_PATCH, WORKSPACE, Task, load_task
+from cadenza.tasks.sources.isolate import run_python
 
 __all__ = ["Finding", "channel_of", "read_content", "scan_paths", "scan_tasks"]
 

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from cadenza.tasks.secret import code_key, stub_definitions
+from cadenza.tasks.leaks.secret import code_key, stub_definitions
 
 MAX_FILE_BYTES = 256 << 20
 MAX_DEPTH = 4

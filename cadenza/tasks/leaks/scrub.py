@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cadenza.errors import CadenzaError
-from cadenza.tasks.scan import env_roots, read_content, scan_paths
-from cadenza.tasks.secret import Secret, stub_definitions
-from cadenza.tasks.source import BUILD_DIRS, CACHE_DIRS
+from cadenza.tasks.leaks.scan import env_roots, read_content, scan_paths
+from cadenza.tasks.leaks.secret import Secret, stub_definitions
+from cadenza.tasks.sources.source import BUILD_DIRS, CACHE_DIRS
 
 JUNK_FILES_SUFFIX = (".pyc", ".pyo", ".orig", ".rej")
 GIT_IDENTITY = {

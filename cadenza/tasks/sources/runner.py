@@ -18,7 +18,7 @@ from pathlib import Path
 
 from cadenza.sandbox import Sandbox, SandboxConfig
 from cadenza.sandbox.envinfo import env_info
-from cadenza.tasks.isolate import SANDBOX_CPU, run_python
+from cadenza.tasks.sources.isolate import SANDBOX_CPU, run_python
 from cadenza.testrun import HostExecutor, SandboxExecutor, TestReport, env_plugins, run_tests
 
 __all__ = [

@@ -3,8 +3,8 @@
 :func:`iter_task_drafts` is sequential and yields :class:`TaskDraft` objects as they validate; the
 caller (the store) scrubs, leak-scans and writes each task directory. It is two halves that also
 run apart: :func:`prepare_source` (the shared work, once) and :func:`attempt_candidate` (one
-candidate, self-contained so worker processes can run it, see :mod:`cadenza.tasks.parallel`). Work
-amortised per source: two full runs (baseline + coverage, see :mod:`cadenza.tasks.baseline`); per
+candidate, self-contained so worker processes can run it, see :mod:`cadenza.tasks.builder.parallel`). Work
+amortised per source: two full runs (baseline + coverage, see :mod:`cadenza.tasks.deletion.baseline`); per
 validated task about one full run (plus partial runs of covering tests and of F2P on the gold copy).
 """
 
@@ -18,23 +18,23 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cadenza.errors import SourceError
-from cadenza.tasks.baseline import run_baseline
-from cadenza.tasks.delete import Deletion, DeletionError, plan_deletion, site_lines
-from cadenza.tasks.features import Candidate, module_files
-from cadenza.tasks.fetch import fetch_source
-from cadenza.tasks.ordering import LEVEL_KINDS, candidate_key, order_candidates, task_id
-from cadenza.tasks.runner import RunCounter, pytest_args_for
-from cadenza.tasks.source import SourceInfo, copy_tree
-from cadenza.tasks.statement import write_statement
-from cadenza.tasks.task import Task
-from cadenza.tasks.validate import (
+from cadenza.tasks.builder.ordering import LEVEL_KINDS, candidate_key, order_candidates, task_id
+from cadenza.tasks.deletion.baseline import run_baseline
+from cadenza.tasks.deletion.delete import Deletion, DeletionError, plan_deletion, site_lines
+from cadenza.tasks.deletion.features import Candidate, module_files
+from cadenza.tasks.deletion.statement import write_statement
+from cadenza.tasks.records.task import Task
+from cadenza.tasks.sources.fetch import fetch_source
+from cadenza.tasks.sources.runner import RunCounter, pytest_args_for
+from cadenza.tasks.sources.source import SourceInfo, copy_tree
+from cadenza.tasks.sources.venv import BaseEnv, ensure_base_env, make_task_env
+from cadenza.tasks.validation.validate import (
     ValidationContext,
     ValidationSettings,
     importable_modules,
     prepare_workspace,
     validate,
 )
-from cadenza.tasks.venv import BaseEnv, ensure_base_env, make_task_env
 
 
 @dataclass(kw_only=True)
@@ -98,7 +98,7 @@ class TaskDraft:
     """A validated task before scrubbing: the record, the post-deletion workspace, the gold patch.
 
     ``removed_snippets`` are strings a leak scan must not find anywhere reachable from the task;
-    ``base_env`` is what :func:`cadenza.tasks.venv.make_task_env` needs to give the task its env.
+    ``base_env`` is what :func:`cadenza.tasks.sources.venv.make_task_env` needs to give the task its env.
     """
 
     task: Task
@@ -319,7 +319,7 @@ def iter_task_drafts(
     ``workspace`` stays until the caller moves or deletes it). ``skip``: ``(qualname, level)`` keys
     never attempted (a resumed build passes what its set already holds). Raises
     :class:`SourceError` when the source cannot be used (fetch, environment, no passing tests).
-    For candidates in parallel see :func:`cadenza.tasks.parallel.iter_attempts`.
+    For candidates in parallel see :func:`cadenza.tasks.builder.parallel.iter_attempts`.
     """
     cfg = config or SourceConfig()
     levels = tuple(levels or cfg.levels)

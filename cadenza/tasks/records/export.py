@@ -7,8 +7,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from cadenza.tasks.store import TaskStore
-from cadenza.tasks.task import GOLD_PATCH, WORKSPACE, load_task
+from cadenza.tasks.records.store import TaskStore
+from cadenza.tasks.records.task import GOLD_PATCH, WORKSPACE, load_task
 
 
 def _head(workspace: Path) -> str:

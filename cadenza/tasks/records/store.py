@@ -23,9 +23,9 @@ from pathlib import Path
 from typing import Any
 
 from cadenza.errors import CadenzaError
-from cadenza.tasks.owners import owner_alive, owner_tag
-from cadenza.tasks.schema import MIGRATIONS
-from cadenza.tasks.task import TASK_JSON, Task, load_task
+from cadenza.tasks.records.owners import owner_alive, owner_tag
+from cadenza.tasks.records.schema import MIGRATIONS
+from cadenza.tasks.records.task import TASK_JSON, Task, load_task
 
 INDEX = "index.sqlite"
 STAGING = ".staging"

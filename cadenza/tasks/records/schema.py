@@ -1,6 +1,6 @@
 """The task set's SQLite schema (``index.sqlite``): numbered, append-only migrations.
 
-:class:`cadenza.tasks.store.TaskStore` applies the ones a set has not seen and records the version in
+:class:`cadenza.tasks.records.store.TaskStore` applies the ones a set has not seen and records the version in
 ``schema_version``, so later features add tables without touching existing ones.
 """
 

@@ -8,9 +8,9 @@ import random
 import re
 from collections import Counter
 
-from cadenza.tasks.baseline import Baseline
-from cadenza.tasks.features import Candidate, FeatureMap
-from cadenza.tasks.source import SourceInfo
+from cadenza.tasks.deletion.baseline import Baseline
+from cadenza.tasks.deletion.features import Candidate, FeatureMap
+from cadenza.tasks.sources.source import SourceInfo
 
 LEVEL_KINDS = {1: ("function", "method"), 2: ("function", "method"), 3: ("class", "module")}
 

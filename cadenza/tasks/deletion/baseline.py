@@ -14,9 +14,9 @@ from pathlib import Path
 
 from cadenza.errors import SourceError
 from cadenza.sandbox import SandboxConfig
-from cadenza.tasks.features import FeatureMap, map_features
-from cadenza.tasks.runner import RunCounter, TestReport, run_pytest, run_python
-from cadenza.tasks.source import SourceInfo
+from cadenza.tasks.deletion.features import FeatureMap, map_features
+from cadenza.tasks.sources.runner import RunCounter, TestReport, run_pytest, run_python
+from cadenza.tasks.sources.source import SourceInfo
 
 
 @dataclass(kw_only=True)

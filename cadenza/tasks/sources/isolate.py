@@ -8,7 +8,7 @@ are writable, the process, CPU, memory, file-size and disk limits of an agent ap
 reachable only by pip, and only the package registry (:func:`run_pip`, the install phase: its own network
 namespace plus a relay to a host-side proxy that lets through ``CONNECT`` to the registry alone; see
 :mod:`cadenza.sandbox.egress`); test and probe runs have no network at all.
-Test runs themselves go through :func:`cadenza.tasks.runner.run_pytest` with a sandbox config.
+Test runs themselves go through :func:`cadenza.tasks.sources.runner.run_pytest` with a sandbox config.
 """
 
 from __future__ import annotations

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from cadenza.sandbox import SandboxConfig
-from cadenza.tasks.runner import RunCounter, TestReport, run_pytest
-from cadenza.tasks.source import SourceInfo, is_test_path
-from cadenza.tasks.task import Feature, FeatureKind
+from cadenza.tasks.records.task import Feature, FeatureKind
+from cadenza.tasks.sources.runner import RunCounter, TestReport, run_pytest
+from cadenza.tasks.sources.source import SourceInfo, is_test_path
 
 
 @dataclass(kw_only=True)
@@ -35,7 +35,7 @@ class Candidate:
 
     def feature(self) -> Feature:
         """What a task built from this definition records as deleted (every field of a
-        :class:`~cadenza.tasks.task.Feature` is one of a candidate's)."""
+        :class:`~cadenza.tasks.records.task.Feature` is one of a candidate's)."""
         return Feature(**{f.name: getattr(self, f.name) for f in fields(Feature)})
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 from rich.table import Table
 
 from cadenza.errors import CadenzaError
-from cadenza.tasks.pool import STATES, TaskPool
+from cadenza.tasks.records.pool import STATES, TaskPool
 
 _BINS = 10
 _BLOCKS = " ▁▂▃▄▅▆▇█"

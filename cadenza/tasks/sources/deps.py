@@ -21,8 +21,8 @@ from dataclasses import dataclass, field
 from email.parser import Parser
 from pathlib import Path
 
-from cadenza.tasks.isolate import run_pip
-from cadenza.tasks.source import copy_tree
+from cadenza.tasks.sources.isolate import run_pip
+from cadenza.tasks.sources.source import copy_tree
 
 TEST_EXTRAS = re.compile(r"^(tests?|testing|dev|develop|check|ci)([-_].*)?$", re.I)
 #: Tools the test run never needs (and plugins whose addopts we neutralise instead).

@@ -1,6 +1,6 @@
 """Candidates of one source validated by N worker processes, results handed back in candidate order.
 
-The shared work (:func:`cadenza.tasks.pipeline.prepare_source`: fetch, base env, baseline,
+The shared work (:func:`cadenza.tasks.builder.pipeline.prepare_source`: fetch, base env, baseline,
 coverage map) runs once in the caller; the resulting :class:`SourcePlan` goes to each worker once
 (the pool initializer), and each job is just a candidate index. Results come back in the order a
 single process would produce them, so a build that stops at ``--max-tasks`` publishes the same
@@ -17,7 +17,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 
 from cadenza.executor.local import exit_with_parent
-from cadenza.tasks.pipeline import Attempt, SourcePlan, attempt_candidate
+from cadenza.tasks.builder.pipeline import Attempt, SourcePlan, attempt_candidate
 
 _PLAN: SourcePlan | None = None
 

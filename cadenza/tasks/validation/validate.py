@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import Literal
 
 from cadenza.sandbox import SandboxConfig
-from cadenza.tasks.baseline import Baseline
-from cadenza.tasks.delete import Deletion, apply_deletion, resolve_import
-from cadenza.tasks.deps import parsed_files
-from cadenza.tasks.runner import RunCounter, run_pytest, run_python
-from cadenza.tasks.source import copy_tree
-from cadenza.tasks.venv import BaseEnv, make_task_env
+from cadenza.tasks.deletion.baseline import Baseline
+from cadenza.tasks.deletion.delete import Deletion, apply_deletion, resolve_import
+from cadenza.tasks.sources.deps import parsed_files
+from cadenza.tasks.sources.runner import RunCounter, run_pytest, run_python
+from cadenza.tasks.sources.source import copy_tree
+from cadenza.tasks.sources.venv import BaseEnv, make_task_env
 from cadenza.testrun import TestReport, env_plugins
 
 GoldCheck = Literal["f2p", "full"]
@@ -49,7 +49,7 @@ class Validation:
 
 @dataclass(kw_only=True)
 class ValidationSettings:
-    """How a candidate is tested (one set of defaults: :class:`cadenza.tasks.pipeline.SourceConfig`
+    """How a candidate is tested (one set of defaults: :class:`cadenza.tasks.builder.pipeline.SourceConfig`
     extends it)."""
 
     timeout_s: float = 600.0  # a whole-suite run is killed with its process group after this
@@ -250,7 +250,8 @@ def recheck(
 ) -> Validation:
     """Re-validate an emitted task in clean copies (for ``verify``): never touches ``workspace``.
 
-    With ``sandbox`` the test runs execute in bubblewrap (see :func:`cadenza.tasks.runner.run_pytest`).
+    With ``sandbox`` the test runs execute in bubblewrap (see
+    :func:`cadenza.tasks.sources.runner.run_pytest`).
 
     On a copy of the workspace every F2P test must not pass and every P2P test must pass; on a
     second copy with ``gold_patch`` applied (``git apply``) all of them must pass.

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import libcst as cst
 
-from cadenza.tasks.cst_edit import (
+from cadenza.tasks.deletion.cst_edit import (
     ClassAliasFixup,
     DeletionError,
     ImportFixup,
@@ -39,8 +39,8 @@ from cadenza.tasks.cst_edit import (
     replace_definition,
     resolve_import,
 )
-from cadenza.tasks.features import Candidate
-from cadenza.tasks.snippets import removed_snippets, site_lines, unified_patch
+from cadenza.tasks.deletion.features import Candidate
+from cadenza.tasks.deletion.snippets import removed_snippets, site_lines, unified_patch
 
 __all__ = [
     "Deletion",

@@ -12,8 +12,8 @@ import zipfile
 from pathlib import Path
 
 from cadenza.errors import SourceError
-from cadenza.tasks.isolate import run_pip
-from cadenza.tasks.source import IGNORED_DIRS, SDIST_SUFFIXES, SourceInfo, copy_tree, describe_source
+from cadenza.tasks.sources.isolate import run_pip
+from cadenza.tasks.sources.source import IGNORED_DIRS, SDIST_SUFFIXES, SourceInfo, copy_tree, describe_source
 
 
 def fetch_source(spec: str, dest: Path) -> SourceInfo:
