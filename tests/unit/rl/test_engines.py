@@ -83,6 +83,7 @@ def _fsdp_full(rank: int, world: int) -> dict:
     return {"tensors": got, "expected": len(expected)}
 
 
+@pytest.mark.distributed  # two gloo ranks: make test runs it, make test-fast does not
 def test_named_full_tensors_gathers_fsdp2_shards():
     for r in spawn(_fsdp_full, 2, preload=("torch", "transformers.models.qwen3_moe.modeling_qwen3_moe")):
         assert r["tensors"] == r["expected"]

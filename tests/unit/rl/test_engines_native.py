@@ -58,6 +58,7 @@ print(json.dumps({"backend": json.loads(args.weight_transfer_config)["backend"]
 """
 
 
+@pytest.mark.slow  # starts the engine venv's interpreter and imports vLLM (about a minute)
 @needs_engine_venv
 def test_weight_source_and_server_flag_with_the_installed_vllm():
     env = {**os.environ, "PYTHONPATH": ROOT}
