@@ -38,7 +38,7 @@ TEST_WORKERS ?= 4
 test: prereqs $(BIN)/.ready $(VENV)/.engines
 	CADENZA_REQUIRE_ENGINES=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 tests
 
-# About 2 minutes: the unit tests not marked slow (no PyPI builds, no distributed runs; see pyproject.toml).
+# The unit tests not marked slow (no PyPI builds, no distributed runs; see pyproject.toml).
 test-fast: prereqs $(BIN)/.ready
 	$(BIN)/python -m pytest -q tests/unit -m "not slow and not distributed and not network"
 
