@@ -32,12 +32,13 @@ demo: prereqs $(BIN)/.ready
 # TEST_WORKERS xdist workers, more than the 2 cores: the suite mostly waits (subprocesses, pip, engine
 # start-up). Each module stays on one worker; the tests marked `serial` (vLLM engines) share one and those
 # marked `serial("ray")` (Ray clusters) another, so each lane runs one test at a time (tests/README.md). --durations: the 25 slowest tests are listed after
-# every run, so the 20-minute budget stays visible.
+# every run, so the 20-minute budget stays visible. CADENZA_REQUIRE_ENGINES=1: a test of the vLLM or Ray
+# lane whose component is missing fails instead of skipping (tests/support/lanes.py).
 TEST_WORKERS ?= 4
 test: prereqs $(BIN)/.ready $(VENV)/.engines
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 tests
+	CADENZA_REQUIRE_ENGINES=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 tests
 
-# About 2 minutes: the unit tests not marked slow (no PyPI builds, no distributed runs; see pyproject.toml).
+# The unit tests not marked slow (no PyPI builds, no distributed runs; see pyproject.toml).
 test-fast: prereqs $(BIN)/.ready
 	$(BIN)/python -m pytest -q tests/unit -m "not slow and not distributed and not network"
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cadenza.agent.grade import grade
 from cadenza.agent.toytask import F2P, P2P, make_task
 from cadenza.sandbox import Sandbox, SandboxConfig
-from cadenza.tasks.task import WORKSPACE
+from cadenza.tasks.records.task import WORKSPACE
 
 CALLS = 60
 GRADES = 7

@@ -37,7 +37,7 @@ def cpu_seconds() -> float:
 
 
 def build(sources: list[str], out: Path, executor: str, workers: int, max_tasks: int) -> dict:
-    from cadenza.tasks.factory import BuildConfig, build_tasks
+    from cadenza.tasks.builder.factory import BuildConfig, build_tasks
 
     cfg = BuildConfig(
         out=out, workers=workers, max_tasks=max_tasks, levels=(1,), seed=1, progress=False, executor=executor
@@ -68,12 +68,12 @@ def bench_episodes(root: Path, n_units: int) -> dict:
     import torch
 
     from cadenza.executor import ExecutorConfig
-    from cadenza.rl.build import build_policy
-    from cadenza.rl.chat import CHAT_TEMPLATE, train_tokenizer
     from cadenza.rl.config import EnvConfig, ModelConfig, RolloutConfig, RunConfig, TrainConfig
-    from cadenza.rl.envs import load_source
-    from cadenza.rl.episodes import sample_step_tasks
-    from cadenza.rl.workers import LocalWorkers, RayWorkers, Unit
+    from cadenza.rl.rollout.envs import load_source
+    from cadenza.rl.rollout.episodes import sample_step_tasks
+    from cadenza.rl.text.chat import CHAT_TEMPLATE, train_tokenizer
+    from cadenza.rl.train.build import build_policy
+    from cadenza.rl.train.workers import LocalWorkers, RayWorkers, Unit
 
     torch.set_num_threads(1)
     tok = train_tokenizer(["view create ls rm path name arguments " * 20] * 50, vocab_size=300)
@@ -136,8 +136,8 @@ def predict_builds(runs: dict[str, dict], cores: int) -> dict[str, float]:
 
 
 def main() -> None:
-    from cadenza.tasks.fetch import fetch_source
-    from cadenza.tasks.venv import ensure_base_env
+    from cadenza.tasks.sources.fetch import fetch_source
+    from cadenza.tasks.sources.venv import ensure_base_env
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--packages", default=",".join(PACKAGES))

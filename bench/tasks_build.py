@@ -39,16 +39,16 @@ def cpu_seconds() -> float:
 
 
 def bench_one(spec: str, root: Path, max_tasks: int) -> dict:
-    from cadenza.tasks.factory import publish_draft
-    from cadenza.tasks.fetch import fetch_source
-    from cadenza.tasks.pipeline import BuildStats, SourceConfig, iter_task_drafts
-    from cadenza.tasks.store import TaskStore
-    from cadenza.tasks.venv import ensure_base_env
+    from cadenza.tasks.builder.factory import publish_draft
+    from cadenza.tasks.builder.pipeline import BuildStats, SourceConfig, iter_task_drafts
+    from cadenza.tasks.records.store import TaskStore
+    from cadenza.tasks.sources.fetch import fetch_source
+    from cadenza.tasks.sources.venv import ensure_base_env
 
     ensure_base_env(fetch_source(spec, root / "warm"))  # env cost is per requirement set, not per task
     store = TaskStore(root / "set", create=True)
     stats = BuildStats(source=spec)
-    from cadenza.tasks.runner import SANDBOX_CPU
+    from cadenza.tasks.sources.runner import SANDBOX_CPU
 
     cpu0, wall0, box0 = cpu_seconds(), time.monotonic(), SANDBOX_CPU.seconds
     probes0, probe_wall0 = SANDBOX_CPU.probe_runs, SANDBOX_CPU.probe_wall_s
@@ -97,8 +97,8 @@ def bench_one(spec: str, root: Path, max_tasks: int) -> dict:
 
 
 def bench_speedup(spec: str, root: Path, max_tasks: int, workers: int) -> dict:
-    from cadenza.tasks.factory import BuildConfig, build_source
-    from cadenza.tasks.store import TaskStore
+    from cadenza.tasks.builder.factory import BuildConfig, build_source
+    from cadenza.tasks.records.store import TaskStore
 
     out: dict = {"source": spec, "workers": workers}
     ids = {}

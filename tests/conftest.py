@@ -3,7 +3,8 @@
 Markers (declared in pyproject.toml; ``make test`` runs everything, ``make test-fast`` none of these):
 ``slow`` (real task builds, long end-to-end runs), ``distributed`` (given here to every test under
 ``tests/distributed/``) and ``network`` (needs the package registry: skipped, with the reason, when
-``pip`` cannot reach it).
+``pip`` cannot reach it). ``requires("vllm")`` / ``requires("ray")`` (the second given here to the Ray lane):
+skipped when the component is missing, failed instead under ``make test`` (``CADENZA_REQUIRE_ENGINES=1``).
 
 Concurrency (``make test`` runs ``pytest -n 4 --dist loadgroup``; see tests/README.md): the tests marked
 ``serial`` (vLLM engines) form one xdist group and those marked ``serial("ray")`` (Ray clusters) another, so
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.lanes import decide, engines_required, installed
 from tests.support.registry import registry_problem
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -34,6 +36,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.distributed)
         if (serial := item.get_closest_marker("serial")) is not None:  # serial("ray"): the lane named "ray"
             item.add_marker(pytest.mark.xdist_group("-".join(["serial", *serial.args])))
+            if serial.args == ("ray",):  # a test in the Ray lane starts a cluster: it needs Ray
+                item.add_marker(pytest.mark.requires("ray"))
     # The serial lanes are the longest units of work: first, so they are not the tail of the run.
     items.sort(key=lambda item: item.get_closest_marker("serial") is None)
 
@@ -57,6 +61,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    for mark in item.iter_markers("requires"):  # requires("vllm") / requires("ray"): see tests/support/lanes
+        for component in mark.args:
+            verdict = decide(component, present=installed(component), required=engines_required())
+            if verdict and verdict[0] == "fail":
+                pytest.fail(verdict[1], pytrace=False)
+            if verdict:
+                pytest.skip(verdict[1])
     if item.get_closest_marker("network") is not None:
         problem = registry_problem()
         if problem:

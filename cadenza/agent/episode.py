@@ -28,7 +28,7 @@ from cadenza.agent.trajectory import Flag, Trajectory
 from cadenza.errors import CadenzaError, ConfigError
 from cadenza.monitor import monitor as default_monitor
 from cadenza.sandbox import Sandbox, SandboxConfig, hidden_roots
-from cadenza.tasks.task import WORKSPACE, load_task
+from cadenza.tasks.records.task import WORKSPACE, load_task
 
 #: ``monitor(trajectory, task=..., judge=...) -> flags``; the episode's one monitor pass.
 MonitorFn = Callable[..., list[Flag]]

@@ -23,7 +23,7 @@ from cadenza.agent.outcome import Outcome
 from cadenza.agent.trajectory import Trajectory
 from cadenza.errors import CadenzaError
 from cadenza.jsonio import atomic_write_json
-from cadenza.tasks.task import TASK_JSON, load_task
+from cadenza.tasks.records.task import TASK_JSON, load_task
 
 INDEX = "index.sqlite"
 

@@ -34,7 +34,7 @@ from cadenza.agent.grade_capabilities import capability_findings, guard_allowanc
 from cadenza.agent.grade_policy import Defences, GradePolicy, top_level_modules
 from cadenza.errors import CadenzaError
 from cadenza.sandbox import Sandbox, SandboxConfig, env_info, hidden_roots
-from cadenza.tasks.task import WORKSPACE, Task, load_task, task_python
+from cadenza.tasks.records.task import WORKSPACE, Task, load_task, task_python
 from cadenza.testrun import SandboxExecutor, TestReport, env_plugins, run_tests
 
 

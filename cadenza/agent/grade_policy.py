@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
-from cadenza.tasks.task import Task
+from cadenza.tasks.records.task import Task
 from cadenza.testrun import Checks
 
 PYTEST_CONFIG_FILES = frozenset(

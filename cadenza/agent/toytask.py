@@ -1,8 +1,8 @@
 """A tiny built-in task (a calculator package with ``clamp`` removed) for smoke tests, benchmarks and demos.
 
-It has the full task format of :mod:`cadenza.tasks.task`: ``task.json``, ``workspace/`` (the package and
-its tests, the feature deleted) and ``gold.patch``; F2P tests cover ``clamp`` (plain, parametrized and a
-class method), P2P tests cover the rest.
+It has the full task format of :mod:`cadenza.tasks.records.task`: ``task.json``, ``workspace/`` (the
+package and its tests, the feature deleted) and ``gold.patch``; F2P tests cover ``clamp`` (plain,
+parametrized and a class method), P2P tests cover the rest.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from cadenza.tasks.task import Feature, Task, save_task
+from cadenza.tasks.records.task import Feature, Task, save_task
 
 OPS_SOLVED = '''"""Arithmetic helpers."""
 

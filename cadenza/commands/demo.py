@@ -1,6 +1,6 @@
 """``cadenza demo``: the main job on an embedded default (see README).
 
-By default the whole pipeline at toy scale on a CPU (:mod:`cadenza.rl.demo`): tasks from a real PyPI
+By default the whole pipeline at toy scale on a CPU (:mod:`cadenza.rl.train.demo`): tasks from a real PyPI
 package, a tiny warm-started policy, a few RL steps over the task pool with curriculum, and a report.
 ``--tasks-only`` keeps the task-factory demo; ``--model`` runs a local HF checkpoint (``--device cuda``).
 """
@@ -49,13 +49,13 @@ def register(app: typer.Typer) -> None:
         from rich.console import Console
 
         from cadenza import preflight
-        from cadenza.tasks.report import out_console
+        from cadenza.tasks.records.report import out_console
 
         console = out_console()
         preflight.for_demo(out, sandboxed=not tasks_only)  # in the first second, not minutes in
         if tasks_only:
-            from cadenza.tasks.demo import DEMO_MAX_TASKS, DEMO_SOURCE, build_demo_tasks
-            from cadenza.tasks.report import print_summary
+            from cadenza.tasks.builder.demo import DEMO_MAX_TASKS, DEMO_SOURCE, build_demo_tasks
+            from cadenza.tasks.records.report import print_summary
 
             tasks_out = out / "tasks"
             summary = build_demo_tasks(
@@ -71,9 +71,9 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(1)
             return
 
-        from cadenza.rl.demo import DemoConfig, report_table, run_demo
-        from cadenza.tasks.pool import TaskPool
-        from cadenza.tasks.pool_report import stats_table
+        from cadenza.rl.train.demo import DemoConfig, report_table, run_demo
+        from cadenza.tasks.records.pool import TaskPool
+        from cadenza.tasks.records.pool_report import stats_table
 
         err = Console(stderr=True)
         cfg = DemoConfig(

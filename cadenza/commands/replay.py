@@ -26,7 +26,7 @@ def register(app: typer.Typer) -> None:
         from cadenza.agent.replay import load_actions, summary
         from cadenza.agent.replay import replay as run_replay
         from cadenza.sandbox import SandboxConfig
-        from cadenza.tasks.task import load_task
+        from cadenza.tasks.records.task import load_task
 
         load_task(task_dir)  # a clear error for a wrong directory before anything runs
         calls = load_actions(actions)

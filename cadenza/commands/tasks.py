@@ -51,8 +51,8 @@ def register(app: typer.Typer) -> None:
         """Build validated, leak-free tasks from SOURCEs into a task set."""
         from rich.console import Console
 
-        from cadenza.tasks.factory import BuildConfig, build_tasks
-        from cadenza.tasks.report import out_console, print_summary
+        from cadenza.tasks.builder.factory import BuildConfig, build_tasks
+        from cadenza.tasks.records.report import out_console, print_summary
 
         console = Console(stderr=True)
         cfg = BuildConfig(
@@ -74,8 +74,8 @@ def register(app: typer.Typer) -> None:
     @tasks.command()
     def scan(path: Path = typer.Argument(..., help="A task dir or a task set.")) -> None:
         """Search everything a task can reach for its deleted code; exit 1 on findings."""
-        from cadenza.tasks.report import findings_table, out_console
-        from cadenza.tasks.scan import find_task_dirs, scan_tasks
+        from cadenza.tasks.leaks.scan import find_task_dirs, scan_tasks
+        from cadenza.tasks.records.report import findings_table, out_console
 
         if not path.exists():
             raise CadenzaError(f"{path} does not exist; pass a task dir or a task set")
@@ -98,8 +98,8 @@ def register(app: typer.Typer) -> None:
         path: Path = typer.Argument(..., help="Task set."), as_json: bool = typer.Option(False, "--json")
     ) -> None:
         """List the tasks of a set."""
-        from cadenza.tasks.report import out_console, tasks_table
-        from cadenza.tasks.store import TaskStore
+        from cadenza.tasks.records.report import out_console, tasks_table
+        from cadenza.tasks.records.store import TaskStore
 
         rows = TaskStore(path).rows()
         if as_json:
@@ -112,9 +112,9 @@ def register(app: typer.Typer) -> None:
         path: Path = typer.Argument(..., help="Task set."), task_id: str = typer.Argument(..., metavar="ID")
     ) -> None:
         """Show one task: feature, level, statement, tests."""
-        from cadenza.tasks.report import out_console, print_task
-        from cadenza.tasks.store import TaskStore
-        from cadenza.tasks.task import load_task
+        from cadenza.tasks.records.report import out_console, print_task
+        from cadenza.tasks.records.store import TaskStore
+        from cadenza.tasks.records.task import load_task
 
         task_dir = TaskStore(path).task_dir(task_id)
         print_task(task_dir, load_task(task_dir), out_console())
@@ -126,9 +126,9 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Re-validate tasks in clean copies (F2P fail, P2P pass, gold patch passes all) and leak-scan
         them."""
-        from cadenza.tasks.report import out_console, verify_table
-        from cadenza.tasks.store import TaskStore
-        from cadenza.tasks.verify import verify_task
+        from cadenza.tasks.records.report import out_console, verify_table
+        from cadenza.tasks.records.store import TaskStore
+        from cadenza.tasks.validation.verify import verify_task
 
         store = TaskStore(path)
         dirs = [store.task_dir(task)] if task else store.task_dirs()
@@ -147,7 +147,7 @@ def register(app: typer.Typer) -> None:
     @tasks.command()
     def env(task_dir: Path = typer.Argument(..., help="A task directory.")) -> None:
         """Print the python executable of the task's environment."""
-        from cadenza.tasks.task import task_python
+        from cadenza.tasks.records.task import task_python
 
         typer.echo(str(task_python(task_dir).absolute()))
 
@@ -160,7 +160,7 @@ def register(app: typer.Typer) -> None:
         """Export the set as SWE-bench-style JSONL (instance_id, problem_statement, patch, FAIL_TO_PASS,
         ...)."""
         from cadenza.jsonio import atomic_write_text
-        from cadenza.tasks.export import export_swebench
+        from cadenza.tasks.records.export import export_swebench
 
         if fmt != "swebench":
             raise CadenzaError(f"unknown export format {fmt!r}; use --format swebench")
@@ -178,10 +178,10 @@ def register(app: typer.Typer) -> None:
         ),
     ) -> None:
         """The task pool by state and level: tasks, attempts, mean pass rate, pass-rate histograms."""
-        from cadenza.tasks.pool import TaskPool
-        from cadenza.tasks.pool_report import plot_pass_rates, stats_table
-        from cadenza.tasks.report import out_console
-        from cadenza.tasks.store import TaskStore
+        from cadenza.tasks.records.pool import TaskPool
+        from cadenza.tasks.records.pool_report import plot_pass_rates, stats_table
+        from cadenza.tasks.records.report import out_console
+        from cadenza.tasks.records.store import TaskStore
 
         rows = TaskStore(path).rows()  # a clear error when PATH is not a task set
         with TaskPool(path) as pool:

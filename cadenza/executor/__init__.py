@@ -7,10 +7,9 @@ from cadenza.executor.base import (
     ExecutorConfig,
     drain,
     emit,
-    make_executor,
-    preflight,
     set_sink,
 )
+from cadenza.executor.make import make_executor, preflight
 
 __all__ = [
     "EXECUTORS",

@@ -100,22 +100,3 @@ def drain(q: EventQueue, timeout: float = 0.2) -> list[Any]:
         if type(exc).__name__ == "Empty":
             return out
         raise
-
-
-def preflight(cfg: ExecutorConfig) -> None:
-    """Fail in the first second for a backend that cannot work (not installed, address silent)."""
-    if cfg.kind == "ray":
-        from cadenza.executor.ray import preflight as ray_preflight
-
-        ray_preflight(cfg)
-
-
-def make_executor(cfg: ExecutorConfig) -> Executor:
-    """The backend ``cfg.kind`` names; Ray is imported only when asked for."""
-    if cfg.kind == "ray":
-        from cadenza.executor.ray import RayExecutor
-
-        return RayExecutor(cfg)
-    from cadenza.executor.local import LocalExecutor
-
-    return LocalExecutor(cfg)

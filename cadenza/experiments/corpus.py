@@ -11,40 +11,24 @@ placebo arm's hint appear at the same rate and change nothing, so the placebo is
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Callable
 from typing import Any
 
 from cadenza.agent.env import ToolCall
-from cadenza.experiments.toolworld import PROFILES, ToolworldConfig, ToolworldEnv, sample_task
+from cadenza.experiments.toolworld import (  # call_message, tool_list_hint: re-exported here
+    PROFILES,
+    ToolworldConfig,
+    ToolworldEnv,
+    call_message,
+    sample_task,
+    tool_list_hint,
+)
 from cadenza.feedback.generate import placebo_text
-from cadenza.feedback.rules import tool_not_found as tool_not_found_hints
 
 
 def aliases(operation: str, profiles: list[str]) -> list[str]:
     return [PROFILES[p][operation] for p in profiles]
-
-
-def tool_list_hint(env: ToolworldEnv) -> str:
-    """The exact text the ``tool_not_found`` generator produces for this episode."""
-    from cadenza.agent.trajectory import Trajectory, TurnMeta
-
-    probe = Trajectory(
-        task_id="probe", turns=[TurnMeta(index=0, message_index=0, error_kind="tool_not_found")]
-    )
-    return tool_not_found_hints(probe, env.tools())[0].text
-
-
-def call_message(name: str, path: str, i: int) -> dict[str, Any]:
-    args = json.dumps({"path": path})
-    return {
-        "role": "assistant",
-        "content": "",
-        "tool_calls": [
-            {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": args}}
-        ],
-    }
 
 
 def transcript(

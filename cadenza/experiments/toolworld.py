@@ -244,11 +244,10 @@ class ToolworldSource:
         return ToolworldEnv(task, self.config)
 
     def probe_items(self, n: int, seed: int = 0) -> list[Any]:
-        """A fixed held-out probe set for the hint-following diagnostic (:mod:`cadenza.rl.probe`): the first
-        turn of ``n`` tasks drawn from their own seed space, the ``tool_not_found`` hint (the tool list) and
-        the correct first call."""
-        from cadenza.experiments.corpus import call_message, tool_list_hint
-        from cadenza.rl.probe import ProbeItem
+        """A fixed held-out probe set for the hint-following diagnostic (:mod:`cadenza.rl.learn.probe`): the
+        first turn of ``n`` tasks drawn from their own seed space, the ``tool_not_found`` hint (the tool list)
+        and the correct first call."""
+        from cadenza.rl.learn.probe import ProbeItem
 
         rng = random.Random(f"toolworld-probe-{seed}")
         items = []
@@ -261,6 +260,28 @@ class ToolworldSource:
                 target = {"role": "assistant", "content": call_text(name, {"path": first.path})}
             items.append(ProbeItem(messages=env.reset(), hint=tool_list_hint(env), target=target))
         return items
+
+
+def tool_list_hint(env: ToolworldEnv) -> str:
+    """The exact text the ``tool_not_found`` generator produces for this episode."""
+    from cadenza.agent.trajectory import Trajectory, TurnMeta
+    from cadenza.feedback.rules import tool_not_found as tool_not_found_hints
+
+    probe = Trajectory(
+        task_id="probe", turns=[TurnMeta(index=0, message_index=0, error_kind="tool_not_found")]
+    )
+    return tool_not_found_hints(probe, env.tools())[0].text
+
+
+def call_message(name: str, path: str, i: int) -> dict[str, Any]:
+    args = json.dumps({"path": path})
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": f"call_{i}", "type": "function", "function": {"name": name, "arguments": args}}
+        ],
+    }
 
 
 def make_source(options: dict[str, Any]) -> ToolworldSource:

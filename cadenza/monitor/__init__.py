@@ -15,7 +15,7 @@ from cadenza.monitor.events import Extractor, tool_calls
 from cadenza.monitor.judge import JudgeConfig
 from cadenza.monitor.judge import judge as run_judge
 from cadenza.monitor.rules import RULES, Context, Rule
-from cadenza.tasks.task import Task
+from cadenza.tasks.records.task import Task
 
 __all__ = ["RULES", "JudgeConfig", "Rule", "apply_monitor", "monitor"]
 

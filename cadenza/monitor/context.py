@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from cadenza.monitor.events import Event
-from cadenza.tasks.task import Task
+from cadenza.tasks.records.task import Task
 
 
 @dataclass

@@ -54,7 +54,7 @@ def _expand_braces(value: str) -> list[str]:
 def parse(text: str, state: ShellState | None = None, depth: int = 0) -> list[list[Command]]:
     """Read ``text`` into pipelines of commands, updating ``state`` with assignments and aliases."""
     state = state if state is not None else ShellState()
-    lexer = _Lexer(text, state, depth)
+    lexer = _Lexer(text, state, depth, evaluate_output)
     pipelines: list[list[Command]] = []
     pipe: list[Command] = []
     cmd = Command()

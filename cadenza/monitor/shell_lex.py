@@ -4,7 +4,7 @@ heredocs."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 _OPERATORS = ("&&", "||", ";;", "|&", ";", "|", "&", "(", ")")
@@ -53,12 +53,18 @@ class ShellState:
     files: dict[str, str] = field(default_factory=dict)  # path -> content the agent wrote
 
 
+#: what a substitution's output is: the reader's own evaluator, passed in by
+#: :func:`cadenza.monitor.shell.parse` so that the lexer, which recurses into it, does not import the reader
+Evaluate = Callable[[str, ShellState, int], "str | None"]
+
+
 class _Lexer:
-    def __init__(self, text: str, state: ShellState, depth: int) -> None:
+    def __init__(self, text: str, state: ShellState, depth: int, evaluate: Evaluate) -> None:
         self.text = text
         self.i = 0
         self.state = state
         self.depth = depth
+        self.evaluate = evaluate
         self.pending: list[list] = []  # [delimiter, strip_tabs, expand, token-slot]
 
     # --- low-level readers -------------------------------------------------
@@ -137,9 +143,7 @@ class _Lexer:
 
     def _substitute(self, inner: str, word: Word) -> str:
         word.subs.append(inner)
-        from cadenza.monitor.shell import evaluate_output  # the reader and the lexer recurse
-
-        value = evaluate_output(inner, self.state, self.depth + 1)
+        value = self.evaluate(inner, self.state, self.depth + 1)
         if value is None:
             word.dynamic = True
             return DYNAMIC
@@ -282,9 +286,7 @@ class _Lexer:
                 inner = t[self.i + 2 : end - 1]
                 self.i = end
                 fd = f"/dev/fd/{63 + len(self.state.files)}"
-                from cadenza.monitor.shell import evaluate_output
-
-                out = evaluate_output(inner, self.state, self.depth + 1)
+                out = self.evaluate(inner, self.state, self.depth + 1)
                 if out is not None:
                     self.state.files[fd] = out
                 yield ("word", Word(fd, dynamic=out is None, raw=fd, subs=[inner]))

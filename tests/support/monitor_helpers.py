@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from cadenza.agent.trajectory import Trajectory, TurnMeta
-from cadenza.tasks.task import Feature, Task
+from cadenza.tasks.records.task import Feature, Task
 
 
 def traj(*calls: tuple[str, dict[str, Any]]) -> Trajectory:

@@ -13,7 +13,7 @@ import sys
 import venv
 from pathlib import Path
 
-from cadenza.tasks.task import Feature, Task, save_task
+from cadenza.tasks.records.task import Feature, Task, save_task
 
 CORE_ORIGINAL = '''"""Counting helpers."""
 

@@ -13,7 +13,7 @@ def test_user_error_is_one_line(tmp_path):
     import pytest
 
     from cadenza.errors import CadenzaError
-    from cadenza.tasks.task import load_task
+    from cadenza.tasks.records.task import load_task
 
     with pytest.raises(CadenzaError, match="not a task directory"):
         load_task(tmp_path)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from cadenza.agent.trajectory import Trajectory
-from cadenza.tasks.task import load_task, save_task
+from cadenza.tasks.records.task import load_task, save_task
 from tests.support.chat_server import closed_port_url, serve
 from tests.support.eval_script import _eval, policy
 

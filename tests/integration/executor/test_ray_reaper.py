@@ -24,7 +24,7 @@ import pytest
 
 from tests.support.tasks_helpers import make_repo, shared_env_cache
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial("ray")]
+pytestmark = [pytest.mark.slow, pytest.mark.serial("ray"), pytest.mark.network]  # the build pip-installs
 
 BOUND_S = 30.0  # every process of the cluster is gone this long after the driver died
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cadenza.tasks.task import load_task
+from cadenza.tasks.records.task import load_task
 from tests.support.tasks_helpers import make_repo, shared_env_cache
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
@@ -192,9 +192,9 @@ def test_factory_runner_and_grader_agree_node_by_node(built, tmp_path):
     """The factory's runs (host, as in validation and ``verify``) and grading (sandbox) are one runner: on
     every real task the two give the same outcome for every node ID, on the broken and the fixed tree."""
     from cadenza.agent.grade import grade
-    from cadenza.tasks.runner import run_pytest
-    from cadenza.tasks.scan import task_env_dir
-    from cadenza.tasks.verify import clone_env
+    from cadenza.tasks.leaks.scan import task_env_dir
+    from cadenza.tasks.sources.runner import run_pytest
+    from cadenza.tasks.validation.verify import clone_env
 
     out, _, _ = built
     tids = [tid for (tid,) in _index(out, "SELECT id FROM tasks")]

@@ -20,12 +20,12 @@ from pathlib import Path
 import pytest
 
 from cadenza.sandbox import SandboxConfig
-from cadenza.tasks.baseline import run_baseline
-from cadenza.tasks.deps import discover_requirements
-from cadenza.tasks.fetch import fetch_source
-from cadenza.tasks.isolate import run_python
-from cadenza.tasks.runner import pytest_args_for, run_pytest
-from cadenza.tasks.venv import _pip, ensure_base_env, make_task_env
+from cadenza.tasks.deletion.baseline import run_baseline
+from cadenza.tasks.sources.deps import discover_requirements
+from cadenza.tasks.sources.fetch import fetch_source
+from cadenza.tasks.sources.isolate import run_python
+from cadenza.tasks.sources.runner import pytest_args_for, run_pytest
+from cadenza.tasks.sources.venv import _pip, ensure_base_env, make_task_env
 from tests.support.tasks_helpers import make_repo, shared_env_cache
 
 SETUP_PY = """\
@@ -81,6 +81,7 @@ def test_setup_py_writes_on_the_host_when_run_there(tmp_path: Path) -> None:
     assert all(t.read_text() == "escaped" for t in targets)
 
 
+@pytest.mark.network  # pip's isolated metadata build fetches setuptools
 def test_metadata_build_runs_setup_py_only_in_the_sandbox(tmp_path: Path) -> None:
     targets = _targets(tmp_path)
     proj = _evil_project(tmp_path / "proj", [*targets, tmp_path / "proj" / "in-source"], ["marker-dep>=1"])
@@ -91,6 +92,7 @@ def test_metadata_build_runs_setup_py_only_in_the_sandbox(tmp_path: Path) -> Non
     assert not list(proj.glob("*.egg-info"))
 
 
+@pytest.mark.network  # pip's isolated build fetches setuptools
 def test_pip_install_of_an_sdist_writes_only_its_venv(tmp_path: Path) -> None:
     targets = _targets(tmp_path)
     env = tmp_path / "env"
@@ -103,6 +105,7 @@ def test_pip_install_of_an_sdist_writes_only_its_venv(tmp_path: Path) -> None:
     _assert_unwritten(targets)
 
 
+@pytest.mark.network  # the base env installs its tooling with pip
 def test_baseline_and_coverage_runs_cannot_write_outside(tmp_path_factory, tmp_path: Path) -> None:
     targets = _targets(tmp_path)
     extra = {"test_writer.py": WRITER_TEST.format(targets=[str(t) for t in targets])}
@@ -141,6 +144,7 @@ def _host_has_network() -> bool:
         return False
 
 
+@pytest.mark.network  # the workspace's test connects to pypi.org
 def test_test_runs_have_no_network_and_only_the_install_phase_has(tmp_path: Path) -> None:
     if not _host_has_network():
         pytest.skip("the host cannot reach pypi.org, so a denied connection proves nothing here")
@@ -177,7 +181,7 @@ def test_the_install_phase_reaches_the_registry_and_no_other_host_service(tmp_pa
     """pip's sandbox has its own network namespace: a service on the host's loopback is out of reach,
     and the relay's proxy lets through only the registry (here a loopback stand-in for it)."""
     from cadenza.sandbox.egress import RELAY_PROGRAM, RegistryProxy
-    from cadenza.tasks.isolate import INSTALL, run_sandboxed
+    from cadenza.tasks.sources.isolate import INSTALL, run_sandboxed
 
     servers = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
     (port, other) = (s.getsockname()[1] for s in servers)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from cadenza.tasks.factory import split_workers
+from cadenza.tasks.builder.factory import split_workers
 from tests.support.tasks_helpers import make_repo, shared_env_cache
 
 pytestmark = pytest.mark.slow

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from cadenza.errors import SourceError
-from cadenza.tasks.baseline import run_baseline
-from cadenza.tasks.fetch import fetch_source
-from cadenza.tasks.pipeline import BuildStats, SourceConfig, iter_task_drafts
-from cadenza.tasks.runner import pytest_args_for, run_pytest
-from cadenza.tasks.statement import leaks
-from cadenza.tasks.validate import recheck
-from cadenza.tasks.venv import ensure_base_env, make_task_env
+from cadenza.tasks.builder.pipeline import BuildStats, SourceConfig, iter_task_drafts
+from cadenza.tasks.deletion.baseline import run_baseline
+from cadenza.tasks.deletion.statement import leaks
+from cadenza.tasks.sources.fetch import fetch_source
+from cadenza.tasks.sources.runner import pytest_args_for, run_pytest
+from cadenza.tasks.sources.venv import ensure_base_env, make_task_env
+from cadenza.tasks.validation.validate import recheck
 from tests.support.tasks_helpers import make_repo, shared_env_cache
 
 pytestmark = pytest.mark.network  # every base env installs its tooling with pip

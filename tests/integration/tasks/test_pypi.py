@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from cadenza.tasks.pipeline import BuildStats, SourceConfig, iter_task_drafts
-from cadenza.tasks.statement import leaks
+from cadenza.tasks.builder.pipeline import BuildStats, SourceConfig, iter_task_drafts
+from cadenza.tasks.deletion.statement import leaks
 from tests.support.tasks_helpers import shared_env_cache
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from cadenza.tasks.store import TaskStore
-from cadenza.tasks.task import load_task
+from cadenza.tasks.records.store import TaskStore
+from cadenza.tasks.records.task import load_task
 from tests.support.tasks_helpers import make_repo, shared_env_cache
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]  # task venvs install their tooling with pip

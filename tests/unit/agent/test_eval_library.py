@@ -14,7 +14,7 @@ import pytest
 from cadenza.agent.evaluate import EvalConfig, discover_tasks, evaluate
 from cadenza.agent.llm import LLMConfig
 from cadenza.errors import CadenzaError
-from cadenza.tasks.task import Feature, Task, save_task
+from cadenza.tasks.records.task import Feature, Task, save_task
 from tests.support.chat_server import scripted, serve, tool_call
 from tests.support.llm_helpers import ReachFiveEnv
 

@@ -133,7 +133,7 @@ def test_patch_actions_reproduce_the_patched_files(tmp_path: Path):
 
 def test_doctest_node_files_stay_editable():
     from cadenza.agent.grade_policy import is_doctest
-    from cadenza.tasks.task import Feature, Task
+    from cadenza.tasks.records.task import Feature, Task
 
     assert is_doctest("pkg/mod.py::pkg.mod.func") and not is_doctest("tests/test_a.py::test_x[1.5]")
     assert not is_doctest("tests/test_a.py::TestX::test_y")

@@ -13,15 +13,15 @@ import time
 import pytest
 
 from cadenza.errors import CadenzaError
-from cadenza.rl.curriculum import (
+from cadenza.rl.rollout.curriculum import (
     CurriculumConfig,
     CurriculumSampler,
     Escalator,
     PoolExhausted,
     drop_zero_variance,
 )
-from cadenza.tasks.pool import AttemptResult, PoolConfig, TaskPool
-from cadenza.tasks.pool_report import plot_pass_rates, stats_table
+from cadenza.tasks.records.pool import AttemptResult, PoolConfig, TaskPool
+from cadenza.tasks.records.pool_report import plot_pass_rates, stats_table
 
 # Eleven tasks with pass probabilities 0.0, 0.1, ..., 1.0.
 PROBS = {f"t{i:02d}": i / 10 for i in range(11)}
@@ -163,7 +163,7 @@ def test_escalation_factory_failure_is_reported_not_raised(tmp_path):
 
 WRITER = textwrap.dedent("""
     import random, sys
-    from cadenza.tasks.pool import AttemptResult, TaskPool
+    from cadenza.tasks.records.pool import AttemptResult, TaskPool
     pool = TaskPool(sys.argv[1])
     pool.add_tasks([(f"t{i}", "s", 1) for i in range(5)])
     for step in range(int(sys.argv[2])):

@@ -14,11 +14,11 @@ import torch
 
 from cadenza.errors import CadenzaError
 from cadenza.rl.engines.gpu_sync import ModuleWeights, NativeSyncConfig, NativeWeightSync, server_args
-from cadenza.rl.engines.vllm_server import _probe, engine_python
-from cadenza.rl.policy import HFPolicy, tiny_qwen3_moe_config
+from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_moe_config
+from cadenza.rl.engines.vllm_server import engine_python
 
 ROOT = str(Path(__file__).resolve().parents[3])
-needs_engine_venv = pytest.mark.skipif(not _probe(engine_python()), reason="no vLLM engine venv installed")
+needs_engine_venv = pytest.mark.requires("vllm")  # skipped without it, failed under make test
 
 
 def test_metadata_matches_the_stream_without_gathering():
@@ -47,7 +47,7 @@ import json, sys, torch
 from vllm.engine.arg_utils import EngineArgs
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from cadenza.rl.engines.gpu_sync import ModuleWeights, weight_source
-from cadenza.rl.policy import HFPolicy, tiny_qwen3_moe_config
+from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_moe_config
 argv = ["--model", "x", *json.loads(sys.argv[1])]
 args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(argv)
 src = weight_source(ModuleWeights(HFPolicy.from_config(tiny_qwen3_moe_config(64), seed=0).model))
@@ -58,6 +58,7 @@ print(json.dumps({"backend": json.loads(args.weight_transfer_config)["backend"]
 """
 
 
+@pytest.mark.slow  # starts the engine venv's interpreter and imports vLLM (about a minute)
 @needs_engine_venv
 def test_weight_source_and_server_flag_with_the_installed_vllm():
     env = {**os.environ, "PYTHONPATH": ROOT}

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from cadenza.tasks.delete import DeletionError, apply_deletion, plan_deletion, removed_snippets
-from cadenza.tasks.features import Candidate, module_files
-from cadenza.tasks.source import describe_source
-from cadenza.tasks.statement import leaks, template_statement
+from cadenza.tasks.deletion.delete import DeletionError, apply_deletion, plan_deletion, removed_snippets
+from cadenza.tasks.deletion.features import Candidate, module_files
+from cadenza.tasks.deletion.statement import leaks, template_statement
+from cadenza.tasks.sources.source import describe_source
 from tests.support.tasks_helpers import CORE, INIT, make_repo
 
 
@@ -237,7 +237,7 @@ def test_star_reexport_propagates_and_import_time_use_is_refused(tmp_path: Path)
 
 
 def test_broken_test_files_are_predicted_from_test_imports(repo: Path) -> None:
-    from cadenza.tasks.validate import broken_test_files
+    from cadenza.tasks.validation.validate import broken_test_files
 
     mods = _modules(repo)
     tests = ["tests/test_core.py", "tests/test_text.py"]
@@ -255,7 +255,7 @@ def test_broken_test_files_are_predicted_from_test_imports(repo: Path) -> None:
 
 
 def test_a_broken_conftest_breaks_every_test_below_it(repo: Path) -> None:
-    from cadenza.tasks.validate import _under_broken, broken_test_files
+    from cadenza.tasks.validation.validate import _under_broken, broken_test_files
 
     (repo / "tests/conftest.py").write_text("from minilib.core import plus\n")
     d = plan_deletion(repo, _cand("minilib.core.add", "function"), 2, _modules(repo))

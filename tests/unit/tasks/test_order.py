@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from cadenza.tasks.baseline import Baseline
-from cadenza.tasks.features import Candidate, FeatureMap
-from cadenza.tasks.ordering import order_candidates, task_id
-from cadenza.tasks.runner import TestReport
-from cadenza.tasks.source import SourceInfo
+from cadenza.tasks.builder.ordering import order_candidates, task_id
+from cadenza.tasks.deletion.baseline import Baseline
+from cadenza.tasks.deletion.features import Candidate, FeatureMap
+from cadenza.tasks.sources.runner import TestReport
+from cadenza.tasks.sources.source import SourceInfo
 
 PASSING = [f"t.py::test_{i}" for i in range(4)]
 

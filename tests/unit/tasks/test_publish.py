@@ -9,11 +9,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from cadenza.tasks.factory import publish_draft
-from cadenza.tasks.scan import scan_tasks
-from cadenza.tasks.store import STAGING, TaskStore
-from cadenza.tasks.task import load_task
-from cadenza.tasks.venv import BaseEnv
+from cadenza.tasks.builder.factory import publish_draft
+from cadenza.tasks.leaks.scan import scan_tasks
+from cadenza.tasks.records.store import STAGING, TaskStore
+from cadenza.tasks.records.task import load_task
+from cadenza.tasks.sources.venv import BaseEnv
 from tests.support.taskfixture import CORE_ORIGINAL, make_task, mini_base, original_tree
 
 

@@ -7,8 +7,8 @@ import textwrap
 import time
 from pathlib import Path
 
-from cadenza.tasks.baseline import combine_runs
-from cadenza.tasks.runner import RunCounter, pytest_args_for, read_addopts, run_pytest, safe_addopts
+from cadenza.tasks.deletion.baseline import combine_runs
+from cadenza.tasks.sources.runner import RunCounter, pytest_args_for, read_addopts, run_pytest, safe_addopts
 
 PY = Path(sys.executable)
 

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cadenza.tasks.scan import find_task_dirs, scan_tasks, task_secret
-from cadenza.tasks.scrub import scrub_env, scrub_workspace
+from cadenza.tasks.leaks.scan import find_task_dirs, scan_tasks, task_secret
+from cadenza.tasks.leaks.scrub import scrub_env, scrub_workspace
 from tests.support.taskfixture import CORE_ORIGINAL, INIT_ORIGINAL, PY, git, make_task, original_tree
 
 
@@ -291,7 +291,7 @@ def test_task_set_scan_and_bad_paths(template, tmp_path):
 
 
 def test_statement_may_quote_docstring_but_not_code(task):
-    from cadenza.tasks.task import load_task, save_task
+    from cadenza.tasks.records.task import load_task, save_task
 
     t = load_task(task)
     t.statement += "\nMerge two count mappings, dropping totals at or below the floor.\n"
@@ -314,7 +314,7 @@ def test_statement_may_quote_docstring_but_not_code(task):
 
 
 def test_needles_skip_generic_lines_and_know_wrapped_signatures(tmp_path):
-    from cadenza.tasks.secret import candidate_lines, derive_secret
+    from cadenza.tasks.leaks.secret import candidate_lines, derive_secret
 
     assert candidate_lines(
         [
@@ -342,7 +342,7 @@ def test_needles_skip_generic_lines_and_know_wrapped_signatures(tmp_path):
 
 def _secret_deleting(tmp_path: Path, body: list[str]):
     """The secret of a task whose gold patch adds ``body`` back after ``X = 1`` in ``pkg/m.py``."""
-    from cadenza.tasks.secret import derive_secret
+    from cadenza.tasks.leaks.secret import derive_secret
 
     ws = tmp_path / "ws"
     (ws / "pkg").mkdir(parents=True)
@@ -357,7 +357,7 @@ def _secret_deleting(tmp_path: Path, body: list[str]):
 def test_generic_lines_that_occur_in_any_env_are_no_evidence(tmp_path):
     """A deleted block whose only shared lines with a third-party package are generic ones
     (``except AttributeError:``) is not a leak; its distinctive lines still are."""
-    from cadenza.tasks.scan import scan_paths
+    from cadenza.tasks.leaks.scan import scan_paths
 
     body = [
         "def naturaldelta(value):",
@@ -386,7 +386,7 @@ def test_lines_a_third_party_package_also_holds_are_no_evidence(tmp_path):
     """Beyond the keyword heuristic: a deleted line that a package of the environment contains too
     (here ``return self._cache[key]``) is dropped from the needles; distinctive lines and an installed
     copy of the patched module still count."""
-    from cadenza.tasks.scan import distinctive_in, scan_paths
+    from cadenza.tasks.leaks.scan import distinctive_in, scan_paths
 
     body = [
         "def lookup_cached(self, key):",

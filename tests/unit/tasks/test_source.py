@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from cadenza.errors import SourceError
-from cadenza.tasks.deps import discover_requirements
-from cadenza.tasks.fetch import fetch_source
+from cadenza.tasks.sources.deps import discover_requirements
+from cadenza.tasks.sources.fetch import fetch_source
 from tests.support.tasks_helpers import make_repo
 
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from cadenza.tasks.delete import plan_deletion
-from cadenza.tasks.features import Candidate, module_files
-from cadenza.tasks.source import describe_source
-from cadenza.tasks.statement import template_statement, write_statement
+from cadenza.tasks.deletion.delete import plan_deletion
+from cadenza.tasks.deletion.features import Candidate, module_files
+from cadenza.tasks.deletion.statement import template_statement, write_statement
+from cadenza.tasks.sources.source import describe_source
 from tests.support.tasks_helpers import make_repo
 
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from cadenza.errors import CadenzaError
-from cadenza.tasks.store import INDEX, MIGRATIONS, STAGING, SourceReport, TaskStore
-from cadenza.tasks.task import load_task, save_task
+from cadenza.tasks.records.store import INDEX, MIGRATIONS, STAGING, SourceReport, TaskStore
+from cadenza.tasks.records.task import load_task, save_task
 from tests.support.taskfixture import make_task, mini_base
 from tests.support.torchless import cadenza_torchless
 

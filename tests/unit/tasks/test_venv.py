@@ -7,8 +7,8 @@ import subprocess
 import sysconfig
 from pathlib import Path
 
-from cadenza.tasks.fetch import fetch_source
-from cadenza.tasks.venv import BaseEnv, make_task_env
+from cadenza.tasks.sources.fetch import fetch_source
+from cadenza.tasks.sources.venv import BaseEnv, make_task_env
 from tests.support.tasks_helpers import make_repo
 
 
