@@ -15,7 +15,7 @@ from cadenza.agent.diff import compare
 from cadenza.agent.env import ToolCall
 from cadenza.agent.episode import EpisodeConfig
 from cadenza.agent.replay import replay
-from cadenza.tasks.task import WORKSPACE, load_task
+from cadenza.tasks.records.task import WORKSPACE, load_task
 
 VALUE_CLASS = '''
 
