@@ -26,6 +26,12 @@ $(VENV)/.engines: $(BIN)/.ready
 	@$(BIN)/python -m cadenza.rl.engines.install
 	@touch $@
 
+# mini-swe-agent and swebench (their own venv, $(VENV)/ecosystem: mini-swe-agent would downgrade
+# python-dateutil in the trainer's venv; docs/ecosystem.md): what the ecosystem tests need.
+$(VENV)/.ecosystem: $(BIN)/.ready
+	@$(BIN)/python -m cadenza.integrations.install
+	@touch $@
+
 demo: prereqs $(BIN)/.ready
 	$(BIN)/cadenza demo
 
@@ -34,7 +40,7 @@ demo: prereqs $(BIN)/.ready
 # marked `serial("ray")` (Ray clusters) another, so each lane runs one test at a time (tests/README.md). --durations: the 25 slowest tests are listed after
 # every run, so the 20-minute budget stays visible.
 TEST_WORKERS ?= 4
-test: prereqs $(BIN)/.ready $(VENV)/.engines
+test: prereqs $(BIN)/.ready $(VENV)/.engines $(VENV)/.ecosystem
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 tests
 
 # About 2 minutes: the unit tests not marked slow (no PyPI builds, no distributed runs; see pyproject.toml).
