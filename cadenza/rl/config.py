@@ -24,6 +24,8 @@ class RunConfig:
     checkpoint_every: int = 0  # 0 = only at the end
     keep_checkpoints: int = 2  # newest checkpoints kept
     tensorboard: bool = False  # only used if the tensorboard package is installed
+    wandb: bool = False  # also log to Weights & Biases (pip install 'cadenza[wandb]'; WANDB_MODE=offline)
+    wandb_project: str = "cadenza"  # the wandb project of the run (the run is named after out_dir)
     progress: bool = True  # a progress bar with reward, invalid-tool rate and SD loss
     threads: int = 0  # torch intra-op threads (0 = torch's default); 1 suits tiny models on shared CPUs
     measure_kl: bool = True  # KL(before || after) of each update on un-hinted turns (one extra forward)
@@ -181,6 +183,10 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     need(cfg.run.checkpoint_every >= 0, "run.checkpoint_every must be >= 0 (0 = only at the end)")
     need(cfg.run.threads >= 0, "run.threads must be >= 0 (0 = torch's default)")
     need(cfg.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1")
+    if cfg.run.wandb:
+        from cadenza.metrics import require_wandb
+
+        require_wandb()
     need(cfg.rollout.group_size >= 2, "rollout.group_size must be >= 2 (GRPO normalises within a group)")
     need(cfg.rollout.tasks_per_step >= 1, "rollout.tasks_per_step must be >= 1")
     need(

@@ -107,7 +107,10 @@ class Trainer:
         self.probe = ProbeSchedule(None, every=0)
         if self.dp.main:
             atomic_write_json(self.out / "config.json", cfg.to_dict())
-            self.logger = MetricsLogger(self.out, resume_step=self.step, tensorboard=cfg.run.tensorboard)
+            self.logger = MetricsLogger(
+                self.out, resume_step=self.step, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb,
+                wandb_project=cfg.run.wandb_project, run_config=cfg.to_dict(),
+            )  # fmt: skip
             self.probe = schedule_for_run(cfg, self.source, self.tokenizer, read_metrics(self.logger.path))
         self._collected: list[TrainEpisode] = []  # rank 0: the step's rollouts, stale ones included
 
