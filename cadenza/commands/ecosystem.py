@@ -31,3 +31,13 @@ def register(app: typer.Typer) -> None:
         python = ecosystem_python()
         cmd = [python, "-m", "cadenza.integrations.miniswe_run", *argv]
         sys.exit(subprocess.run(cmd, env=ecosystem_env()).returncode)
+
+    @app.command("export-hf")
+    def export_hf(
+        checkpoint: Path = typer.Argument(..., help="A step-N checkpoint, or a run directory (its newest)."),
+        out: Path = typer.Option(..., "--out", help="The HF folder to write (must not exist)."),
+    ) -> None:
+        """An RL checkpoint as a complete HF folder (config, safetensors, tokenizer, chat template)."""
+        from cadenza.rl.train.export_hf import export_hf as run_export
+
+        typer.echo(str(run_export(checkpoint, out)))
