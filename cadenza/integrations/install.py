@@ -49,7 +49,8 @@ def ecosystem_python(venv: Path | None = None) -> str:
 def ecosystem_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     """The environment for a process in the ecosystem venv: this cadenza first on ``sys.path``."""
     path = os.pathsep.join(p for p in (str(REPO_ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    quiet = {"MSWEA_SILENT_STARTUP": "1", "PYTHONPATH": path}
+    # litellm's cost table from its own wheel, never fetched from the network at import
+    quiet = {"MSWEA_SILENT_STARTUP": "1", "LITELLM_LOCAL_MODEL_COST_MAP": "True", "PYTHONPATH": path}
     return {**os.environ, **quiet, **(extra or {})}
 
 

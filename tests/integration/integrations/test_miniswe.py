@@ -70,3 +70,29 @@ def test_missing_or_unsupported_minisweagent_is_one_line(tmp_path: Path, task_di
     proc = subprocess.run([*cmd, "--model", "m"], capture_output=True, text=True, timeout=120, env=env)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "ecosystem venv" in proc.stderr and "python -m cadenza.integrations.install" in proc.stderr
+
+
+def test_cadenza_miniswe_with_an_openai_compatible_server(taskset: Path, tmp_path: Path) -> None:
+    """The command a user runs: mini-swe-agent's mini.yaml agent, its litellm model, a local server."""
+    from tests.support.chat_server import scripted, serve, tool_call
+
+    turns = [tool_call("bash", command=c) for c in GOLD]
+    env = {**ecosystem_env(), "MSWEA_GLOBAL_CONFIG_DIR": str(tmp_path / "mswea-config")}
+    with serve(scripted(turns)) as server:
+        cmd = [
+            sys.executable,
+            "-m",
+            "cadenza",
+            "miniswe",
+            str(taskset / "calc-clamp"),
+            "--endpoint",
+            server.url,
+        ]
+        cmd += ["--model", "scripted", "--out", str(tmp_path / "out"), "--step-limit", "10"]
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    row = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert row["resolved"] is True and row["reward"] == 1.0 and row["flags"] == [], row
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary["tasks"] == [row]
+    assert any(r.get("tools") for r in server.requests)  # mini.yaml's bash tool reached the server
