@@ -26,6 +26,12 @@ $(VENV)/.engines: $(BIN)/.ready
 	@$(BIN)/python -m cadenza.rl.engines.install
 	@touch $@
 
+# mini-swe-agent and swebench (their own venv, $(VENV)/ecosystem: mini-swe-agent would downgrade
+# python-dateutil in the trainer's venv; docs/ecosystem.md): what the ecosystem tests need.
+$(VENV)/.ecosystem: $(BIN)/.ready
+	@$(BIN)/python -m cadenza.integrations.install
+	@touch $@
+
 demo: prereqs $(BIN)/.ready
 	$(BIN)/cadenza demo
 
@@ -35,7 +41,7 @@ demo: prereqs $(BIN)/.ready
 # every run, so the 20-minute budget stays visible. CADENZA_REQUIRE_ENGINES=1: a test of the vLLM or Ray
 # lane whose component is missing fails instead of skipping (tests/support/lanes.py).
 TEST_WORKERS ?= 4
-test: prereqs $(BIN)/.ready $(VENV)/.engines
+test: prereqs $(BIN)/.ready $(VENV)/.engines $(VENV)/.ecosystem
 	CADENZA_REQUIRE_ENGINES=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 tests
 
 # The unit tests not marked slow (no PyPI builds, no distributed runs; see pyproject.toml).

@@ -29,7 +29,7 @@ def _root() -> None:
 
 
 # Command modules, in the order their commands appear in --help.
-_COMMAND_MODULES = ("demo", "tasks", "replay", "eval", "train", "pretrain", "experiment")
+_COMMAND_MODULES = ("demo", "tasks", "replay", "eval", "train", "pretrain", "experiment", "ecosystem")
 
 
 def _register_all() -> None:

@@ -243,6 +243,12 @@ class ToolworldSource:
     def make_env(self, task: ToolworldTask) -> ToolworldEnv:
         return ToolworldEnv(task, self.config)
 
+    def heldout_tasks(self, n: int, seed: int = 0) -> list[ToolworldTask]:
+        """The env's held-out split for ``[eval]``: ``n`` tasks from a seed space training never draws
+        from (training seeds ``random.Random`` with integers)."""
+        rng = random.Random(f"toolworld-heldout-{seed}")
+        return [sample_task(rng, self.config, i) for i in range(n)]
+
     def probe_items(self, n: int, seed: int = 0) -> list[Any]:
         """A fixed held-out probe set for the hint-following diagnostic (:mod:`cadenza.rl.learn.probe`): the
         first turn of ``n`` tasks drawn from their own seed space, the ``tool_not_found`` hint (the tool list)

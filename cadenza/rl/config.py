@@ -24,6 +24,8 @@ class RunConfig:
     checkpoint_every: int = 0  # 0 = only at the end
     keep_checkpoints: int = 2  # newest checkpoints kept
     tensorboard: bool = False  # only used if the tensorboard package is installed
+    wandb: bool = False  # also log to Weights & Biases (pip install 'cadenza[wandb]'; WANDB_MODE=offline)
+    wandb_project: str = "cadenza"  # the wandb project of the run (the run is named after out_dir)
     progress: bool = True  # a progress bar with reward, invalid-tool rate and SD loss
     threads: int = 0  # torch intra-op threads (0 = torch's default); 1 suits tiny models on shared CPUs
     measure_kl: bool = True  # KL(before || after) of each update on un-hinted turns (one extra forward)
@@ -149,6 +151,19 @@ class ProbeConfig:
 
 
 @dataclass(kw_only=True)
+class EvalConfig:
+    """Held-out evaluation during training (cadenza.rl.train.heldout), logged as ``eval/*`` in every
+    metrics sink and drawn to ``OUT/eval.png``."""
+
+    every: int = 0  # evaluate every N steps and after the last (0 = off)
+    tasks: str = ""  # a task set directory to evaluate on; empty = the env's held-out split
+    num_tasks: int = 16  # held-out tasks (the first N of the split or the task set)
+    episodes_per_task: int = 1  # episodes on each task
+    greedy: bool = True  # greedy decoding; false = sampled at rollout.temperature
+    seed: int = 0  # seed of the held-out split and of sampled evaluation
+
+
+@dataclass(kw_only=True)
 class OptimConfig:
     name: Literal["adamw", "muon"] = "adamw"
     lr: float = 1e-3  # AdamW (and, with muon, the AdamW-handled embeddings/head/norms)
@@ -168,6 +183,7 @@ class TrainConfig:
     loss: LossConfig = field(default_factory=LossConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     probe: ProbeConfig = field(default_factory=ProbeConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     feedback: FeedbackConfig = field(default_factory=FeedbackConfig)
 
@@ -181,6 +197,10 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     need(cfg.run.checkpoint_every >= 0, "run.checkpoint_every must be >= 0 (0 = only at the end)")
     need(cfg.run.threads >= 0, "run.threads must be >= 0 (0 = torch's default)")
     need(cfg.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1")
+    if cfg.run.wandb:
+        from cadenza.metrics import require_wandb
+
+        require_wandb()
     need(cfg.rollout.group_size >= 2, "rollout.group_size must be >= 2 (GRPO normalises within a group)")
     need(cfg.rollout.tasks_per_step >= 1, "rollout.tasks_per_step must be >= 1")
     need(
@@ -209,6 +229,17 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     need(cfg.teacher.refresh_every >= 1, "teacher.refresh_every must be >= 1")
     need(cfg.probe.every >= 0, "probe.every must be >= 0 (0 = off)")
     need(cfg.probe.items >= 1, "probe.items must be >= 1")
+    need(cfg.eval.every >= 0, "eval.every must be >= 0 (0 = off)")
+    need(
+        cfg.eval.num_tasks >= 1 and cfg.eval.episodes_per_task >= 1,
+        "eval.num_tasks and eval.episodes_per_task must be >= 1",
+    )
+    if cfg.eval.tasks:
+        cfg.eval.tasks = str(_resolve(cfg.eval.tasks, base))
+        need(
+            Path(cfg.eval.tasks).is_dir(),
+            f"eval.tasks {cfg.eval.tasks!r} is not a directory; pass a task set",
+        )
     need(0 <= cfg.probe.stop_ratio < 1, "probe.stop_ratio must be in [0, 1) (0 = never stop)")
     need(cfg.optim.lr > 0, "optim.lr must be > 0")
     need(

@@ -15,7 +15,7 @@ from tests.support.imports import circles, import_graph
 from tests.support.torchless import run_torchless
 
 CADENZA = Path(__file__).resolve().parents[2] / "cadenza"
-TORCH_FREE = ("tasks", "sandbox", "agent", "monitor", "feedback")
+TORCH_FREE = ("tasks", "sandbox", "agent", "monitor", "feedback", "integrations")
 TORCH_SIDE = ("torch", "transformers", "tokenizers", "safetensors")
 TORCH_FREE_MODULES = ("cli", "errors", "jsonio", "config_io", "preflight")
 TRAINING_SIDE = ("rl", "optim", "parallel", "pretrain", "experiments")

@@ -75,6 +75,8 @@ _RESUMABLE_CHANGES = {
     "steps",
     "progress",
     "tensorboard",
+    "wandb",
+    "wandb_project",
     "checkpoint_every",
     "keep_checkpoints",
     "out_dir",

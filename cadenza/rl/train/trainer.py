@@ -49,6 +49,7 @@ from cadenza.rl.rollout.episodes import (
 )
 from cadenza.rl.rollout.pipeline import RolloutPipeline, WatchedEngine
 from cadenza.rl.train import checkpoint as ckpt
+from cadenza.rl.train import heldout
 from cadenza.rl.train.build import build_optimizer, build_policy, check_same_run, is_off_policy
 from cadenza.rl.train.data_parallel import DataParallel
 from cadenza.rl.train.local_engine import build_engine
@@ -71,6 +72,7 @@ class Trainer:
             check_same_run(self.out / "config.json", cfg)
         # the task source, its pool and every rollout belong to rank 0 alone
         self.source = load_source(cfg.env.name, cfg.env.options) if self.dp.main else None
+        self.heldout = heldout.HeldOut(cfg, self.source) if cfg.eval.every and self.dp.main else None
         if hasattr(
             self.source, "run_id"
         ):  # pool records of this run stay apart from other runs' (and resume)
@@ -107,7 +109,10 @@ class Trainer:
         self.probe = ProbeSchedule(None, every=0)
         if self.dp.main:
             atomic_write_json(self.out / "config.json", cfg.to_dict())
-            self.logger = MetricsLogger(self.out, resume_step=self.step, tensorboard=cfg.run.tensorboard)
+            self.logger = MetricsLogger(
+                self.out, resume_step=self.step, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb,
+                wandb_project=cfg.run.wandb_project, run_config=cfg.to_dict(),
+            )  # fmt: skip
             self.probe = schedule_for_run(cfg, self.source, self.tokenizer, read_metrics(self.logger.path))
         self._collected: list[TrainEpisode] = []  # rank 0: the step's rollouts, stale ones included
 
@@ -241,6 +246,10 @@ class Trainer:
                 except BaseException:
                     self.step -= 1
                     raise
+                if heldout.due(cfg, self.step):
+                    row.update(
+                        self.dp.share(lambda: self.heldout.run(self.engine, self.tokenizer, self.step))
+                    )
                 if self.logger is not None:
                     self.logger.log(self.step, row)
                 every = cfg.run.checkpoint_every
@@ -264,6 +273,7 @@ class Trainer:
             self.close()
             if self.logger is not None:
                 self.logger.close()
+                heldout.plot_curve(self.out, read_metrics(self.logger.path))
         return read_metrics(self.logger.path) if self.logger is not None else []
 
     def _extra_modules(self) -> dict[str, torch.nn.Module]:

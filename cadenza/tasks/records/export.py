@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,7 +23,7 @@ def _head(workspace: Path) -> str:
 
 
 def export_swebench(path: Path) -> Iterator[dict[str, Any]]:
-    """One record per task: SWE-bench field names plus cadenza's level and feature."""
+    """One ``swebench.types.SWEbenchInstance`` per task, plus cadenza's level and feature."""
     store = TaskStore(path)
     for row in store.rows():
         task_dir = store.task_dir(row["id"])
@@ -34,8 +35,9 @@ def export_swebench(path: Path) -> Iterator[dict[str, Any]]:
             "problem_statement": task.statement,
             "patch": (task_dir / GOLD_PATCH).read_text(),
             "test_patch": "",
-            "FAIL_TO_PASS": list(task.fail_to_pass),
-            "PASS_TO_PASS": list(task.pass_to_pass),
+            # JSON-encoded lists, as in SWE-bench's datasets and its SWEbenchInstance type
+            "FAIL_TO_PASS": json.dumps(list(task.fail_to_pass)),
+            "PASS_TO_PASS": json.dumps(list(task.pass_to_pass)),
             "version": str(task.meta.get("source_version", task.meta.get("version", ""))),
             "created_at": row["created"],
             "hints_text": "",

@@ -165,7 +165,8 @@ def test_list_show_env_export(task_set):
     recs = [json.loads(x) for x in lines]
     assert [r["instance_id"] for r in recs] == ["minipkg-a", "minipkg-b"]
     rec = recs[0]
-    assert rec["FAIL_TO_PASS"] == ["tests/test_core.py::test_merge_counts"] and rec["PASS_TO_PASS"]
+    assert json.loads(rec["FAIL_TO_PASS"]) == ["tests/test_core.py::test_merge_counts"]
+    assert rec["PASS_TO_PASS"]
     assert "+def merge_counts" in rec["patch"] and len(rec["base_commit"]) == 40 and rec["problem_statement"]
     assert cli("export", str(task_set), "--format", "csv").returncode == 2
 
