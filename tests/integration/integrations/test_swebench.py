@@ -15,7 +15,7 @@ import pytest
 from cadenza.agent.grade import grade, task_env_dir
 from cadenza.integrations.install import ecosystem_env, ecosystem_python
 from cadenza.sandbox import Sandbox, SandboxConfig, hidden_roots
-from cadenza.tasks.task import GOLD_PATCH, WORKSPACE, load_task
+from cadenza.tasks.records.task import GOLD_PATCH, WORKSPACE, load_task
 from tests.support.run_cache import build_once
 from tests.support.tasks_helpers import shared_env_cache
 
