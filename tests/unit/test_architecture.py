@@ -40,7 +40,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tasks.builder", "tasks"),
     ("monitor",),
     ("agent",),
-    ("feedback",),
+    ("feedback", "integrations"),
     ("pretrain", "rl.text", "rl.models"),
     ("rl.engines",),
     ("rl.config",),
