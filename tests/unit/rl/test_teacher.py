@@ -307,7 +307,7 @@ def test_off_policy_step_weights_the_sampled_estimator_and_reports_true_clipping
     """Through the step loss: tokens sampled by another distribution (log-prob -1 each, as the scripted
     engine says) weight each SD token by ``p_s / mu`` (float64 reference by hand); the decoupled ratio
     is 1, so the PPO clip acts on no token whatever the engine/trainer gap (that gap is mismatch_kl)."""
-    from cadenza.rl.step import rl_losses
+    from cadenza.rl.learn.step import rl_losses
 
     pol = _policy(tok, dtype="float64")
     batch = collate(trajectories, tok.pad_token_id)
