@@ -165,8 +165,13 @@ def _map(workers: int, fn: Callable[..., Any], jobs: list[tuple[Any, ...]]) -> l
         return [fn(*j) for j in jobs]
     import multiprocessing
 
-    with ProcessPoolExecutor(
-        max_workers=min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn")
+    from cadenza.executor.local import exit_with_parent
+
+    with ProcessPoolExecutor(  # a SIGTERM (or SIGKILL) of this process ends the workers too
+        max_workers=min(workers, len(jobs)),
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=exit_with_parent,
+        initargs=(os.getpid(),),
     ) as ex:
         futures = [ex.submit(fn, *j) for j in jobs]
         return [f.result() for f in futures]
