@@ -22,7 +22,11 @@ ARM_LABELS = {
     "sd_live": "GRPO + SD (live teacher)",
     "sd_ema": "GRPO + SD (EMA teacher)",
     "sd_snapshot": "GRPO + SD (snapshot teacher)",
+    "grpo_turn": "GRPO + per-turn penalty (turn credit, no words)",
+    "sd_no_words": "GRPO + SD, no words (teacher context = student's)",
+    "sd_wrong_words": "GRPO + SD, wrong words (another profile's tools)",
 }
+STUDY2_CONTROLS = ("grpo_turn", "sd_no_words", "sd_wrong_words")
 
 
 def summarise_run(
@@ -263,15 +267,35 @@ def summary_markdown(results: dict[str, Any]) -> str:
             "tasks scored every "
             f"{cfg.get('eval_every', '?')} steps; *episodes to 95%*: training episodes when the held-out "
             "valid rate, averaged "
-            "with the previous evaluation, first reaches 0.95. *Final*: the last evaluation.",
+            "with the previous evaluation, first reaches 0.95. *Final*: the last evaluation ("
+            f"{results.get('final_is', 'the last evaluation of each run')}).",
             "",
             summary_table(results),
             "",
-            "Goal (from the issue) against these numbers:",
-            "",
-            *verdict(results),
-            "",
-            f"Wall time: {results.get('wall_s', '?')} s. Plot: curves.png. Raw numbers: results.json.",
+            *(_study2(results) if any(a in results["arms"] for a in STUDY2_CONTROLS) else _goal(results)),
+            _provenance(results),
             "",
         ]
+    )
+
+
+def _goal(results: dict[str, Any]) -> list[str]:
+    return ["Goal (from the issue) against these numbers:", "", *verdict(results), ""]
+
+
+def _study2(results: dict[str, Any]) -> list[str]:
+    from cadenza.experiments import report2
+
+    return report2.markdown(results)
+
+
+def _provenance(results: dict[str, Any]) -> str:
+    code = results.get("code") or {}
+    commits = results.get("code_commits") or []
+    mixed = f" **Mixed code versions: {', '.join(c[:10] for c in commits)}.**" if len(commits) > 1 else ""
+    return (
+        f"Code: {code.get('commit', '?')[:12]}{' (dirty tree)' if code.get('dirty') else ''}; settings "
+        f"digest {results.get('settings_digest', '?')}.{mixed} Wall time: {results.get('wall_s', '?')} s "
+        f"over {len(results.get('invocations', [])) or '?'} invocation(s). Plot: curves.png. Raw numbers: "
+        "results.json."
     )

@@ -117,6 +117,9 @@ class LossConfig:
     drop_zero_variance: bool = (
         True  # groups whose rewards are all equal leave the GRPO term (counted, logged)
     )
+    # subtracted from the advantage of every token of a turn a feedback rule flags (the turns SD would
+    # target), whatever lambda_sd: turn-level credit without words (a control); 0 = off
+    turn_penalty: float = 0.0
     is_cap: float = 2.0  # truncated importance-sampling cap on trainer/engine ratios (0 = off; docs/async.md)
     # per-token SD estimate: full = the divergence over the vocabulary; sampled = log p_s - log p_t on the
     # turn's own tokens (cheaper, noisier)

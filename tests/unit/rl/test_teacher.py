@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from cadenza.rl.policy import HFPolicy, tiny_qwen3_config, tiny_qwen3_moe_config
 from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
 from cadenza.rl.teacher import Teacher, build_hinted_turns, select_rows
 from cadenza.rl.tokens import TokenTrajectory, collate
+from cadenza.rl.turn_credit import penalised_rows, token_advantages
 from tests.support.rl_helpers import CounterEnv, ScriptedPolicy, make_tokenizer
 
 CALL = '<tool_call>\n{{"name": "{}", "arguments": {}}}\n</tool_call>'
@@ -300,3 +302,47 @@ def test_select_rows_reindexes_for_micro_batches(tok, trajectories):
     assert [(it.row, it.turn) for it in sub] == [(0, 0)]
     assert sub[0].teacher_ids == items[2].teacher_ids
     assert [(it.row, it.turn) for it in select_rows(items, [1, 0])] == [(1, 1), (1, 3), (0, 0)]
+
+
+# study 2's controls (docs/experiments.md, section 9): SD with no words (placement "none": the teacher
+# reads the student's own context) and turn-level credit without words (loss.turn_penalty)
+
+
+def test_no_words_teacher_input_is_the_student_input(tok, trajectories):
+    items = build_hinted_turns(trajectories, HINTS, tok, "none")
+    hinted = build_hinted_turns(trajectories, HINTS, tok, "user_before_turn")
+    assert [(it.row, it.turn) for it in items] == [(it.row, it.turn) for it in hinted]  # the same turns
+    for it in items:
+        traj = trajectories[it.row]
+        start, end = traj.turn_spans[it.turn]
+        assert it.teacher_ids == traj.input_ids[:end] and it.teacher_turn_start == start
+    # with the student's own weights as teacher (live) the divergence is zero: nothing is inserted
+    pol = HFPolicy.from_config(tiny_qwen3_config(len(tok), initializer_range=0.2), seed=3, dtype="float64")
+    batch = collate(trajectories, tok.pad_token_id)
+    with torch.no_grad():
+        hidden, _ = pol.hidden_states(batch.input_ids, batch.attention_mask)
+        same = Teacher(pol.model, TeacherConfig(weights="live")).loss(hidden, pol.lm_head, items, None)
+        other = Teacher(pol.model, TeacherConfig(weights="live")).loss(hidden, pol.lm_head, hinted, None)
+    assert abs(float(same.loss)) < 1e-9 and float(other.loss) > 1e-4
+
+
+def _episodes(trajs, hints):
+    return [
+        SimpleNamespace(rollout=SimpleNamespace(tokens=t), hints=h) for t, h in zip(trajs, hints, strict=True)
+    ]
+
+
+def test_turn_penalty_lowers_only_the_flagged_turns(tok, trajectories):
+    eps = _episodes(trajectories, [HINTS[0], []])
+    batch = collate(trajectories, tok.pad_token_id)
+    adv = torch.tensor([0.5, -0.25])
+    out = token_advantages(adv, eps, [0, 1], batch.loss_mask.shape, 1.5)
+    want = adv[:, None].expand_as(batch.loss_mask).clone()
+    for turn in (1, 3):  # HINTS[0] flags turns 1 and 3 of row 0
+        s, e = trajectories[0].turn_spans[turn]
+        want[0, s:e] -= 1.5
+    torch.testing.assert_close(out, want)
+    assert out[1].eq(-0.25).all() and penalised_rows(eps) == {0}
+    # a row of a micro-batch is indexed by its position in the chunk
+    torch.testing.assert_close(token_advantages(adv, eps, [1], batch.loss_mask[:1].shape, 1.5)[0, :5],
+                               torch.full((5,), -0.25))  # fmt: skip
