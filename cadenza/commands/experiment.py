@@ -59,6 +59,9 @@ def register(app: typer.Typer) -> None:
             1, help="1: the first study's arms and budget rule; 2: study 2 (its controls, fixed budget)."
         ),
         allow_code_change: bool = ALLOW_CODE_CHANGE,
+        report_only: bool = typer.Option(
+            False, "--report-only", help="Report what --out finished; name interrupted runs (no training)."
+        ),
     ) -> None:
         """Does a hint at the faulty turn (self-distillation) beat GRPO? Pre-registered arms, fixed seeds."""
         from cadenza.errors import CadenzaError
@@ -82,6 +85,12 @@ def register(app: typer.Typer) -> None:
             raise CadenzaError("--budget-steps must be >= 0 (0 = from the supervised control)")
         if budget_steps or study == 1:
             exp.budget_steps = budget_steps
+        if report_only:
+            from cadenza.experiments.partial import report_only as report
+
+            report(out, exp, log=typer.echo)
+            typer.echo(f"wrote {out / 'summary.md'}, {out / 'results.json'}, {out / 'curves.png'}")
+            return
         _run(run_experiment, out, exp, workers, quick, allow_code_change)
 
     @group.command("smol-tools")

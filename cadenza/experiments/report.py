@@ -29,6 +29,12 @@ ARM_LABELS = {
 STUDY2_CONTROLS = ("grpo_turn", "sd_no_words", "sd_wrong_words")
 
 
+def is_study2(results: dict[str, Any]) -> bool:
+    """A run whose chosen arms include study 2's controls (finished or not)."""
+    arms = list(results.get("config", {}).get("arms", [])) + list(results["arms"])
+    return any(a in arms for a in STUDY2_CONTROLS)
+
+
 def summarise_run(
     rows: list[dict[str, Any]], seed: int, *, target: float = 0.95, window: int = 3
 ) -> dict[str, Any]:
@@ -109,7 +115,13 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 5.5), constrained_layout=True)
+    kl = any(
+        p[1] is not None
+        for rs in results["arms"].values()
+        for r in rs
+        for p in r.get("heldout_kl_curve") or []
+    )
+    fig, axes = plt.subplots(1, 4 if kl else 3, figsize=(21 if kl else 16, 5.5), constrained_layout=True)
     colors = dict(zip(ARM_LABELS, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
     for arm, runs in results["arms"].items():
         label, color = ARM_LABELS.get(arm, arm), colors.get(arm, "black")
@@ -117,6 +129,8 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> None:
         _band(axes[1], runs, "heldout_curve", 2, label, color)
         if arm != "supervised":  # relative to the first value, as probe.stop_ratio reads it
             _band(axes[2], runs, "probe_curve", 1, label, color, lambda v, c: v / c[0][1] if c[0][1] else 0.0)
+        if kl:  # targeted: how far the policy moved on turns the hint never touches
+            _band(axes[3], runs, "heldout_kl_curve", 1, label, color)
     budget = results.get("budget", {}).get("episodes")
     for ax in axes:
         if budget:
@@ -135,6 +149,10 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> None:
         title="Teacher hint-following (probe)",
         ylim=(0, 1.1),
     )
+    if kl:
+        axes[3].set(
+            xlabel="training episodes", ylabel="nats per token", title="Held-out KL to start, un-hinted turns"
+        )
     fig.legend(*axes[0].get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=4)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -257,7 +275,8 @@ def summary_markdown(results: dict[str, Any]) -> str:
             f"{budget.get('steps', '?')} steps "
             f"x {cfg.get('tasks_per_step', '?')} tasks x {cfg.get('group_size', '?')} samples = "
             f"{budget.get('episodes', '?')} "
-            f"episodes ({budget.get('source', '?')}). Protocol: docs/experiments.md, section 4.",
+            f"episodes ({budget.get('source', '?')}). Protocol: docs/experiments.md, section "
+            f"{'9' if is_study2(results) else '4'}.",
             "",
             "Pre-RL gap (SFT model, first tool call): P(valid | tool list in context) = "
             f"**{pre['valid_with_hint']:.3f}**, "
@@ -272,7 +291,7 @@ def summary_markdown(results: dict[str, Any]) -> str:
             "",
             summary_table(results),
             "",
-            *(_study2(results) if any(a in results["arms"] for a in STUDY2_CONTROLS) else _goal(results)),
+            *(_study2(results) if is_study2(results) else _goal(results)),
             _provenance(results),
             "",
         ]

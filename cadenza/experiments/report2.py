@@ -24,11 +24,14 @@ CLAIMS = (
 DESCRIPTIVE = (("placebo", "grpo"), ("supervised", "grpo_sd"))
 
 
-def paired(runs: dict[str, list[dict[str, Any]]], a: str, b: str, key: str) -> dict[str, Any] | None:
-    """Per-seed ``a - b`` of ``key``, its mean and paired-t 95% interval (None if < 2 common seeds)."""
+def paired(
+    runs: dict[str, list[dict[str, Any]]], a: str, b: str, key: str, need: list[int] | None = None
+) -> dict[str, Any] | None:
+    """Per-seed ``a - b`` of ``key``, its mean and paired-t 95% interval; None with fewer than 2 common
+    seeds, or (``need``) unless both arms finished every seed of ``need``."""
     ra, rb = ({r["seed"]: r for r in runs.get(x, [])} for x in (a, b))
     seeds = sorted(s for s in ra if s in rb and ra[s].get(key) is not None and rb[s].get(key) is not None)
-    if len(seeds) < 2:
+    if len(seeds) < 2 or (need is not None and sorted(need) != seeds):
         return None
     d = [ra[s][key] - rb[s][key] for s in seeds]
     half = T975[min(len(d), len(T975) + 1) - 2] * stdev(d) / sqrt(len(d))
@@ -52,7 +55,7 @@ def analyse(results: dict[str, Any]) -> dict[str, Any]:
     runs = results["arms"]
     claims = {}
     for name, a, b, text in CLAIMS:
-        p = paired(runs, a, b, "final_invalid_rate")
+        p = paired(runs, a, b, "final_invalid_rate", need=results.get("seeds"))
         claims[name] = {"claim": text, "a": a, "b": b, "paired": p, "verdict": verdict(p)}
     targeted = {}
     for a in runs:

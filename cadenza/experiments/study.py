@@ -270,7 +270,7 @@ def run_experiment(
         "final_is": final_definition(exp, budget),
     }
     results["goal"] = report.goal(results)
-    if any(a in runs for a in report.STUDY2_CONTROLS):
+    if report.is_study2(results):
         from cadenza.experiments import report2
 
         results["study2"] = report2.analyse(results)

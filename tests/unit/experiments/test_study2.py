@@ -108,3 +108,54 @@ def test_paired_interval_and_verdicts():
         == "inconclusive"
     )
     assert report2.verdict(report2.paired(_runs([0.1], [0.3]), "A", "B", "x")) == "not measured"
+
+
+def _result(arm, seed, steps, digest, inv):
+    return {"seed": seed, "steps": steps, "episodes_to_95": None, "final_success": 0.5,
+            "final_invalid_rate": inv, "curve": [], "probe_curve": [],
+            "heldout_curve": [[0, 0.6, 0.2], [steps * 32, inv, 0.5]],
+            "heldout_kl_curve": [[0, 0.0, 0.1], [steps * 32, 0.02, 0.1]], "final_clean_success": 0.9,
+            "final_other_errors": {"invalid_arguments": 0.0, "no_call": 0.01}, "final_unhinted_kl": 0.02,
+            "final_unhinted_entropy": 0.1, "settings_digest": digest}  # fmt: skip
+
+
+def test_report_only_names_interrupted_runs_and_uses_only_finished_ones(tmp_path):
+    from dataclasses import asdict
+
+    from cadenza.experiments.partial import report_only
+
+    exp = ExperimentConfig.study2()
+    exp.arms = ["grpo", "grpo_sd", "grpo_turn"]
+    check_settings(tmp_path, exp)
+    digest = settings_digest(asdict(exp))
+    (tmp_path / "budget.json").write_text(
+        json.dumps({"steps": 30, "episodes": 960, "source": "--budget-steps"})
+    )
+    for s in exp.seeds:
+        (tmp_path / f"sft-seed{s}").mkdir()
+        (tmp_path / f"sft-seed{s}" / "gap.json").write_text(
+            '{"valid_with_hint": 0.9, "valid_without_hint": 0.3}'
+        )
+    Invocations(tmp_path)  # a run stopped by a signal: its wall time was never written
+    for a, inv in (("grpo", 0.4), ("grpo_sd", 0.1)):
+        for s in exp.seeds:
+            d = tmp_path / "runs" / f"{a}-seed{s}"
+            d.mkdir(parents=True)
+            (d / "result.json").write_text(json.dumps(_result(a, s, 30, digest, inv + 0.01 * s)))
+    d = tmp_path / "runs" / "grpo_turn-seed101"
+    d.mkdir()
+    (d / "heldout.jsonl").write_text('{"step": 0}\n{"step": 10}\n')
+    lines: list[str] = []
+    res = report_only(tmp_path, exp, log=lines.append)
+    assert lines[0] == "grpo_turn seed 101: interrupted (at step 10 of 30); left out"
+    assert "grpo_turn seed 102: interrupted (not started); left out" in lines
+    assert res["complete"] is False and "grpo_turn" not in res["arms"]
+    claims = res["study2"]["claims"]
+    assert claims["sd_beats_grpo"]["verdict"] == "supported"  # -0.3 in every seed
+    assert claims["words_beat_turn_credit"]["verdict"] == "not measured"
+    summary = (tmp_path / "summary.md").read_text()
+    assert (
+        "**Interrupted (left out):**" in summary
+        and "section 9" in summary
+        and (tmp_path / "curves.png").exists()
+    )
