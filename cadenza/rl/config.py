@@ -194,6 +194,7 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     need(cfg.rollout.top_k >= 0, "rollout.top_k must be >= 0 (0 = off)")
     validate_engine(cfg.rollout)
     need(cfg.loss.lambda_sd >= 0, "loss.lambda_sd must be >= 0")
+    need(cfg.loss.turn_penalty >= 0, "loss.turn_penalty must be >= 0 (0 = off)")
     need(0 <= cfg.loss.beta <= 1, "loss.beta must be in [0, 1]")
     need(cfg.loss.top_k >= 0, "loss.top_k must be >= 0 (0 = full vocabulary)")
     need(cfg.loss.sd_temperature > 0, "loss.sd_temperature must be > 0")

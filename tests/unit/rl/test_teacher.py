@@ -346,3 +346,54 @@ def test_turn_penalty_lowers_only_the_flagged_turns(tok, trajectories):
     # a row of a micro-batch is indexed by its position in the chunk
     torch.testing.assert_close(token_advantages(adv, eps, [1], batch.loss_mask[:1].shape, 1.5)[0, :5],
                                torch.full((5,), -0.25))  # fmt: skip
+
+
+def test_turn_penalty_gives_a_gradient_where_grpo_has_none(tok):
+    """Two episodes with equal rewards (GRPO: no signal, the update is skipped); with the penalty the
+    flagged turn's tokens lose probability, more than any other turn's."""
+    from cadenza.rl.config import TrainConfig
+    from cadenza.rl.rollout.episodes import TrainEpisode
+    from cadenza.rl.train.update import Learner
+
+    turns = [CALL.format("ad", '{"x": 1}'), CALL.format("add", '{"x": 1}'), CALL.format("submit", "{}")]
+    task = RolloutTask(task_id="t", make_env=CounterEnv)
+    rolls = rollout(ScriptedPolicy(tok, turns), tok, [task], RolloutParams(group_size=2, max_new_tokens=256))
+    flag = [Hint(turn=0, text="Reminder: the available tools are add, submit.", kind="tool_not_found")]
+
+    def run(penalty):
+        torch.manual_seed(0)
+        pol = HFPolicy.from_config(tiny_qwen3_config(len(tok), initializer_range=0.2), seed=3)
+        cfg = TrainConfig()
+        cfg.loss.lambda_sd, cfg.loss.turn_penalty = 0.0, penalty
+        for r in rolls:  # on-policy: the behaviour log-probs are this model's
+            r.tokens.reward = 0.0
+            ids = torch.tensor([r.tokens.input_ids])
+            with torch.no_grad():
+                lp = torch.log_softmax(pol.model(input_ids=ids).logits[0, :-1].float(), -1)
+            own = [0.0, *lp.gather(1, ids[0, 1:, None])[:, 0].tolist()]
+            r.tokens.behaviour_logprobs = [
+                x if m else 0.0 for x, m in zip(own, r.tokens.loss_mask, strict=True)
+            ]
+        eps = [TrainEpisode(rollout=r, tools=[], render_tools=[], hints=list(flag)) for r in rolls]
+        opt = torch.optim.SGD(pol.model.parameters(), lr=0.05)
+        learner = Learner(cfg=cfg, policy=pol, tokenizer=tok, optimizer=opt, teacher=Teacher(pol.model))
+        t = rolls[0].tokens
+
+        def turn_lp(k):
+            s, e = t.turn_spans[k]
+            with torch.no_grad():
+                logits = pol.model(input_ids=torch.tensor([t.input_ids])).logits[0, s - 1 : e - 1]
+            return float(
+                torch.log_softmax(logits, -1).gather(1, torch.tensor(t.input_ids[s:e])[:, None]).sum()
+            )
+
+        before = [turn_lp(k) for k in range(len(t.turn_spans))]
+        res = learner.update(eps)
+        return res, before, [turn_lp(k) for k in range(len(t.turn_spans))]
+
+    off, b0, a0 = run(0.0)
+    assert off.skipped and a0 == b0  # equal rewards, no penalty: nothing to learn from
+    on, b1, a1 = run(1.0)
+    assert not on.skipped and on.grad_norm > 0
+    change = [a - b for a, b in zip(a1, b1, strict=True)]
+    assert change[0] < -0.1 and change[0] < min(change[1:])  # the flagged turn falls, and the most
