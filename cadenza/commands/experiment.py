@@ -98,7 +98,8 @@ def register(app: typer.Typer) -> None:
         out: Path = OUT,
         seeds: str | None = _seeds(2),
         arms: str = typer.Option(
-            "", help="Comma-separated arms among grpo, grpo_sd, placebo (default: all)."
+            "",
+            help="Arms among grpo, grpo_turn, grpo_sd, placebo (default: grpo, grpo_sd, placebo).",
         ),
         workers: int = WORKERS,
         steps: int = typer.Option(0, help="RL steps per (arm, seed) (0 = the pre-registered value)."),

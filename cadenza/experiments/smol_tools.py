@@ -28,6 +28,7 @@ from cadenza.experiments.toolworld import CALL_OPEN, ToolworldConfig
 from cadenza.jsonio import atomic_write_json, atomic_write_text
 
 SMOL_ARMS = ("grpo", "grpo_turn", "grpo_sd", "placebo")  # grpo_turn: turn-level credit, no words
+ROUND1_ARMS = ("grpo", "grpo_sd", "placebo")  # section 5's arms: the default (round 2 passes --arms)
 # --quick: 1 seed, one step of 1 task x 2 samples, 2 held-out tasks, a 4-task gap
 QUICK: dict[str, Any] = {
     "seeds": [0],
@@ -46,7 +47,7 @@ class SmolConfig:
     """Pre-registered in docs/experiments.md, section 5; ``--quick`` only shrinks seeds, sizes and steps."""
 
     seeds: list[int] = field(default_factory=lambda: [0, 1])
-    arms: list[str] = field(default_factory=lambda: list(SMOL_ARMS))
+    arms: list[str] = field(default_factory=lambda: list(ROUND1_ARMS))
     model: str = "smollm2"  # "smollm2" (offline SmolLM2-135M-Instruct) or a local HF directory
     device: str = "cpu"  # "cuda" on a GPU machine (bench/gpu_smol_tools.sh)
     trainable_layers: int = 4  # only the last N of the 30 decoder layers (and the final norm) train; 0 = all
