@@ -21,14 +21,21 @@ def _seeds(default: int) -> Any:
     )
 
 
-def _run(run: Any, out: Path, exp: Any, workers: int, quick: bool) -> None:
+ALLOW_CODE_CHANGE = typer.Option(
+    False,
+    "--allow-code-change",
+    help="Resume an --out another code commit started (recorded).",
+)
+
+
+def _run(run: Any, out: Path, exp: Any, workers: int, quick: bool, allow_code_change: bool = False) -> None:
     """Check the worker count, run the study, name what it wrote."""
     from cadenza.experiments.study import check_workers
 
     check_workers(workers)
     if quick:
         typer.echo("--quick: a smoke test of the pipeline; its numbers say nothing about the arms")
-    run(out, exp, workers=workers, log=typer.echo)
+    run(out, exp, workers=workers, log=typer.echo, allow_code_change=allow_code_change)
     typer.echo(f"wrote {out / 'summary.md'}, {out / 'results.json'}, {out / 'curves.png'}")
 
 
@@ -48,28 +55,51 @@ def register(app: typer.Typer) -> None:
             False,
             help="A smoke test (1 seed, 6 steps, tiny held-out set): checks the pipeline, not the arms.",
         ),
+        study: int = typer.Option(
+            1, help="1: the first study's arms and budget rule; 2: study 2 (its controls, fixed budget)."
+        ),
+        allow_code_change: bool = ALLOW_CODE_CHANGE,
+        report_only: bool = typer.Option(
+            False, "--report-only", help="Report what --out finished; name interrupted runs (no training)."
+        ),
     ) -> None:
         """Does a hint at the faulty turn (self-distillation) beat GRPO? Pre-registered arms, fixed seeds."""
         from cadenza.errors import CadenzaError
         from cadenza.experiments.study import parse_arms, parse_seeds, run_experiment
         from cadenza.experiments.tool_hints import ExperimentConfig
 
-        exp = ExperimentConfig.quick() if quick else ExperimentConfig()
+        if study not in (1, 2):
+            raise CadenzaError(f"--study {study}: use 1 or 2 (docs/experiments.md)")
+        if study == 2:
+            exp = ExperimentConfig.study2()
+            if quick:  # the smoke test of study 2's pipeline: study 2's arms at --quick sizes
+                exp = ExperimentConfig.quick()
+                exp.arms, exp.control_stops_at_target = ExperimentConfig.study2().arms, False
+        else:
+            exp = ExperimentConfig.quick() if quick else ExperimentConfig()
         if seeds is not None:
             exp.seeds = parse_seeds(seeds)
         if arms:
             exp.arms = parse_arms(arms)
         if budget_steps < 0:
             raise CadenzaError("--budget-steps must be >= 0 (0 = from the supervised control)")
-        exp.budget_steps = budget_steps
-        _run(run_experiment, out, exp, workers, quick)
+        if budget_steps or study == 1:
+            exp.budget_steps = budget_steps
+        if report_only:
+            from cadenza.experiments.partial import report_only as report
+
+            report(out, exp, log=typer.echo)
+            typer.echo(f"wrote {out / 'summary.md'}, {out / 'results.json'}, {out / 'curves.png'}")
+            return
+        _run(run_experiment, out, exp, workers, quick, allow_code_change)
 
     @group.command("smol-tools")
     def smol_tools(
         out: Path = OUT,
         seeds: str | None = _seeds(2),
         arms: str = typer.Option(
-            "", help="Comma-separated arms among grpo, grpo_sd, placebo (default: all)."
+            "",
+            help="Arms among grpo, grpo_turn, grpo_sd, placebo (default: grpo, grpo_sd, placebo).",
         ),
         workers: int = WORKERS,
         steps: int = typer.Option(0, help="RL steps per (arm, seed) (0 = the pre-registered value)."),
@@ -83,6 +113,7 @@ def register(app: typer.Typer) -> None:
         quick: bool = typer.Option(
             False, help="A smoke test (1 seed, 1 step): checks the pipeline, not the arms."
         ),
+        allow_code_change: bool = ALLOW_CODE_CHANGE,
     ) -> None:
         """Tool hints on a real pretrained model (SmolLM2): pre-RL gap, then GRPO vs GRPO+SD vs placebo."""
         from cadenza.errors import CadenzaError
@@ -100,6 +131,6 @@ def register(app: typer.Typer) -> None:
         exp.model, exp.device = model, device
         if trainable_layers >= 0:
             exp.trainable_layers = trainable_layers
-        _run(run_smol, out, exp, workers, quick)
+        _run(run_smol, out, exp, workers, quick, allow_code_change)
 
     app.add_typer(group, name="experiment")

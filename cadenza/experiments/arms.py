@@ -16,6 +16,7 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
+from cadenza.errors import CadenzaError
 from cadenza.experiments.heldout import evaluate, heldout_tasks, rates, run_episodes, supervised_examples
 from cadenza.experiments.toolworld import ToolworldSource
 from cadenza.jsonio import atomic_write_json, atomic_write_text
@@ -136,26 +137,48 @@ def run_arm(
     exp: Any, arm: str, seed: int, model_dir: Path, run_dir: Path, *, steps: int, stop_at_target: bool = False
 ) -> dict[str, Any]:
     """Run (or resume) one (arm, seed) for ``steps`` steps; ``stop_at_target``: end early once reached."""
+    import dataclasses
+    import time
+
+    from cadenza.experiments.provenance import code_version, settings_digest
     from cadenza.rl.engines.policy import HFPolicy
     from cadenza.rl.text.chat import load_tokenizer
 
     done = run_dir / "result.json"
     if done.exists():
         return json.loads(done.read_text())
+    t0 = time.time()
+    digest = settings_digest(dataclasses.asdict(exp))
     run_dir.mkdir(parents=True, exist_ok=True)
+    pin = run_dir / "run.json"  # what this directory holds: a resume must match it
+    if pin.exists():
+        old = json.loads(pin.read_text())
+        if old.get("settings_digest") != digest:
+            raise CadenzaError(
+                f"{run_dir}: a run with other settings (digest {old.get('settings_digest')}, now {digest}); "
+                "remove the directory to rerun it"
+            )
+    else:
+        atomic_write_json(pin, {"arm": arm, "seed": seed, "settings_digest": digest, "wall_s": 0.0})
     tok = load_tokenizer(str(model_dir))
     tasks = heldout_tasks(exp.heldout_tasks, exp.heldout_seed, exp.toolworld)
     evals_path = run_dir / "heldout.jsonl"
     evals = _read_jsonl(evals_path)
+    device = getattr(exp, "device", "cpu")
+    start = HFPolicy.from_pretrained(model_dir, device=device)  # the targeted measures' reference
 
     def record(step: int, episodes: int, policy: Any) -> None:
-        evals.append(
-            {"step": step, "episodes": episodes, **evaluate(policy, tok, tasks, exp.heldout_seed, exp)}
-        )
+        e = evaluate(policy, tok, tasks, exp.heldout_seed, exp, start=start)
+        evals.append({"step": step, "episodes": episodes, **e})
         atomic_write_text(evals_path, "".join(json.dumps(e) + "\n" for e in evals))
+        spent = json.loads(pin.read_text())  # wall time summed over every invocation that worked here
+        spent["wall_s"] = round(spent.get("wall_s", 0.0) + time.time() - t_seg[0], 1)
+        atomic_write_json(pin, spent)
+        t_seg[0] = time.time()
 
+    t_seg = [t0]
     if not evals:
-        record(0, 0, HFPolicy.from_pretrained(model_dir))
+        record(0, 0, start)
     runner = (
         _SupervisedArm(exp, seed, model_dir, run_dir)
         if arm == "supervised"
@@ -166,6 +189,11 @@ def run_arm(
         policy = runner.train_to(nxt)
         record(nxt, runner.episodes, policy)
     summary = summarise(exp, seed, evals, run_dir)
+    summary |= {
+        "settings_digest": digest,
+        "code": code_version(),
+        "wall_s": json.loads(pin.read_text())["wall_s"],
+    }
     atomic_write_json(done, summary)
     return summary
 
@@ -177,6 +205,8 @@ def summarise(exp: Any, seed: int, evals: list[dict[str, Any]], run_dir: Path) -
 
     rows = read_metrics(run_dir / "metrics.jsonl")
     batch = summarise_run(rows, seed, target=exp.target, window=exp.window)
+    from cadenza.experiments.targeted import clean_success
+
     hit = reached_at(evals, exp.target)
     last = evals[-1]
     probe_keys = (
@@ -192,9 +222,15 @@ def summarise(exp: Any, seed: int, evals: list[dict[str, Any]], run_dir: Path) -
         "final_success": last["success_rate"],
         "final_invalid_rate": last["invalid_rate"],
         "steps": last["step"],
+        "final_other_errors": last.get("other_errors"),
+        "final_unhinted_kl": last.get("unhinted_kl"),
+        "final_unhinted_entropy": last.get("unhinted_entropy"),
+        "final_clean_success": clean_success(evals),
+        "clean_tasks": None if "tool_error" not in evals[0] else evals[0]["tool_error"].count(0),
         "curve": batch["curve"],
         "train_episodes_to_95": batch["episodes_to_95"],
         "heldout_curve": [[e["episodes"], e["invalid_rate"], e["success_rate"]] for e in evals],
+        "heldout_kl_curve": [[e["episodes"], e.get("unhinted_kl"), e.get("unhinted_entropy")] for e in evals],
         "probe_curve": [
             [r["probe_weights_step"] * exp.episodes_per_step, *(r[k] for k in probe_keys)]
             for r in rows

@@ -65,14 +65,21 @@ def rates(results: list[Any]) -> dict[str, float]:
 
 
 def evaluate(
-    policy: Any, tokenizer: Any, tasks: list[ToolworldTask], seed: int, exp: Any
-) -> dict[str, float]:
-    """Held-out rates of ``policy`` (no gradient; the same sampling seed for every arm)."""
+    policy: Any, tokenizer: Any, tasks: list[ToolworldTask], seed: int, exp: Any, start: Any = None
+) -> dict[str, Any]:
+    """Held-out rates of ``policy`` (no gradient; the same sampling seed for every arm); with ``start``
+    (the run's initial policy) also the targeted measures (:mod:`cadenza.experiments.targeted`)."""
     import torch
+
+    from cadenza.experiments import targeted
 
     with torch.no_grad():
         results, _ = run_episodes(policy, tokenizer, tasks, group_size=1, seed=seed, exp=exp)
-    return rates(results)
+    out: dict[str, Any] = dict(rates(results))
+    if start is not None:
+        out["other_errors"] = targeted.other_error_rates(results)
+        out |= targeted.unhinted_kl_entropy(policy, start, results) | targeted.episode_flags(results)
+    return out
 
 
 def supervised_examples(results: list[Any], envs: list[ToolworldEnv]) -> list[list[dict[str, Any]]]:

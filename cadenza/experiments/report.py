@@ -22,7 +22,17 @@ ARM_LABELS = {
     "sd_live": "GRPO + SD (live teacher)",
     "sd_ema": "GRPO + SD (EMA teacher)",
     "sd_snapshot": "GRPO + SD (snapshot teacher)",
+    "grpo_turn": "GRPO + per-turn penalty (turn credit, no words)",
+    "sd_no_words": "GRPO + SD, no words (teacher context = student's)",
+    "sd_wrong_words": "GRPO + SD, wrong words (another profile's tools)",
 }
+STUDY2_CONTROLS = ("grpo_turn", "sd_no_words", "sd_wrong_words")
+
+
+def is_study2(results: dict[str, Any]) -> bool:
+    """A run whose chosen arms include study 2's controls (finished or not)."""
+    arms = list(results.get("config", {}).get("arms", [])) + list(results["arms"])
+    return any(a in arms for a in STUDY2_CONTROLS)
 
 
 def summarise_run(
@@ -105,7 +115,13 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 5.5), constrained_layout=True)
+    kl = any(
+        p[1] is not None
+        for rs in results["arms"].values()
+        for r in rs
+        for p in r.get("heldout_kl_curve") or []
+    )
+    fig, axes = plt.subplots(1, 4 if kl else 3, figsize=(21 if kl else 16, 5.5), constrained_layout=True)
     colors = dict(zip(ARM_LABELS, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
     for arm, runs in results["arms"].items():
         label, color = ARM_LABELS.get(arm, arm), colors.get(arm, "black")
@@ -113,6 +129,8 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> None:
         _band(axes[1], runs, "heldout_curve", 2, label, color)
         if arm != "supervised":  # relative to the first value, as probe.stop_ratio reads it
             _band(axes[2], runs, "probe_curve", 1, label, color, lambda v, c: v / c[0][1] if c[0][1] else 0.0)
+        if kl:  # targeted: how far the policy moved on turns the hint never touches
+            _band(axes[3], runs, "heldout_kl_curve", 1, label, color)
     budget = results.get("budget", {}).get("episodes")
     for ax in axes:
         if budget:
@@ -131,6 +149,10 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> None:
         title="Teacher hint-following (probe)",
         ylim=(0, 1.1),
     )
+    if kl:
+        axes[3].set(
+            xlabel="training episodes", ylabel="nats per token", title="Held-out KL to start, un-hinted turns"
+        )
     fig.legend(*axes[0].get_legend_handles_labels(), fontsize=8, loc="outside lower center", ncol=4)
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -253,7 +275,8 @@ def summary_markdown(results: dict[str, Any]) -> str:
             f"{budget.get('steps', '?')} steps "
             f"x {cfg.get('tasks_per_step', '?')} tasks x {cfg.get('group_size', '?')} samples = "
             f"{budget.get('episodes', '?')} "
-            f"episodes ({budget.get('source', '?')}). Protocol: docs/experiments.md, section 4.",
+            f"episodes ({budget.get('source', '?')}). Protocol: docs/experiments.md, section "
+            f"{'9' if is_study2(results) else '4'}.",
             "",
             "Pre-RL gap (SFT model, first tool call): P(valid | tool list in context) = "
             f"**{pre['valid_with_hint']:.3f}**, "
@@ -263,15 +286,35 @@ def summary_markdown(results: dict[str, Any]) -> str:
             "tasks scored every "
             f"{cfg.get('eval_every', '?')} steps; *episodes to 95%*: training episodes when the held-out "
             "valid rate, averaged "
-            "with the previous evaluation, first reaches 0.95. *Final*: the last evaluation.",
+            "with the previous evaluation, first reaches 0.95. *Final*: the last evaluation ("
+            f"{results.get('final_is', 'the last evaluation of each run')}).",
             "",
             summary_table(results),
             "",
-            "Goal (from the issue) against these numbers:",
-            "",
-            *verdict(results),
-            "",
-            f"Wall time: {results.get('wall_s', '?')} s. Plot: curves.png. Raw numbers: results.json.",
+            *(_study2(results) if is_study2(results) else _goal(results)),
+            _provenance(results),
             "",
         ]
+    )
+
+
+def _goal(results: dict[str, Any]) -> list[str]:
+    return ["Goal (from the issue) against these numbers:", "", *verdict(results), ""]
+
+
+def _study2(results: dict[str, Any]) -> list[str]:
+    from cadenza.experiments import report2
+
+    return report2.markdown(results)
+
+
+def _provenance(results: dict[str, Any]) -> str:
+    code = results.get("code") or {}
+    commits = results.get("code_commits") or []
+    mixed = f" **Mixed code versions: {', '.join(c[:10] for c in commits)}.**" if len(commits) > 1 else ""
+    return (
+        f"Code: {code.get('commit', '?')[:12]}{' (dirty tree)' if code.get('dirty') else ''}; settings "
+        f"digest {results.get('settings_digest', '?')}.{mixed} Wall time: {results.get('wall_s', '?')} s "
+        f"over {len(results.get('invocations', [])) or '?'} invocation(s). Plot: curves.png. Raw numbers: "
+        "results.json."
     )

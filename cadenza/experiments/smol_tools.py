@@ -27,7 +27,8 @@ from cadenza.errors import CadenzaError
 from cadenza.experiments.toolworld import CALL_OPEN, ToolworldConfig
 from cadenza.jsonio import atomic_write_json, atomic_write_text
 
-SMOL_ARMS = ("grpo", "grpo_sd", "placebo")
+SMOL_ARMS = ("grpo", "grpo_turn", "grpo_sd", "placebo")  # grpo_turn: turn-level credit, no words
+ROUND1_ARMS = ("grpo", "grpo_sd", "placebo")  # section 5's arms: the default (round 2 passes --arms)
 # --quick: 1 seed, one step of 1 task x 2 samples, 2 held-out tasks, a 4-task gap
 QUICK: dict[str, Any] = {
     "seeds": [0],
@@ -46,7 +47,7 @@ class SmolConfig:
     """Pre-registered in docs/experiments.md, section 5; ``--quick`` only shrinks seeds, sizes and steps."""
 
     seeds: list[int] = field(default_factory=lambda: [0, 1])
-    arms: list[str] = field(default_factory=lambda: list(SMOL_ARMS))
+    arms: list[str] = field(default_factory=lambda: list(ROUND1_ARMS))
     model: str = "smollm2"  # "smollm2" (offline SmolLM2-135M-Instruct) or a local HF directory
     device: str = "cpu"  # "cuda" on a GPU machine (bench/gpu_smol_tools.sh)
     trainable_layers: int = 4  # only the last N of the 30 decoder layers (and the final norm) train; 0 = all
@@ -71,6 +72,7 @@ class SmolConfig:
     min_steps: int = 1  # operations per task: one call per episode
     max_steps: int = 1
     extra_turns: int = 0  # no second try: the erring turn is the episode's only turn
+    turn_penalty: float = 1.0  # the grpo_turn arm's advantage penalty on an invalid-call turn
 
     @classmethod
     def quick(cls) -> SmolConfig:
@@ -208,7 +210,12 @@ def _job(kind: str, *args: Any) -> dict[str, Any]:
 
 
 def run_smol(
-    out: str | Path, exp: SmolConfig | None = None, *, workers: int = 1, log: Callable[[str], None] = print
+    out: str | Path,
+    exp: SmolConfig | None = None,
+    *,
+    workers: int = 1,
+    log: Callable[[str], None] = print,
+    allow_code_change: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) the setting and write ``results.json``, ``summary.md``, ``curves.png`` into ``out``."""
     from cadenza.experiments import report
@@ -222,6 +229,9 @@ def run_smol(
         raise CadenzaError("--steps and eval_every must be >= 1")
     _model_dir(exp)  # a missing model is one line before any work
     check_settings(out, exp)  # type: ignore[arg-type]
+    from cadenza.experiments.provenance import Invocations, check_results, settings_digest
+
+    calls = Invocations(out, allow_code_change=allow_code_change)
     t0 = time.time()
     step0 = _step0_job(exp, out)
     log(f"untrained model, held-out valid-call rate: {step0['valid_call_rate']:.3f}")
@@ -235,6 +245,9 @@ def run_smol(
     runs: dict[str, list[dict[str, Any]]] = {}
     for (_, _, a, _), res in zip(jobs, done[1:], strict=True):
         runs.setdefault(a, []).append(res)
+    digest = settings_digest(dataclasses.asdict(exp))
+    check_results(runs, digest, exp.steps, control_stops=False)
+    calls.save()
     results = {
         "pre_rl": gap,
         "arms": runs,
@@ -250,7 +263,13 @@ def run_smol(
             "gap": gap.get("cpu_s"),
             **{f"{a}-seed{r['seed']}": r.get("cpu_s") for a in runs for r in runs[a]},
         },
-        "wall_s": round(time.time() - t0, 1),
+        "settings_digest": digest,
+        "code": calls.code,
+        "code_commits": calls.commits,
+        "invocations": calls.entries,
+        "wall_s": calls.wall_s_total,  # summed over every invocation on this --out
+        "wall_s_this_invocation": round(time.time() - t0, 1),
+        "final_is": f"final = the held-out evaluation at step {exp.steps} (the fixed budget) for every arm",
     }
     results["comparison"] = compare(results)
     atomic_write_json(out / "results.json", results)

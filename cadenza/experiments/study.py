@@ -77,6 +77,9 @@ def check_settings(out: Path, exp: ExperimentConfig) -> None:
     new = dataclasses.asdict(exp)
     if path.exists():
         old = json.loads(path.read_text())
+        defaults = dataclasses.asdict(type(exp)())
+        for k in set(new) - set(old):  # a field added after that run: it ran with the default
+            old[k] = defaults.get(k)
         keys = (set(old) | set(new)) - set(SELECTION_KEYS)
         diffs = sorted(k for k in keys if old.get(k) != new.get(k))
         if diffs:
@@ -165,8 +168,13 @@ def _map(workers: int, fn: Callable[..., Any], jobs: list[tuple[Any, ...]]) -> l
         return [fn(*j) for j in jobs]
     import multiprocessing
 
-    with ProcessPoolExecutor(
-        max_workers=min(workers, len(jobs)), mp_context=multiprocessing.get_context("spawn")
+    from cadenza.executor.local import exit_with_parent
+
+    with ProcessPoolExecutor(  # a SIGTERM (or SIGKILL) of this process ends the workers too
+        max_workers=min(workers, len(jobs)),
+        mp_context=multiprocessing.get_context("spawn"),
+        initializer=exit_with_parent,
+        initargs=(os.getpid(),),
     ) as ex:
         futures = [ex.submit(fn, *j) for j in jobs]
         return [f.result() for f in futures]
@@ -175,21 +183,38 @@ def _map(workers: int, fn: Callable[..., Any], jobs: list[tuple[Any, ...]]) -> l
 # ----------------------------------------------------------------- the experiment
 
 
+def final_definition(exp: ExperimentConfig, budget: dict[str, Any]) -> str:
+    """Where each arm's "final" numbers are taken (stated in the summary)."""
+    text = f"final = the held-out evaluation at step {budget['steps']} (the budget) for every RL arm"
+    if exp.control_stops_at_target:
+        return text + (
+            "; for the supervised control, its last evaluation: where it first reached the target "
+            f"(two-evaluation average >= {exp.target}) or step {exp.max_steps}, whichever came first"
+        )
+    return text + " and for the supervised control (it runs the whole budget)"
+
+
 def run_experiment(
     out: str | Path,
     exp: ExperimentConfig | None = None,
     *,
     workers: int = 1,
     log: Callable[[str], None] = print,
+    allow_code_change: bool = False,
 ) -> dict[str, Any]:
-    """Run (or resume) everything and write ``results.json``, ``summary.md``, ``curves.png`` into ``out``."""
+    """Run (or resume) everything and write ``results.json``, ``summary.md``, ``curves.png`` into ``out``.
+
+    ``allow_code_change``: resume a directory that another code commit started (recorded in
+    ``provenance.json`` and the results); otherwise that is refused in one line."""
     from cadenza.experiments import report
+    from cadenza.experiments.provenance import Invocations, check_results, settings_digest
     from cadenza.experiments.tool_hints import build_tokenizer
 
     exp = exp or ExperimentConfig()
     out = Path(out)
     check_workers(workers)
     check_settings(out, exp)
+    calls = Invocations(out, allow_code_change=allow_code_change)
     t0, c0 = time.time(), time.process_time()
     if not (out / "tokenizer" / "tokenizer_config.json").exists():
         build_tokenizer(exp, _corpus(exp), out / "tokenizer")
@@ -218,9 +243,13 @@ def run_experiment(
     atomic_write_json(out / "budget.json", budget)
     log(f"budget: {budget['steps']} steps = {budget['episodes']} episodes per run ({budget['source']})")
     todo = [a for a in exp.arms if a not in runs]
-    jobs = [(exp, out, a, s, budget["steps"], a == "supervised") for a in todo for s in exp.seeds]
+    stops = exp.control_stops_at_target
+    jobs = [(exp, out, a, s, budget["steps"], stops and a == "supervised") for a in todo for s in exp.seeds]
     for (_, _, a, _, _, _), res in zip(jobs, _map(workers, _arm_job, jobs), strict=True):
         runs.setdefault(a, []).append(res)
+    digest = settings_digest(dataclasses.asdict(exp))
+    check_results(runs, digest, budget["steps"], exp.control_stops_at_target)
+    calls.save()
     results = {
         "pre_rl": {
             k: sum(g[k] for g in gaps.values()) / len(gaps) for k in ("valid_with_hint", "valid_without_hint")
@@ -231,10 +260,20 @@ def run_experiment(
         "budget": budget,
         "protocol": report.protocol(exp),
         "config": dataclasses.asdict(exp),
-        "wall_s": round(time.time() - t0, 1),
+        "settings_digest": digest,
+        "code": calls.code,
+        "code_commits": calls.commits,  # more than one only with --allow-code-change
+        "invocations": calls.entries,
+        "wall_s": calls.wall_s_total,  # summed over every invocation on this --out
+        "wall_s_this_invocation": round(time.time() - t0, 1),
         "cpu_s_main_process": round(time.process_time() - c0, 1),
+        "final_is": final_definition(exp, budget),
     }
     results["goal"] = report.goal(results)
+    if report.is_study2(results):
+        from cadenza.experiments import report2
+
+        results["study2"] = report2.analyse(results)
     atomic_write_json(out / "results.json", results)
     report.plot_curves(results, out / "curves.png")
     atomic_write_text(out / "summary.md", report.summary_markdown(results))

@@ -27,7 +27,7 @@ class ExperimentConfig:
     """Pre-registered in docs/experiments.md; ``--quick`` only shrinks seeds, sizes and budgets."""
 
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2, 3, 4])
-    arms: list[str] = field(default_factory=lambda: list(ARMS))
+    arms: list[str] = field(default_factory=lambda: list(STUDY1_ARMS))
     corpus_size: int = 2000
     corpus_seed: int = 12345
     vocab_size: int = 512
@@ -55,6 +55,10 @@ class ExperimentConfig:
     refresh_every: int = 10
     window: int = 3  # training-batch curve: steps averaged by the old (batch) measure, kept for comparison
     threads: int = 1  # tiny models are overhead-bound; one thread avoids OpenMP contention on shared CPUs
+    turn_penalty: float = 1.0  # the grpo_turn arm: advantage lowered by this on each invalid-call turn
+    control_stops_at_target: bool = True  # the supervised control ends where it reaches the target
+    # Fields added after study 1 keep their defaults when an older settings.json lacks them
+    # (study.check_settings), so a study-1 directory still resumes.
 
     @classmethod
     def quick(cls) -> ExperimentConfig:
@@ -68,6 +72,16 @@ class ExperimentConfig:
             eval_every=2,
             heldout_tasks=16,
             probe_items=8,
+        )
+
+    @classmethod
+    def study2(cls) -> ExperimentConfig:
+        """Study 2 (docs/experiments.md, section 9): fresh seeds, the control arms, a fixed budget."""
+        return cls(
+            seeds=list(STUDY2_SEEDS),
+            arms=list(STUDY2_ARMS),
+            budget_steps=STUDY2_STEPS,
+            control_stops_at_target=False,
         )
 
     @property
@@ -89,17 +103,28 @@ class ExperimentConfig:
 
 
 # arm -> what differs from plain GRPO (None = the experiment's value)
+_BASE = {"top_k": 0, "placebo": False, "teacher": "frozen", "penalty": False, "placement": "user_before_turn",
+         "decoy": False}  # fmt: skip
 ARM_SETTINGS: dict[str, dict[str, Any]] = {
-    "supervised": {"lambda_sd": 0.0, "top_k": 0, "placebo": False, "teacher": "frozen"},
-    "grpo": {"lambda_sd": 0.0, "top_k": 0, "placebo": False, "teacher": "frozen"},
-    "grpo_sd": {"lambda_sd": None, "top_k": 0, "placebo": False, "teacher": "frozen"},
-    "grpo_sd_topk": {"lambda_sd": None, "top_k": None, "placebo": False, "teacher": "frozen"},
-    "placebo": {"lambda_sd": None, "top_k": 0, "placebo": True, "teacher": "frozen"},
-    "sd_live": {"lambda_sd": None, "top_k": 0, "placebo": False, "teacher": "live"},
-    "sd_ema": {"lambda_sd": None, "top_k": 0, "placebo": False, "teacher": "ema"},
-    "sd_snapshot": {"lambda_sd": None, "top_k": 0, "placebo": False, "teacher": "snapshot"},
+    "supervised": {**_BASE, "lambda_sd": 0.0},
+    "grpo": {**_BASE, "lambda_sd": 0.0},
+    "grpo_sd": {**_BASE, "lambda_sd": None},
+    "grpo_sd_topk": {**_BASE, "lambda_sd": None, "top_k": None},
+    "placebo": {**_BASE, "lambda_sd": None, "placebo": True},
+    "sd_live": {**_BASE, "lambda_sd": None, "teacher": "live"},
+    "sd_ema": {**_BASE, "lambda_sd": None, "teacher": "ema"},
+    "sd_snapshot": {**_BASE, "lambda_sd": None, "teacher": "snapshot"},
+    # study 2's controls: turn-level credit without words; SD without words; SD with the wrong words
+    "grpo_turn": {**_BASE, "lambda_sd": 0.0, "penalty": True},
+    "sd_no_words": {**_BASE, "lambda_sd": None, "placement": "none"},
+    "sd_wrong_words": {**_BASE, "lambda_sd": None, "decoy": True},
 }
 ARMS = tuple(ARM_SETTINGS)
+STUDY1_ARMS = ARMS[:8]  # the first study's arms: the default of `cadenza experiment tool-hints`
+# in the pre-registered run order: the primary comparisons first (docs/experiments.md, section 9.1)
+STUDY2_ARMS = ("grpo", "grpo_sd", "grpo_turn", "sd_wrong_words", "sd_no_words", "placebo", "supervised")
+STUDY2_SEEDS = (101, 102, 103)  # fresh: neither study 1 nor any tuning run used them
+STUDY2_STEPS = 30
 
 
 def train_config(
@@ -122,6 +147,7 @@ def train_config(
 
     s = ARM_SETTINGS[arm]
     lam = exp.lambda_sd if s["lambda_sd"] is None else s["lambda_sd"]
+    penalty = exp.turn_penalty if s["penalty"] else 0.0
     top_k = exp.top_k if s["top_k"] is None else s["top_k"]
     return TrainConfig(
         run=RunConfig(
@@ -143,11 +169,16 @@ def train_config(
             temperature=exp.temperature,
             max_turns=ToolworldConfig().max_steps + ToolworldConfig().extra_turns,
         ),
-        loss=LossConfig(lambda_sd=lam, top_k=top_k, divergence="reverse_kl"),
+        loss=LossConfig(lambda_sd=lam, top_k=top_k, divergence="reverse_kl", turn_penalty=penalty),
         teacher=TeacherConfig(weights=s["teacher"], ema_decay=exp.ema_decay, refresh_every=exp.refresh_every),
         probe=ProbeConfig(every=exp.eval_every, items=exp.probe_items, seed=exp.heldout_seed),
         optim=OptimConfig(lr=exp.rl_lr),
-        feedback=FeedbackConfig(kinds=["tool_not_found"] if lam > 0 else [], placebo=s["placebo"]),
+        feedback=FeedbackConfig(
+            kinds=["tool_not_found"] if lam > 0 or penalty > 0 else [],
+            placebo=s["placebo"],
+            decoy=s["decoy"],
+            placement=s["placement"],
+        ),
     )
 
 

@@ -179,6 +179,12 @@ class ToolworldEnv:
     def tools(self) -> list[dict[str, Any]]:
         return [tool_schema(PROFILES[self.task.profile][op], op) for op in OPERATIONS]
 
+    def decoy_tools(self) -> list[dict[str, Any]]:
+        """The next profile's tools (``[feedback] decoy``: a hint with the wrong words)."""
+        names = list(PROFILES)
+        other = names[(names.index(self.task.profile) + 1) % len(names)]
+        return [tool_schema(PROFILES[other][op], op) for op in OPERATIONS]
+
     @property
     def max_turns(self) -> int:
         return len(self.task.steps) + self.config.extra_turns

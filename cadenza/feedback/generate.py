@@ -45,6 +45,9 @@ class FeedbackConfig:
         "user_before_turn"  # where the teacher sees a hint: user_before_turn | append_to_observation
     )
     placebo: bool = False  # replace every hint by neutral text of the same length (a control)
+    # tool hints name the env's decoy_tools() (another tool set) instead of its own: a control for the
+    # hint's content (the same turns, the same kind of words, the wrong information)
+    decoy: bool = False
     repeat_min: int = 2  # repeated_failure: same failing call and observation this many times
     style_select: list[str] = field(default_factory=lambda: list(style.DEFAULT_SELECT))  # ruff rule prefixes
     max_hints: int = 0  # per trajectory; 0 = all
@@ -55,6 +58,8 @@ class FeedbackConfig:
         if unknown:
             raise ConfigError(f"[feedback] unknown kinds {unknown}; known: {', '.join(KINDS)}")
         check_placement(self.placement)
+        if self.placebo and self.decoy:
+            raise ConfigError("[feedback] placebo and decoy are two controls; set at most one")
         if self.repeat_min < 2:
             raise ConfigError("[feedback] repeat_min must be >= 2")
         if self.max_hints < 0:

@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-Placement = Literal["user_before_turn", "append_to_observation"]
+# none: the teacher sees the student's own context (a control: the same turns get SD, with no words)
+Placement = Literal["user_before_turn", "append_to_observation", "none"]
 
 
 @dataclass(frozen=True, kw_only=True)

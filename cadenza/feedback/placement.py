@@ -4,7 +4,8 @@
 hint is the last thing the model reads. ``append_to_observation``: the hint is appended to the
 message that precedes the target turn (the previous tool result, or the task prompt for turn 0), as
 if the environment had said it; no extra message, so chat templates that forbid consecutive user
-messages still work. Only the teacher sees the hint; the student keeps the original context.
+messages still work. ``none``: nothing is inserted (a control: the same turns get SD, with no
+words). Only the teacher sees the hint; the student keeps the original context.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ def hinted_prefix(
     prefix = copy.deepcopy(messages[:message_index])
     if placement == "user_before_turn":
         return [*prefix, {"role": "user", "content": text}]
+    if placement == "none":
+        return prefix
     last = prefix[-1]
     last["content"] = f"{last.get('content') or ''}\n\n{text}"
     return prefix

@@ -119,6 +119,9 @@ class LossConfig:
     drop_zero_variance: bool = (
         True  # groups whose rewards are all equal leave the GRPO term (counted, logged)
     )
+    # subtracted from the advantage of every token of a turn a feedback rule flags (the turns SD would
+    # target), whatever lambda_sd: turn-level credit without words (a control); 0 = off
+    turn_penalty: float = 0.0
     is_cap: float = 2.0  # truncated importance-sampling cap on trainer/engine ratios (0 = off; docs/async.md)
     # per-token SD estimate: full = the divergence over the vocabulary; sampled = log p_s - log p_t on the
     # turn's own tokens (cheaper, noisier)
@@ -215,6 +218,7 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     )
     validate_engine(cfg.rollout)
     need(cfg.loss.lambda_sd >= 0, "loss.lambda_sd must be >= 0")
+    need(cfg.loss.turn_penalty >= 0, "loss.turn_penalty must be >= 0 (0 = off)")
     need(0 <= cfg.loss.beta <= 1, "loss.beta must be in [0, 1]")
     need(cfg.loss.top_k >= 0, "loss.top_k must be >= 0 (0 = full vocabulary)")
     need(cfg.loss.sd_temperature > 0, "loss.sd_temperature must be > 0")

@@ -54,6 +54,8 @@ def hinted_messages(messages: Sequence[dict[str, Any]], hint: str, placement: st
     msgs = [dict(m) for m in messages]
     if placement == "user_before_turn":
         return [*msgs, {"role": "user", "content": hint}]
+    if placement == "none":
+        return msgs
     if placement == "append_to_observation":
         msgs[-1]["content"] = f"{msgs[-1].get('content') or ''}\n\n{hint}"
         return msgs

@@ -33,7 +33,7 @@ from cadenza.rl.learn.losses import DivergenceSpec, sampled_token_surrogate
 from cadenza.rl.text.chat import render_continuation, require_chat_template, turn_end_glue
 from cadenza.rl.text.tokens import Segment, TokenTrajectory
 
-PLACEMENTS = ("user_before_turn", "append_to_observation")
+PLACEMENTS = ("user_before_turn", "append_to_observation", "none")
 TEACHER_WEIGHTS = ("frozen", "ema", "snapshot", "live")
 ESTIMATORS = ("full", "sampled")
 
@@ -142,6 +142,8 @@ def _hinted_turn(row: int, traj: TokenTrajectory, hint: Hint, tokenizer: Any, pl
             add_generation_prompt=False,
         )
         p = q = gen.start
+    elif placement == "none":  # the control with no words: the teacher reads the student's own context
+        text, p, q = "", gen.start, gen.start
     else:
         prev = _segment_ending_at(traj, gen.start)
         if prev is None or prev.kind == "assistant" or not 0 <= prev.message_index < m:
@@ -156,7 +158,7 @@ def _hinted_turn(row: int, traj: TokenTrajectory, hint: Hint, tokenizer: Any, pl
             tokenizer, messages[:j], changed, tools, add_generation_prompt=False
         )
         p, q = prev.start, gen.start
-    hint_ids = list(tokenizer.encode(text, add_special_tokens=False))
+    hint_ids = list(tokenizer.encode(text, add_special_tokens=False)) if text else []
     teacher_ids = traj.input_ids[:p] + hint_ids + traj.input_ids[q:end]
     return HintedTurn(
         row=row,

@@ -14,6 +14,7 @@ from typing import Any
 
 from cadenza.agent.env import NoToolsView
 from cadenza.agent.trajectory import Trajectory
+from cadenza.errors import CadenzaError
 from cadenza.feedback.generate import generate_hints
 from cadenza.feedback.hints import Hint
 from cadenza.rl.rollout.curriculum import drop_zero_variance
@@ -74,7 +75,7 @@ def collect_episodes(
             env = source.make_env(task)
             real = list(env.tools())
             shown = real if getattr(env, "show_tools", True) else []
-            made.append((real, shown))
+            made.append((real, shown, decoy_tools(env) if cfg.feedback.decoy else real))
             return env if shown is real else NoToolsView(env)
 
         return make
@@ -92,18 +93,28 @@ def collect_episodes(
         return len(tokenizer.encode(text, add_special_tokens=False))
 
     episodes = []
-    for res, (real, shown) in zip(results, made, strict=True):
+    for res, (real, shown, named) in zip(results, made, strict=True):
         ep = TrainEpisode(rollout=res, tools=real, render_tools=shown)
         verdict = episode_outcome(res.trajectory)  # graded and monitored once, by the episode
         ep.flags = len(verdict.flags)
         res.tokens.reward = verdict.reward
-        if cfg.loss.lambda_sd > 0 and cfg.feedback.kinds:
+        if (cfg.loss.lambda_sd > 0 or cfg.loss.turn_penalty > 0) and cfg.feedback.kinds:
             errors: list[str] = []
-            ep.hints = generate_hints(res.trajectory, real, cfg.feedback, length=count, errors=errors)
+            ep.hints = generate_hints(res.trajectory, named, cfg.feedback, length=count, errors=errors)
             for h in ep.hints:
                 res.trajectory.turns[h.turn].hints.append(h.to_dict())
         episodes.append(ep)
     return episodes
+
+
+def decoy_tools(env: Any) -> list[dict[str, Any]]:
+    """The tools a ``[feedback] decoy`` hint names: the env's ``decoy_tools()`` (one-line error if none)."""
+    fn = getattr(env, "decoy_tools", None)
+    if not callable(fn):
+        raise CadenzaError(
+            f"[feedback] decoy = true needs an env with decoy_tools(); {type(env).__name__} has none"
+        )
+    return list(fn())
 
 
 def signal_rows(tokens: list[Any], drop: bool) -> tuple[set[int], int]:

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from cadenza.optim.clip import clip_grad_norm_
+from cadenza.rl.learn import turn_credit
 from cadenza.rl.learn.logprobs import sequence_logprobs
 from cadenza.rl.learn.losses import group_advantages
 from cadenza.rl.learn.step import hinted_mask, rl_losses
@@ -61,6 +62,8 @@ class Learner:
             [t.reward for t in tokens], [t.group_id for t in tokens], normalize_std=lc.std_normalize
         )
         grpo_rows, zero_var = signal_rows(tokens, lc.drop_zero_variance)
+        if lc.turn_penalty > 0:  # turn-level credit without words (cadenza.rl.learn.turn_credit)
+            grpo_rows |= turn_credit.penalised_rows(episodes)
         mb = cfg.optim.microbatch
         chunks = [list(range(lo, min(lo + mb, len(episodes)))) for lo in range(0, len(episodes), mb)]
         items = [
@@ -90,10 +93,15 @@ class Learner:
             idx, chunk = chunks[k], items[k]
             batch = collate([tokens[i] for i in idx], self.tokenizer.pad_token_id, device=self.policy.device)
             ref_lp = self.ref_logprobs(batch) if self.ref_model is not None else None
+            chunk_adv = (
+                turn_credit.token_advantages(adv, episodes, idx, batch.loss_mask.shape, lc.turn_penalty)
+                if lc.turn_penalty > 0
+                else adv[idx]
+            )
             res = rl_losses(
                 self.policy,
                 batch,
-                adv[idx],
+                chunk_adv,
                 items=chunk,
                 teacher=self.teacher,
                 loss=lc,

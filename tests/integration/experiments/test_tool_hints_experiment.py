@@ -16,7 +16,7 @@ import torch
 from cadenza.errors import CadenzaError
 from cadenza.experiments import arms as arms_mod
 from cadenza.experiments.study import check_settings, parse_arms, parse_seeds, run_experiment
-from cadenza.experiments.tool_hints import ARMS, ExperimentConfig
+from cadenza.experiments.tool_hints import STUDY1_ARMS, ExperimentConfig
 
 RUN_KEYS = {"seed", "episodes_to_95", "final_success", "final_invalid_rate", "curve"}
 
@@ -121,7 +121,9 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypat
         run_experiment(tmp_path / "cut", dataclasses.replace(exp, rl_lr=1e-3), log=lambda m: None)
     resumed = run_experiment(tmp_path / "cut", exp, log=lambda m: None)
     a, b = whole["arms"]["grpo_sd"][0], resumed["arms"]["grpo_sd"][0]
+    assert a.pop("wall_s") > 0 and b.pop("wall_s") > 0  # summed over both invocations of the cut run
     assert a == b  # held-out curve, training curve and diagnostic: identical to the uninterrupted run
+    assert a["code"]["commit"] == whole["code"]["commit"] and len(resumed["invocations"]) == 2
     assert [c[0] for c in a["heldout_curve"]] == [0, 8, 16] and a["steps"] == 2
     assert whole["budget"] == {"steps": 2, "source": "--budget-steps", "episodes": 16}
 
@@ -135,7 +137,7 @@ def test_quick_experiment_outputs(tmp_path):
     results = json.loads((out / "results.json").read_text())
     pre = results["pre_rl"]
     assert pre["valid_with_hint"] > 0.8 and 0.15 < pre["valid_without_hint"] < 0.6
-    assert list(results["arms"]) == list(ARMS)
+    assert list(results["arms"]) == list(STUDY1_ARMS)  # the first study's arms, by default
     budget = results["budget"]
     assert budget["source"] == "supervised control" and 1 <= budget["steps"] <= 6
     per_step = results["config"]["tasks_per_step"] * results["config"]["group_size"]

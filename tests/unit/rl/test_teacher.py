@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from cadenza.rl.config import LossConfig, TeacherConfig
 from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_config, tiny_qwen3_moe_config
 from cadenza.rl.learn.losses import DivergenceSpec, self_distillation_loss
 from cadenza.rl.learn.teacher import Teacher, build_hinted_turns, select_rows
+from cadenza.rl.learn.turn_credit import penalised_rows, token_advantages
 from cadenza.rl.rollout.loop import RolloutParams, RolloutTask, rollout
 from cadenza.rl.text.chat import render
 from cadenza.rl.text.tokens import TokenTrajectory, collate
@@ -334,3 +336,98 @@ def test_off_policy_step_weights_the_sampled_estimator_and_reports_true_clipping
                 count += 1
     assert res.sd.loss.item() == pytest.approx(total / count, rel=1e-9)
     assert res.clip_fraction == 0.0 and res.mismatch_kl > 0.1
+
+
+# study 2's controls (docs/experiments.md, section 9): SD with no words (placement "none": the teacher
+# reads the student's own context) and turn-level credit without words (loss.turn_penalty)
+
+
+def test_no_words_teacher_input_is_the_student_input(tok, trajectories):
+    items = build_hinted_turns(trajectories, HINTS, tok, "none")
+    hinted = build_hinted_turns(trajectories, HINTS, tok, "user_before_turn")
+    assert [(it.row, it.turn) for it in items] == [(it.row, it.turn) for it in hinted]  # the same turns
+    for it in items:
+        traj = trajectories[it.row]
+        start, end = traj.turn_spans[it.turn]
+        assert it.teacher_ids == traj.input_ids[:end] and it.teacher_turn_start == start
+    # with the student's own weights as teacher (live) the divergence is zero: nothing is inserted
+    pol = HFPolicy.from_config(tiny_qwen3_config(len(tok), initializer_range=0.2), seed=3, dtype="float64")
+    batch = collate(trajectories, tok.pad_token_id)
+    with torch.no_grad():
+        hidden, _ = pol.hidden_states(batch.input_ids, batch.attention_mask)
+        same = Teacher(pol.model, TeacherConfig(weights="live")).loss(hidden, pol.lm_head, items, None)
+        other = Teacher(pol.model, TeacherConfig(weights="live")).loss(hidden, pol.lm_head, hinted, None)
+    assert abs(float(same.loss)) < 1e-9 and float(other.loss) > 1e-4
+
+
+def _episodes(trajs, hints):
+    return [
+        SimpleNamespace(rollout=SimpleNamespace(tokens=t), hints=h) for t, h in zip(trajs, hints, strict=True)
+    ]
+
+
+def test_turn_penalty_lowers_only_the_flagged_turns(tok, trajectories):
+    eps = _episodes(trajectories, [HINTS[0], []])
+    batch = collate(trajectories, tok.pad_token_id)
+    adv = torch.tensor([0.5, -0.25])
+    out = token_advantages(adv, eps, [0, 1], batch.loss_mask.shape, 1.5)
+    want = adv[:, None].expand_as(batch.loss_mask).clone()
+    for turn in (1, 3):  # HINTS[0] flags turns 1 and 3 of row 0
+        s, e = trajectories[0].turn_spans[turn]
+        want[0, s:e] -= 1.5
+    torch.testing.assert_close(out, want)
+    assert out[1].eq(-0.25).all() and penalised_rows(eps) == {0}
+    # a row of a micro-batch is indexed by its position in the chunk
+    torch.testing.assert_close(token_advantages(adv, eps, [1], batch.loss_mask[:1].shape, 1.5)[0, :5],
+                               torch.full((5,), -0.25))  # fmt: skip
+
+
+def test_turn_penalty_gives_a_gradient_where_grpo_has_none(tok):
+    """Two episodes with equal rewards (GRPO: no signal, the update is skipped); with the penalty the
+    flagged turn's tokens lose probability, more than any other turn's."""
+    from cadenza.rl.config import TrainConfig
+    from cadenza.rl.rollout.episodes import TrainEpisode
+    from cadenza.rl.train.update import Learner
+
+    turns = [CALL.format("ad", '{"x": 1}'), CALL.format("add", '{"x": 1}'), CALL.format("submit", "{}")]
+    task = RolloutTask(task_id="t", make_env=CounterEnv)
+    rolls = rollout(ScriptedPolicy(tok, turns), tok, [task], RolloutParams(group_size=2, max_new_tokens=256))
+    flag = [Hint(turn=0, text="Reminder: the available tools are add, submit.", kind="tool_not_found")]
+
+    def run(penalty):
+        torch.manual_seed(0)
+        pol = HFPolicy.from_config(tiny_qwen3_config(len(tok), initializer_range=0.2), seed=3)
+        cfg = TrainConfig()
+        cfg.loss.lambda_sd, cfg.loss.turn_penalty = 0.0, penalty
+        for r in rolls:  # on-policy: the behaviour log-probs are this model's
+            r.tokens.reward = 0.0
+            ids = torch.tensor([r.tokens.input_ids])
+            with torch.no_grad():
+                lp = torch.log_softmax(pol.model(input_ids=ids).logits[0, :-1].float(), -1)
+            own = [0.0, *lp.gather(1, ids[0, 1:, None])[:, 0].tolist()]
+            r.tokens.behaviour_logprobs = [
+                x if m else 0.0 for x, m in zip(own, r.tokens.loss_mask, strict=True)
+            ]
+        eps = [TrainEpisode(rollout=r, tools=[], render_tools=[], hints=list(flag)) for r in rolls]
+        opt = torch.optim.SGD(pol.model.parameters(), lr=0.05)
+        learner = Learner(cfg=cfg, policy=pol, tokenizer=tok, optimizer=opt, teacher=Teacher(pol.model))
+        t = rolls[0].tokens
+
+        def turn_lp(k):
+            s, e = t.turn_spans[k]
+            with torch.no_grad():
+                logits = pol.model(input_ids=torch.tensor([t.input_ids])).logits[0, s - 1 : e - 1]
+            return float(
+                torch.log_softmax(logits, -1).gather(1, torch.tensor(t.input_ids[s:e])[:, None]).sum()
+            )
+
+        before = [turn_lp(k) for k in range(len(t.turn_spans))]
+        res = learner.update(eps)
+        return res, before, [turn_lp(k) for k in range(len(t.turn_spans))]
+
+    off, b0, a0 = run(0.0)
+    assert off.skipped and a0 == b0  # equal rewards, no penalty: nothing to learn from
+    on, b1, a1 = run(1.0)
+    assert not on.skipped and on.grad_norm > 0
+    change = [a - b for a, b in zip(a1, b1, strict=True)]
+    assert change[0] < -0.1 and change[0] < min(change[1:])  # the flagged turn falls, and the most
