@@ -113,12 +113,12 @@ class Learner:
             kept = sum(tokens[i].num_model_tokens for i in idx if i in grpo_rows)
             # a microbatch's GRPO term is a mean over its tokens (token_mean) or its sequences
             # (sequence_mean): weighted by its share of the step's, the sum is the whole-step mean
-            share = (
-                (sum(1 for i in idx if tokens[i].num_model_tokens) / n_seq)
-                if lc.aggregation == "sequence_mean"
-                else res.num_model_tokens / n_tok
-            )
-            w_grpo = share if kept else 0.0
+            if not kept:  # no row of this microbatch carries a GRPO signal (and maybe none of the step)
+                w_grpo = 0.0
+            elif lc.aggregation == "sequence_mean":
+                w_grpo = sum(1 for i in idx if tokens[i].num_model_tokens) / n_seq
+            else:
+                w_grpo = res.num_model_tokens / n_tok
             w_sd = res.sd.num_tokens / n_sd if n_sd else 0.0
             loss = res.grpo * w_grpo + lc.lambda_sd * res.sd.loss * w_sd
             loss.backward()
