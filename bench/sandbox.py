@@ -22,7 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cadenza.agent.grade import grade
+from cadenza.agent.grading.grade import grade
 from cadenza.agent.toytask import F2P, P2P, make_task
 from cadenza.sandbox import Sandbox, SandboxConfig
 from cadenza.tasks.records.task import WORKSPACE

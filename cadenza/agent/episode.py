@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cadenza.agent.diff import compare
+from cadenza.agent.grading.diff import compare
 from cadenza.agent.env import StepResult, ToolCall
-from cadenza.agent.grade import GradeResult, grade, task_env_dir
+from cadenza.agent.grading.grade import GradeResult, grade, task_env_dir
 from cadenza.agent.outcome import Outcome
 from cadenza.agent.prompt import initial_messages
 from cadenza.agent.tools import TOOL_NAMES, Toolbox, ToolsConfig

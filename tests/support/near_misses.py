@@ -11,7 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cadenza.agent.diff import compare
+from cadenza.agent.grading.diff import compare
 from cadenza.agent.env import ToolCall
 from cadenza.agent.episode import EpisodeConfig
 from cadenza.agent.replay import replay

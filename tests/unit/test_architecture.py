@@ -38,6 +38,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("tasks.deletion", "tasks.leaks"),
     ("tasks.validation",),
     ("tasks.builder", "tasks"),
+    ("agent.grading",),
     ("monitor",),
     ("agent",),
     ("feedback", "integrations"),

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from cadenza.agent.grade import grade
-from cadenza.agent.grade_policy import Defences
+from cadenza.agent.grading.grade import grade
+from cadenza.agent.grading.policy import Defences
 from cadenza.agent.toytask import OPS_REMOVED
 
 

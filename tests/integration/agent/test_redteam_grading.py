@@ -185,7 +185,7 @@ def test_unknown_node_id_is_missing_and_does_not_hide_the_others(task_dir: Path,
     import shutil
     import subprocess
 
-    from cadenza.agent.grade import grade
+    from cadenza.agent.grading.grade import grade
 
     data = json.loads((task_dir / "task.json").read_text())
     data["pass_to_pass"].append("tests/test_ops.py::test_gone[renamed]")

@@ -19,8 +19,8 @@ import pytest
 
 from cadenza.agent.env import ToolCall
 from cadenza.agent.episode import EpisodeConfig
-from cadenza.agent.grade import grade
-from cadenza.agent.grade_policy import Defences
+from cadenza.agent.grading.grade import grade
+from cadenza.agent.grading.policy import Defences
 from cadenza.agent.replay import replay
 from cadenza.testrun import Checks
 from tests.support.redteam_attacks import ATTACKS, ATTEMPTS, Attack

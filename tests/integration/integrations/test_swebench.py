@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from cadenza.agent.grade import grade, task_env_dir
+from cadenza.agent.grading.grade import grade, task_env_dir
 from cadenza.integrations.install import ecosystem_env, ecosystem_python
 from cadenza.sandbox import Sandbox, SandboxConfig, hidden_roots
 from cadenza.tasks.records.task import GOLD_PATCH, WORKSPACE, load_task

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from cadenza.agent.diff import compare
-from cadenza.agent.grade import _merge_pyproject, apply_changes
-from cadenza.agent.grade_policy import GradePolicy
+from cadenza.agent.grading.diff import compare
+from cadenza.agent.grading.grade import _merge_pyproject, apply_changes
+from cadenza.agent.grading.policy import GradePolicy
 from cadenza.agent.replay import patch_actions
 from cadenza.agent.tools import Toolbox
 from cadenza.sandbox import Sandbox, SandboxConfig
@@ -132,7 +132,7 @@ def test_patch_actions_reproduce_the_patched_files(tmp_path: Path):
 
 
 def test_doctest_node_files_stay_editable():
-    from cadenza.agent.grade_policy import is_doctest
+    from cadenza.agent.grading.policy import is_doctest
     from cadenza.tasks.records.task import Feature, Task
 
     assert is_doctest("pkg/mod.py::pkg.mod.func") and not is_doctest("tests/test_a.py::test_x[1.5]")

@@ -29,9 +29,9 @@ from typing import Any
 
 import tomli_w
 
-from cadenza.agent.diff import compare
-from cadenza.agent.grade_capabilities import capability_findings, guard_allowances
-from cadenza.agent.grade_policy import Defences, GradePolicy, top_level_modules
+from cadenza.agent.grading.diff import compare
+from cadenza.agent.grading.capabilities import capability_findings, guard_allowances
+from cadenza.agent.grading.policy import Defences, GradePolicy, top_level_modules
 from cadenza.errors import CadenzaError
 from cadenza.sandbox import Sandbox, SandboxConfig, env_info, hidden_roots
 from cadenza.tasks.records.task import WORKSPACE, Task, load_task, task_python

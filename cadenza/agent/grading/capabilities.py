@@ -12,7 +12,7 @@ from __future__ import annotations
 from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
-from cadenza.agent.grade_policy import GradePolicy
+from cadenza.agent.grading.policy import GradePolicy
 from cadenza.testrun.capabilities import GUARD_KINDS, Finding, kinds, new_capabilities
 
 PY_SUFFIXES = (".py", ".pyw")
