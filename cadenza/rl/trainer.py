@@ -97,7 +97,7 @@ class Trainer:
         self.pipeline: RolloutPipeline | None = None
         self.out.mkdir(parents=True, exist_ok=True)
         if latest is not None:
-            load = sharding.load_checkpoint if self.shards else ckpt.load_checkpoint
+            load = self.shards.load_checkpoint if self.shards else ckpt.load_checkpoint
             self.step, state = load(latest, self.model, self.optimizer, modules=self._extra_modules())
             self.episodes = int(state.get("episodes", 0))
             self.dropped_stale = int(state.get("dropped_stale", 0))

@@ -145,6 +145,16 @@ class ShardedPolicy:
     probe_every: int = 0
     teacher_kind: str = "frozen"
 
+    def load_checkpoint(
+        self, path: Path, model: torch.nn.Module, optimizer: Any, *, modules: dict[str, torch.nn.Module]
+    ) -> tuple[int, dict[str, Any]]:
+        """:func:`load_checkpoint`, then the rollout copy (and probe teacher) take the loaded weights."""
+        out = load_checkpoint(path, model, optimizer, modules=modules)
+        self.refresh_rollout_copy(model)
+        if self.probe_every > 0 and "teacher" in self.modules:
+            _gather_into(self.probe_teacher, self.modules["teacher"])
+        return out
+
     def refresh_rollout_copy(self, model: torch.nn.Module) -> None:
         """Every rank: gather the shards tensor by tensor; rank 0 copies them into its rollout copy."""
         _gather_into(self.rollout.model if self.rollout is not None else None, model)
