@@ -68,9 +68,9 @@ def config(model: Path, out: Path, steps: int, **loss) -> TrainConfig:
 
 def step_units(cfg, steps=(1, 2)) -> list:
     """The rollout units of ``steps`` (every sampled task of each step), as the trainer would make them."""
-    from cadenza.rl.envs import load_source
-    from cadenza.rl.episodes import sample_step_tasks
-    from cadenza.rl.workers import Unit
+    from cadenza.rl.rollout.envs import load_source
+    from cadenza.rl.rollout.episodes import sample_step_tasks
+    from cadenza.rl.train.workers import Unit
 
     source = load_source(cfg.env.name, cfg.env.options)
     return [
@@ -82,9 +82,9 @@ def _sft_moe(out: Path, tokenizer_dir: Path) -> Path:
     """A tiny Qwen3-MoE (hidden 64, 2 layers, 8 experts) SFT'd on toolworld's corpus with ``sft_model``'s
     tokenizer, so rollouts earn rewards that differ within a group (GRPO has a signal)."""
     from cadenza.experiments.corpus import corpus
-    from cadenza.rl.chat import load_tokenizer
-    from cadenza.rl.policy import HFPolicy, tiny_qwen3_moe_config
-    from cadenza.rl.sft import SFTConfig, encode_messages, supervised_finetune
+    from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_moe_config
+    from cadenza.rl.learn.sft import SFTConfig, encode_messages, supervised_finetune
+    from cadenza.rl.text.chat import load_tokenizer
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

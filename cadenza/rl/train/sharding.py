@@ -35,9 +35,9 @@ import torch
 from cadenza.errors import ConfigError
 from cadenza.parallel import ParallelDims, ParallelOptions, parallelize
 from cadenza.parallel.parallelize import check_model
-from cadenza.rl.data_parallel import DataParallel
+from cadenza.rl.engines.policy import HFPolicy
 from cadenza.rl.engines.weights import named_full_tensors
-from cadenza.rl.policy import HFPolicy
+from cadenza.rl.train.data_parallel import DataParallel
 
 _NO_LOGITS = torch.zeros(0, dtype=torch.long)
 
@@ -200,7 +200,7 @@ def shard(cfg: Any, dp: DataParallel, policy: HFPolicy, copies: dict[str, torch.
 
 
 def shard_trainer(trainer: Any) -> ShardedPolicy:
-    """Wrap a :class:`~cadenza.rl.trainer.Trainer`'s policy, teacher and reference in place (all ranks)."""
+    """Wrap a :class:`~cadenza.rl.train.trainer.Trainer`'s policy, teacher and reference in place."""
     copies = {} if trainer.teacher.config.weights == "live" else {"teacher": trainer.teacher.model}
     if trainer.ref_model is not None:
         copies["reference"] = trainer.ref_model
@@ -218,7 +218,7 @@ def save_checkpoint(trainer: Any, state: dict[str, Any]) -> Path:
     """DCP shards of the policy, optimizer, teacher and reference (every rank), plus rank 0's RNG streams
     and trainer state (``state.pt``), published atomically as ``checkpoints/step-N``."""
     from cadenza.pretrain import checkpoint as dcp_ckpt
-    from cadenza.rl.checkpoint import rng_state
+    from cadenza.rl.train.checkpoint import rng_state
 
     def extra(tmp: Path) -> None:
         torch.save({"rng": rng_state(), "trainer": state}, tmp / "state.pt")
@@ -241,7 +241,7 @@ def load_checkpoint(
     """Restore a sharded checkpoint at any world size and dims (DCP reshards); ``(step, trainer state)``."""
     from cadenza import checkpoint as lifecycle
     from cadenza.pretrain import checkpoint as dcp_ckpt
-    from cadenza.rl.checkpoint import set_rng_state
+    from cadenza.rl.train.checkpoint import set_rng_state
 
     meta = lifecycle.require_meta(path)
     if meta.get("format") != "dcp":

@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from cadenza.metrics import read_metrics
-from cadenza.rl.checkpoint import list_checkpoints
 from cadenza.rl.config import ParallelDims, TrainConfig
+from cadenza.rl.train.checkpoint import list_checkpoints
 from tests.support.rl_fixtures import config
 
 STEPS = 3
@@ -83,7 +83,7 @@ def reference(sft_moe, tmp_path_factory) -> list[dict]:
     """The single-process run of the same config (no ``[parallel]`` sharding at world 1)."""
     import torch
 
-    from cadenza.rl.trainer import Trainer
+    from cadenza.rl.train.trainer import Trainer
 
     torch.set_num_threads(1)
     rows = Trainer(_config(sft_moe, tmp_path_factory.mktemp("single") / "run", ep=2), resume=False).train()

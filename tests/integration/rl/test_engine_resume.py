@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from cadenza.errors import EngineError
+from cadenza.rl.engines.policy import HFPolicy
 from cadenza.rl.engines.sync_check import ParityProbe
-from cadenza.rl.policy import HFPolicy
-from cadenza.rl.trainer import Trainer
+from cadenza.rl.train.trainer import Trainer
 from tests.support.engine_helpers import TOL, hf_logprobs, requires_vllm
 from tests.support.rl_fixtures import config
 

@@ -23,16 +23,16 @@ import torch
 from cadenza.agent.env import Env
 from cadenza.agent.trajectory import Trajectory, TurnMeta
 from cadenza.errors import CadenzaError, ContextLengthExceeded
-from cadenza.rl.chat import (
+from cadenza.rl.config import RolloutParams
+from cadenza.rl.engines.policy import Policy, Sample, SampleRequest, SamplingParams
+from cadenza.rl.text.chat import (
     assistant_message,
     parse_tool_calls,
     render_continuation,
     require_chat_template,
     turn_end_glue,
 )
-from cadenza.rl.config import RolloutParams
-from cadenza.rl.policy import Policy, Sample, SampleRequest, SamplingParams
-from cadenza.rl.tokens import TokenTrajectory, TokenTrajectoryBuilder
+from cadenza.rl.text.tokens import TokenTrajectory, TokenTrajectoryBuilder
 
 
 @dataclass(kw_only=True)
