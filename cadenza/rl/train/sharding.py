@@ -85,19 +85,8 @@ class ThroughRoot:
 class ShardedHFPolicy(HFPolicy):
     """:class:`HFPolicy` over the sharded model: hidden states through the root, no sampling here."""
 
-    def hidden_states(
-        self, input_ids: Any, attention_mask: Any = None, *, position_ids: Any = None, cache: Any = None,
-        use_cache: bool = False,
-    ) -> tuple[torch.Tensor, Any]:  # fmt: skip
-        out = decoder_through_root(
-            self.model,
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            cache=cache,
-            use_cache=use_cache,
-        )
-        return out.last_hidden_state, (out.cache if use_cache else None)
+    def decoder(self) -> Callable[..., Any]:
+        return ThroughRoot(self.model).get_decoder()
 
     def sample(self, request: Any) -> Any:
         raise ConfigError("a sharded policy samples through the rollout copy on rank 0")
