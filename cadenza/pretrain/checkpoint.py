@@ -10,6 +10,7 @@ model fingerprint in the meta stops a resume into another model.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
 
 import torch.distributed as dist
@@ -43,27 +44,53 @@ def check_compatible(meta: dict, expected: dict, path: Path) -> None:
         )
 
 
-def save(root: str | Path, step: int, model: nn.Module, optimizer, meta: dict, keep: int = 2) -> Path:
+def _state(model: nn.Module, optimizer, modules: dict[str, nn.Module] | None) -> dict:
+    """What DCP saves and loads: model, optimizer and extra modules (e.g. the RL teacher), all sharded."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    return {
+        "model": model_sd,
+        "optim": optim_sd,
+        **{k: get_model_state_dict(m) for k, m in (modules or {}).items()},
+    }
+
+
+def save(
+    root: str | Path,
+    step: int,
+    model: nn.Module,
+    optimizer,
+    meta: dict,
+    keep: int = 2,
+    *,
+    modules: dict[str, nn.Module] | None = None,
+    extra: Callable[[Path], None] | None = None,
+) -> Path:
+    """Every rank writes its shards; ``extra(staging_dir)`` (rank 0) adds files before the publish."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
 
     rank0 = dist.get_rank() == 0
     tmp = lifecycle.staging(root, step) if rank0 else lifecycle.staging_path(root, step)
     dist.barrier()  # the staging directory is empty before any rank writes into it
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
+    dcp.save(_state(model, optimizer, modules), checkpoint_id=str(tmp))
     dist.barrier()
     if rank0:
+        if extra is not None:
+            extra(tmp)
         lifecycle.publish(tmp, step, meta, keep=keep)
     dist.barrier()
     return Path(root) / lifecycle.step_name(step)
 
 
-def load(path: str | Path, model: nn.Module, optimizer) -> None:
+def load(
+    path: str | Path, model: nn.Module, optimizer, *, modules: dict[str, nn.Module] | None = None
+) -> None:
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    state = _state(model, optimizer, modules)
     dcp.load(state, checkpoint_id=str(path))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    for name, module in (modules or {}).items():
+        set_model_state_dict(module, state[name])

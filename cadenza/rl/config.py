@@ -14,6 +14,7 @@ from typing import Any, Literal
 from cadenza.config_io import apply_overrides, from_dict, read_toml
 from cadenza.errors import CadenzaError, ConfigError, need
 from cadenza.feedback.generate import FeedbackConfig
+from cadenza.parallel.dims import ParallelDims
 
 
 @dataclass(kw_only=True)
@@ -94,6 +95,7 @@ class RolloutConfig(RolloutParams):
     engine_timeout_s: float = 600.0  # longest one engine call (a generation or a weight sync) may take
     engine_options: dict[str, Any] = field(default_factory=dict)  # engine-specific knobs (see docs/async.md)
     max_staleness: int = 0  # K: rollouts of step n+1..n+K are sampled while step n trains (0 = synchronous)
+    sync_probe_tol: float = 0.0  # vllm: stop when engine and trainer disagree by more after a sync (0 = off)
     executor: Literal["local", "ray"] = (
         "local"  # where episodes run: this process, or Ray actors (docs/ray.md)
     )
@@ -171,6 +173,9 @@ class OptimConfig:
     name: Literal["adamw", "muon"] = "adamw"
     lr: float = 1e-3  # AdamW (and, with muon, the AdamW-handled embeddings/head/norms)
     muon_lr: float = 0.02  # learning rate of Muon's matrix groups
+    muon_ns_dtype: Literal["bfloat16", "float32"] = (
+        "bfloat16"  # Newton–Schulz precision (float32: exact parity)
+    )
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # AdamW betas (optim.name = "adamw")
     weight_decay: float = 0.0  # decoupled weight decay on every parameter
     grad_clip: float = 1.0  # 0 = off
@@ -189,6 +194,7 @@ class TrainConfig:
     eval: EvalConfig = field(default_factory=EvalConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
     feedback: FeedbackConfig = field(default_factory=FeedbackConfig)
+    parallel: ParallelDims = field(default_factory=ParallelDims)  # the dual mesh under torchrun (as pretrain)
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -304,6 +310,8 @@ def validate_engine(r: RolloutConfig) -> None:
             )
     if r.engines < 1:
         raise ConfigError(f"rollout.engines must be >= 1, got {r.engines}")
+    if r.sync_probe_tol < 0 or (r.sync_probe_tol > 0 and r.engine != "vllm"):
+        raise ConfigError("rollout.sync_probe_tol must be >= 0 and needs engine = 'vllm' (0 = off)")
     if r.engines > 1 and r.engine != "vllm":
         raise ConfigError(f"rollout.engines = {r.engines} needs engine = 'vllm' (servers cadenza starts)")
     if r.engines > 1 and r.engine_options.get("port"):

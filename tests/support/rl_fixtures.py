@@ -76,3 +76,36 @@ def step_units(cfg, steps=(1, 2)) -> list:
     return [
         Unit(step=s, index=i, task=t) for s in steps for i, t in enumerate(sample_step_tasks(source, cfg, s))
     ]
+
+
+def _sft_moe(out: Path, tokenizer_dir: Path) -> Path:
+    """A tiny Qwen3-MoE (hidden 64, 2 layers, 8 experts) SFT'd on toolworld's corpus with ``sft_model``'s
+    tokenizer, so rollouts earn rewards that differ within a group (GRPO has a signal)."""
+    from cadenza.experiments.corpus import corpus
+    from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_moe_config
+    from cadenza.rl.learn.sft import SFTConfig, encode_messages, supervised_finetune
+    from cadenza.rl.text.chat import load_tokenizer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        tok = load_tokenizer(str(tokenizer_dir))
+        conf = tiny_qwen3_moe_config(
+            len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
+            head_dim=32, moe_intermediate_size=32, num_experts=8, num_experts_per_tok=2,
+        )  # fmt: skip
+        policy = HFPolicy.from_config(conf, seed=0)
+        data = [encode_messages(tok, m) for m in corpus(seed=7, n=300)]
+        losses = supervised_finetune(policy, tok, data, SFTConfig(steps=60, batch_size=16, lr=1e-2, warmup=5))
+        assert losses[-1] < losses[0] / 4
+        policy.model.save_pretrained(str(out))
+        tok.save_pretrained(str(out))
+    finally:
+        torch.set_num_threads(threads)
+    return out
+
+
+@pytest.fixture(scope="session")
+def sft_moe(tmp_path_factory, sft_model) -> Path:
+    """A tiny Qwen3-MoE that has learnt toolworld's call format (for the sharded trainer tests)."""
+    return build_once(tmp_path_factory, "sft_moe", lambda out: _sft_moe(out, sft_model))

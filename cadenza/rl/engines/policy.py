@@ -158,7 +158,7 @@ class HFPolicy:
         use_cache: bool = False,
     ) -> tuple[torch.Tensor, Any]:
         """Final hidden states ``[B, T, D]`` (before the LM head) and the KV cache when ``use_cache``."""
-        out = self.model.get_decoder()(
+        out = self.decoder()(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
@@ -166,6 +166,10 @@ class HFPolicy:
             use_cache=use_cache,
         )
         return out.last_hidden_state, (out.cache if use_cache else None)
+
+    def decoder(self) -> Any:
+        """The callable that computes the decoder's output (a sharded policy enters through its root)."""
+        return self.model.get_decoder()
 
     @torch.no_grad()
     def sample(self, request: SampleRequest) -> list[Sample]:

@@ -28,6 +28,7 @@ import torch
 from cadenza.errors import CadenzaError, EngineError
 from cadenza.rl.engines.openai import CompletionsClient, request_seeds
 from cadenza.rl.engines.policy import Sample, SampleRequest
+from cadenza.rl.engines.sync_check import check_received
 from cadenza.rl.engines.vllm_server import VLLMServer, VLLMServerConfig
 from cadenza.rl.engines.weights import DEFAULT_BUCKET_BYTES, buckets, engine_names, to_safetensors_bytes
 
@@ -183,7 +184,14 @@ class VLLMEngine:
         return list((out or {}).get("results") or [])
 
     def _sync(self, named_tensors: Iterable[tuple[str, torch.Tensor]], deadline: float) -> None:
-        stream = buckets(engine_names(named_tensors), bucket_bytes=self.config.bucket_bytes)
+        sent: list[str] = []
+
+        def counted() -> Iterable[tuple[str, torch.Tensor]]:
+            for name, t in engine_names(named_tensors):
+                sent.append(name)
+                yield name, t
+
+        stream = buckets(counted(), bucket_bytes=self.config.bucket_bytes)
         stage = None
         try:
             paths: list[str] = []
@@ -201,6 +209,8 @@ class VLLMEngine:
             results = self._rpc("cadenza_reload", json.dumps({"paths": paths or None}), deadline)
             if not results:
                 raise EngineError(f"engine 'vllm' weight reload returned nothing; {self._describe()}")
+            for result in results:  # one per worker
+                check_received(sent, json.loads(result))
             self._reset_prefix_cache(deadline)
         finally:
             if stage is not None:

@@ -61,12 +61,11 @@ class CadenzaWorkerExtension:
         req: dict[str, Any] = json.loads(request)
         staged = self._cadenza_staged()
         paths = list(req.get("paths") or [str(p) for p in staged])
-        n = 0
+        names: list[str] = []  # what arrived, in order: the trainer compares it with what it sent
 
         def counted() -> Iterator[tuple[str, torch.Tensor]]:
-            nonlocal n
             for item in _iter_files(paths):
-                n += 1
+                names.append(item[0])
                 yield item
 
         self.reload_weights(weights_iterator=counted(), is_checkpoint_format=True)
@@ -78,7 +77,8 @@ class CadenzaWorkerExtension:
             p.unlink(missing_ok=True)
         if staged:  # nothing of a bytes sync stays in shared memory between syncs
             self._cadenza_stage_dir(create=False).rmdir()
-        return json.dumps({"tensors": n, "seconds": time.perf_counter() - t0, "fixed": fixed})
+        seconds = time.perf_counter() - t0
+        return json.dumps({"tensors": len(names), "names": names, "seconds": seconds, "fixed": fixed})
 
     def cadenza_stage(self, b64: str) -> str:
         """Keep one bucket of base64 safetensors bytes for the next :meth:`cadenza_reload`."""

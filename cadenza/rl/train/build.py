@@ -113,7 +113,7 @@ def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opt
 
     o = cfg.optim
     if o.name == "muon":  # Muon's AdamW groups keep the builder's betas (0.9, 0.95), as they always had
-        muon = MuonConfig(adjust_lr="original", adamw_lr=o.lr)
+        muon = MuonConfig(adjust_lr="original", adamw_lr=o.lr, ns_dtype=o.muon_ns_dtype)
         return build("muon", model, lr=o.muon_lr, weight_decay=o.weight_decay, muon=muon, decay_vectors=True)
     return build(
         "adamw", model, lr=o.lr, weight_decay=o.weight_decay, betas=tuple(o.betas), decay_vectors=True

@@ -84,6 +84,13 @@ def load_checkpoint(
     """Restore everything in place; return ``(step, trainer_state)``."""
     path = Path(path)
     meta = lifecycle.require_meta(path)
+    if meta.get("format") == "dcp":
+        from cadenza.errors import ConfigError
+
+        raise ConfigError(
+            f"checkpoint {path} holds DCP shards of a run under torchrun; resume it under torchrun "
+            "(any world size > 1), or use another run.out_dir"
+        )
     load_model(model, str(path / "model.safetensors"))
     for name, mod in (modules or {}).items():
         load_model(mod, str(path / f"{name}.safetensors"))

@@ -9,9 +9,9 @@ are summed across ranks. The loss is a sum over microbatches weighted by global 
 summed gradient is the single-process one up to float summation order; every rank clips and steps
 the same gradient, so the replicas stay equal (checked at start and by the tests).
 
-Broadcasting whole episodes (token ids, a few KB each) costs far less than a step's forward passes;
-sharding the weights themselves (FSDP2) for models beyond one device is the pretraining path's
-(:mod:`cadenza.parallel`), not wired into the RL trainer yet.
+Broadcasting whole episodes (token ids, a few KB each) costs far less than a step's forward passes.
+Sharding the weights themselves on the dual mesh (FSDP2, EP) is :mod:`cadenza.rl.train.sharding`, whose
+group refines this one.
 """
 
 from __future__ import annotations
@@ -62,6 +62,21 @@ class DataParallel:
     def mine(self, n: int) -> list[int]:
         """The indices of ``n`` microbatches this rank computes."""
         return list(range(self.rank, n, self.world))
+
+    def schedule(self, n: int) -> list[tuple[int, bool]]:
+        """``(microbatch, ghost)`` pairs this rank runs; replicas never need a ghost (see
+        :class:`cadenza.rl.train.sharding.ShardedGroup`)."""
+        return [(k, False) for k in self.mine(n)]
+
+    @property
+    def lockstep(self) -> bool:
+        """Whether every rank must run the same forwards (sharded weights); replicas need not."""
+        return False
+
+    @property
+    def loss_scale(self) -> float:
+        """What each rank multiplies its loss by before backward (replicas sum their gradients)."""
+        return 1.0
 
     def share(self, fn: Callable[[], T]) -> T:
         """``fn()`` run on rank 0, its result (or its error) on every rank."""

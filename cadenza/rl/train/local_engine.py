@@ -168,7 +168,13 @@ def build_engine(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) ->
 
 
 def served_engines(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) -> list[Any]:
-    """Start ``rollout.engines`` vLLM servers (one at a time; all stopped again if one fails)."""
+    """Start ``rollout.engines`` vLLM servers (one at a time; all stopped again if one fails).
+
+    A server loads ``model.path`` (or the initial weights written beside the run), i.e. version 0,
+    whatever ``version`` the trainer is at: labelling it with a resumed checkpoint's version would skip
+    the first sync and sample the first steps from the initial policy. The caller's first sync (any
+    ``version > 0``) brings it to the trainer's weights."""
+    del version  # the weights on disk are always the initial ones
     from cadenza.rl.engines import make_engine
 
     r = cfg.rollout
@@ -182,7 +188,7 @@ def served_engines(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) 
             options.setdefault("sync_timeout_s", r.engine_timeout_s)
             # named in every engine error
             options.setdefault("log_path", str(out / ("engine.log" if i == 0 else f"engine-{i}.log")))
-            engines.append(make_engine("vllm", model=model, version=version, **options))
+            engines.append(make_engine("vllm", model=model, version=0, **options))
     except BaseException:
         for e in engines:
             e.close()

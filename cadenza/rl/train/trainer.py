@@ -35,7 +35,8 @@ from cadenza.errors import CadenzaError
 from cadenza.jsonio import atomic_write_json
 from cadenza.metrics import MetricsLogger, read_metrics
 from cadenza.rl.config import TrainConfig, validate
-from cadenza.rl.engines.weights import named_full_tensors
+from cadenza.rl.engines.gpu_sync import ModuleWeights
+from cadenza.rl.engines.sync_check import ParityProbe
 from cadenza.rl.learn.probe import HintFollowingEroded, ProbeSchedule, schedule_for_run
 from cadenza.rl.learn.teacher import Teacher
 from cadenza.rl.rollout.curriculum import PoolExhausted
@@ -49,10 +50,12 @@ from cadenza.rl.rollout.episodes import (
 )
 from cadenza.rl.rollout.pipeline import RolloutPipeline, WatchedEngine
 from cadenza.rl.train import checkpoint as ckpt
-from cadenza.rl.train import heldout
+from cadenza.rl.train import heldout, sharding
 from cadenza.rl.train.build import build_optimizer, build_policy, check_same_run, is_off_policy
 from cadenza.rl.train.data_parallel import DataParallel
 from cadenza.rl.train.local_engine import build_engine
+from cadenza.rl.train.progress import progress_bar
+from cadenza.rl.train.step_metrics import metrics_row
 from cadenza.rl.train.update import Learner, UpdateResult
 from cadenza.rl.train.workers import RayWorkers, Unit
 
@@ -83,9 +86,12 @@ class Trainer:
         random.seed(cfg.run.seed)
         self.tokenizer, self.policy = build_policy(cfg)
         self.model = self.policy.model
-        self.optimizer = build_optimizer(self.model, cfg)
         self.teacher = Teacher(self.model, cfg.teacher, cfg.loss)
         self.ref_model = self._frozen_copy() if cfg.loss.kl_ref > 0 else None
+        self.rollout_policy = self.policy  # what engines sample from and sync with
+        # under torchrun: the policy, teacher and reference wrapped in place on the dual mesh ([parallel])
+        self.shards = sharding.shard_trainer(self) if self.dp.world > 1 else None
+        self.optimizer = build_optimizer(self.model, cfg)
         self.learner = Learner(cfg=cfg, policy=self.policy, tokenizer=self.tokenizer,
                                optimizer=self.optimizer, teacher=self.teacher, off_policy=is_off_policy(cfg),
                                ref_model=self.ref_model, dp=self.dp)  # fmt: skip
@@ -95,12 +101,12 @@ class Trainer:
         # rollouts queued ahead when the checkpoint was written
         self._restored: dict[int, list[TrainEpisode]] = {}
         self._engine: WatchedEngine | None = None
+        self._parity: ParityProbe | None = None
         self.pipeline: RolloutPipeline | None = None
         self.out.mkdir(parents=True, exist_ok=True)
         if latest is not None:
-            self.step, state = ckpt.load_checkpoint(
-                latest, self.model, self.optimizer, modules=self._extra_modules()
-            )
+            load = self.shards.load_checkpoint if self.shards else ckpt.load_checkpoint
+            self.step, state = load(latest, self.model, self.optimizer, modules=self._extra_modules())
             self.episodes = int(state.get("episodes", 0))
             self.dropped_stale = int(state.get("dropped_stale", 0))
             self._restored = dict(state.get("pending", {}))
@@ -132,16 +138,25 @@ class Trainer:
     def _engine_at(self, version: int) -> WatchedEngine:
         """Build the engine if needed; ``version`` counts the updates the trainer's weights have had."""
         if self._engine is None:
-            engine = WatchedEngine(build_engine(self.cfg, self.policy, self.tokenizer, version=version))
+            built = build_engine(self.cfg, self.rollout_policy, self.tokenizer, version=version)
+            engine = WatchedEngine(built)
             self._engine = engine
-            if engine.version != version:  # a served engine starts from the checkpoint on disk
+            if engine.version != version:  # a served engine starts from the initial weights on disk
                 engine.sync_weights(self._weights(), version=version)
+                self._check_parity(version)
         return self._engine
 
-    def _weights(self) -> Any:
-        """The trainer's parameters as ``(HF name, full tensor)``, streamed one at a time (DTensor
-        shards gathered per tensor); engines map stacked MoE experts to their own names."""
-        return named_full_tensors(self.model)
+    def _check_parity(self, version: int) -> None:
+        """``rollout.sync_probe_tol``: the engine scores a probe like the trainer, or the run stops."""
+        if self.cfg.rollout.sync_probe_tol > 0 and self._engine is not None:
+            if self._parity is None:
+                self._parity = ParityProbe(self.tokenizer, self.cfg.rollout.sync_probe_tol)
+            self._parity.check(self._engine.engine, self.rollout_policy.model, version)
+
+    def _weights(self) -> ModuleWeights:
+        """The trainer's parameters as ``(engine name, full tensor)``, streamed one at a time (DTensor
+        shards gathered per tensor), with the metadata vLLM's native NCCL / IPC transfer declares first."""
+        return ModuleWeights(self.rollout_policy.model)
 
     def collect(self, step: int) -> list[TrainEpisode]:
         """Rollouts for one step, graded, monitored and annotated with hints (synchronously, now)."""
@@ -212,7 +227,9 @@ class Trainer:
     def _sync_engine(self, step: int) -> float:
         """Push the updated weights into the engine as version ``step``; seconds taken."""
         assert self.pipeline is not None
-        return self.pipeline.sync(self._weights, version=step)
+        seconds = self.pipeline.sync(self._weights, version=step)
+        self._check_parity(step)
+        return seconds
 
     def close(self) -> None:
         """Stop the rollout thread and the engine (idempotent)."""
@@ -228,14 +245,15 @@ class Trainer:
     def train(self) -> list[dict[str, Any]]:
         """Run until ``run.steps``; return all metric rows of this run directory."""
         cfg = self.cfg
-        progress = _progress_bar(cfg.run.steps, self.step) if cfg.run.progress and self.dp.main else None
+        progress = progress_bar(cfg.run.steps, self.step) if cfg.run.progress and self.dp.main else None
         try:
             while self.step < cfg.run.steps:
                 self.step += 1
                 # hint-following diagnostic on the weights entering this step ({} unless due)
-                probe_row = self.dp.share(
-                    lambda: self.probe.measure(self.step - 1, self.model, self.teacher.model)
-                )
+                models = (self.model, self.teacher.model)
+                if self.shards is not None:  # unsharded copies on rank 0 (a collective when due)
+                    models = self.shards.probe_models(self.step - 1, self.teacher.model)
+                probe_row = self.dp.share(lambda m=models: self.probe.measure(self.step - 1, *m))
                 try:
                     row = {**self.train_step(self.step), **probe_row}
                 except PoolExhausted as exc:
@@ -279,16 +297,20 @@ class Trainer:
     def _extra_modules(self) -> dict[str, torch.nn.Module]:
         """Weights besides the policy that an exact resume needs: an EMA or frozen teacher, the KL
         reference."""
+        if self.shards is not None:
+            return self.shards.modules
         modules = {"teacher": self.teacher.model} if self.cfg.teacher.weights != "live" else {}
         if self.ref_model is not None:
             modules["reference"] = self.ref_model
         return modules
 
     def save(self) -> Path:
-        """Checkpoint (written by rank 0; every rank returns when it is published)."""
+        """Checkpoint (written by rank 0, or DCP shards by every rank; all return when it is published)."""
+        if self.shards is not None:
+            return sharding.save_checkpoint(self, self.dp.share(self._state))
         return self.dp.share(self._save)
 
-    def _save(self) -> Path:
+    def _state(self) -> dict[str, Any]:
         ahead = self.step + self.cfg.rollout.max_staleness
         pending = self.pipeline.ready() if self.pipeline is not None else {}
         state = {
@@ -296,6 +318,10 @@ class Trainer:
             "dropped_stale": self.dropped_stale,
             "pending": {s: eps for s, (eps, _) in pending.items() if self.step < s <= ahead},
         }
+        return state
+
+    def _save(self) -> Path:
+        state = self._state()
         return ckpt.save_checkpoint(
             self.out,
             self.step,
@@ -314,9 +340,11 @@ class Trainer:
         upd = self.learner.update(episodes, step=step) if episodes else UpdateResult()
         measure = self.cfg.run.measure_kl and not upd.skipped
         kl = self.learner.update_kl([e.rollout.tokens for e in episodes], upd.hinted) if measure else 0.0
+        if self.shards is not None:  # every rank: the new weights into rank 0's rollout copy
+            self.shards.refresh_rollout_copy(self.model)
         sync_s, pool_row = self.dp.share(lambda: self._publish(step))
         self.episodes += len(episodes)
-        row = {"episodes": self.episodes, **_metrics_row(episodes, upd, kl, pool_row), **stale_row}
+        row = {"episodes": self.episodes, **metrics_row(episodes, upd, kl, pool_row), **stale_row}
         elapsed = time.perf_counter() - t0
         tokens = sum(len(e.rollout.tokens) for e in episodes)
         row.update(tokens_per_s=tokens / max(elapsed, 1e-9), rollout_s=wait_s, generate_s=generate_s,
@@ -344,53 +372,3 @@ class Trainer:
 
     def _record_pool(self, step: int, episodes: list[TrainEpisode]) -> dict[str, Any]:
         return record_pool(self.source, step, episodes)
-
-
-def _metrics_row(
-    episodes: list[TrainEpisode], upd: UpdateResult, kl: float, pool_row: dict[str, Any]
-) -> dict[str, Any]:
-    """The step's metrics about its episodes and its update (timings are added by the caller)."""
-    tokens = [e.rollout.tokens for e in episodes]
-    turns = [t for e in episodes for t in e.trajectory.turns]
-    n_turns, n_eps = max(1, len(turns)), max(1, len(episodes))
-    return {
-        "reward": sum(t.reward for t in tokens) / n_eps,
-        "resolved_rate": sum(bool(e.rollout.outcome.get("resolved")) for e in episodes) / n_eps,
-        "invalid_tool_rate": sum(t.error_kind == "tool_not_found" for t in turns) / n_turns,
-        "valid_call_rate": sum(t.tool is not None and t.error_kind != "tool_not_found" for t in turns)
-        / n_turns,
-        "tool_error_rate": sum(t.error_kind is not None for t in turns) / n_turns,
-        "turns_per_episode": len(turns) / n_eps,
-        "hinted_turns": len(upd.hinted),
-        "hint_rate": len(upd.hinted) / n_turns,
-        "flagged": sum(e.flags > 0 for e in episodes),
-        "grpo_loss": upd.grpo_loss,
-        "sd_loss": upd.sd_loss,
-        "sd_tokens": upd.sd_tokens,
-        "kl_unhinted": kl,
-        "entropy_unhinted": upd.entropy_unhinted,
-        "clip_fraction": upd.clip_fraction,
-        "mismatch_kl": upd.mismatch_kl,
-        "is_truncated": upd.is_truncated,
-        "grad_norm": upd.grad_norm,
-        "skipped_update": upd.skipped,
-        "model_tokens": sum(t.num_model_tokens for t in tokens),
-        "zero_variance_groups": upd.zero_variance_groups,
-        **pool_row,
-    }
-
-
-def _progress_bar(total: int, done: int) -> tuple[Any, Any]:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
-
-    progress = Progress(
-        TextColumn("[bold]train"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[info]}"),
-        TimeRemainingColumn(),
-        transient=False,
-    )
-    bar = progress.add_task("train", total=total, completed=done, info="")
-    progress.start()
-    return progress, bar

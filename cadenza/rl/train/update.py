@@ -89,7 +89,7 @@ class Learner:
         model.train()
         self.optimizer.zero_grad(set_to_none=True)
         ent_sum = ent_n = 0.0
-        for k in self.dp.mine(len(chunks)):
+        for k, ghost in self.dp.schedule(len(chunks)):  # a ghost keeps sharded ranks in lockstep
             idx, chunk = chunks[k], items[k]
             batch = collate([tokens[i] for i in idx], self.tokenizer.pad_token_id, device=self.policy.device)
             ref_lp = self.ref_logprobs(batch) if self.ref_model is not None else None
@@ -112,16 +112,21 @@ class Learner:
             )
             kept = sum(tokens[i].num_model_tokens for i in idx if i in grpo_rows)
             # a microbatch's GRPO term is a mean over its tokens (token_mean) or its sequences
-            # (sequence_mean): weighted by its share of the step's, the sum is the whole-step mean
-            if not kept:  # no row of this microbatch carries a GRPO signal (and maybe none of the step)
+            # (sequence_mean): weighted by its share of the step's, the sum is the whole-step mean;
+            # a ghost microbatch (a rank with nothing left, stepping in lockstep) weighs nothing
+            if not kept or ghost:  # no row of this microbatch carries a GRPO signal
                 w_grpo = 0.0
             elif lc.aggregation == "sequence_mean":
                 w_grpo = sum(1 for i in idx if tokens[i].num_model_tokens) / n_seq
             else:
                 w_grpo = res.num_model_tokens / n_tok
-            w_sd = res.sd.num_tokens / n_sd if n_sd else 0.0
+            w_sd = res.sd.num_tokens / n_sd if n_sd and not ghost else 0.0
             loss = res.grpo * w_grpo + lc.lambda_sd * res.sd.loss * w_sd
-            loss.backward()
+            if self.dp.lockstep and lc.lambda_sd > 0 and not chunk:
+                self._teacher_in_lockstep(items, k)
+            (loss * self.dp.loss_scale).backward()
+            if ghost:
+                continue
             out.grpo_loss += float(res.grpo.detach()) * w_grpo
             out.sd_loss += float(res.sd.loss.detach()) * w_sd
             n_unhinted = float((batch.loss_mask * (1 - hinted_mask(batch, chunk))).sum())
@@ -146,6 +151,13 @@ class Learner:
         self.optimizer.zero_grad(set_to_none=True)
         return out
 
+    def _teacher_in_lockstep(self, items: list[list[Any]], k: int) -> None:
+        """Another rank of this round runs the teacher: run it too (on one of its items), unused."""
+        lo = k - k % self.dp.world
+        other = next((c for c in items[lo : lo + self.dp.world] if c), None)
+        if other is not None:
+            self.teacher.target_hidden(other[:1])
+
     @torch.no_grad()
     def ref_logprobs(self, batch: Any) -> torch.Tensor:
         assert self.ref_model is not None
@@ -169,7 +181,7 @@ class Learner:
         total = count = 0.0
         mb = self.cfg.optim.microbatch
         starts = list(range(0, len(tokens), mb))
-        for k in self.dp.mine(len(starts)):
+        for k, ghost in self.dp.schedule(len(starts)):
             idx = list(range(starts[k], min(starts[k] + mb, len(tokens))))
             batch = collate([tokens[i] for i in idx], self.tokenizer.pad_token_id, device=self.policy.device)
             hidden, _ = self.policy.hidden_states(batch.input_ids, batch.attention_mask)
@@ -186,6 +198,8 @@ class Learner:
                 for k, (s, e) in enumerate(tokens[i].turn_spans):
                     if (i, k) in hinted:
                         mask[row, s:e] = 0
+            if ghost:
+                continue
             log_ratio = lp - batch.behaviour_logprobs
             total += float(((torch.exp(log_ratio) - log_ratio - 1) * mask).sum())
             count += float(mask.sum())

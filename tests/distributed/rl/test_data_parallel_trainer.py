@@ -21,6 +21,7 @@ from safetensors.torch import load_file
 
 from cadenza.metrics import read_metrics
 from cadenza.rl.config import TrainConfig
+from cadenza.rl.engines.weights import named_full_tensors
 from cadenza.rl.train.checkpoint import latest_checkpoint
 from cadenza.testing import spawn
 from tests.support.rl_fixtures import config
@@ -46,7 +47,8 @@ def _train(cfg: TrainConfig) -> tuple[dict[str, torch.Tensor], list[dict]]:
     torch.set_num_threads(1)
     trainer = Trainer(cfg, resume=False)
     rows = trainer.train()
-    return {n: p.detach().clone() for n, p in trainer.model.named_parameters()}, rows
+    # under torchrun the policy is sharded (FSDP2): every rank gathers each full tensor
+    return {n: p.clone() for n, p in named_full_tensors(trainer.model)}, rows
 
 
 def _train_rank(rank: int, world: int, cfg: TrainConfig):
@@ -137,7 +139,10 @@ def test_cli_on_two_ranks_with_ray_rollouts_matches_one_process(sft_model, tmp_p
         assert got["grpo_loss"] == pytest.approx(want["grpo_loss"], rel=1e-5, abs=1e-7)
     ckpt = latest_checkpoint(tmp_path / "run")
     assert ckpt is not None
-    saved = load_file(str(ckpt / "model.safetensors"))
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    dcp_to_torch_save(str(ckpt), str(tmp_path / "full.pt"))  # the sharded run's DCP shards, gathered here
+    saved = torch.load(tmp_path / "full.pt", weights_only=False)["model"]
     for name, ref in ref_weights.items():
         if name in saved:
             torch.testing.assert_close(saved[name], ref, rtol=1e-5, atol=1e-6)

@@ -1,0 +1,245 @@
+"""The RL policy on the dual mesh: the same ``[parallel]`` table and :mod:`cadenza.parallel` as pretraining.
+
+Under torchrun (world > 1) every rank builds the same HF model, the trainer's copies of it (a frozen,
+EMA or snapshot teacher, the KL reference) and, on rank 0, one unsharded *rollout copy*; then the
+policy, the teacher and the reference are wrapped by :func:`cadenza.parallel.parallelize` in place
+(FSDP2 on the dense mesh, routed experts split over ``ep`` on the expert mesh) and the optimizer
+(granular sharded Muon or AdamW) is built over the shards, as ``cadenza pretrain`` does.
+
+* **Lockstep.** FSDP2 all-gathers and EP all-to-alls are collectives, so every rank runs the same
+  sequence of forwards: microbatch ``k`` of a step goes to rank ``k % world`` in rounds, and a rank
+  with nothing left in a round runs a *ghost* (the round's first microbatch with loss weight 0); a
+  rank whose microbatch has no hinted turn while another's has runs the teacher once on that one.
+* **Entering through the root.** The losses need the decoder's hidden states and apply the LM head
+  in chunks; FSDP2 requires the root module's forward to run first, so :func:`decoder_through_root`
+  runs the root with ``logits_to_keep`` empty and captures the decoder's output. The root stays
+  unsharded until backward, so the chunked LM head and the SD divergence (full vocabulary or top-k)
+  use its weights without gathering the rest of the model.
+* **Gradients.** parallelize divides by the number of data-parallel batches (pretraining's mean);
+  the RL loss is a sum over microbatches already weighted by global token counts, so each rank scales
+  its loss by ``dims.dp`` and the reduced gradient is the single-process one.
+* **Rollouts.** Rank 0 samples from its unsharded rollout copy, refreshed from the shards after every
+  update (one full tensor at a time, every rank iterating); engines are synced from that copy.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from cadenza.errors import ConfigError
+from cadenza.parallel import ParallelDims, ParallelOptions, parallelize
+from cadenza.parallel.parallelize import check_model
+from cadenza.rl.engines.policy import HFPolicy
+from cadenza.rl.engines.weights import named_full_tensors
+from cadenza.rl.train.data_parallel import DataParallel
+
+_NO_LOGITS = torch.zeros(0, dtype=torch.long)
+
+
+def check_parallel(cfg: Any, world: int, model: torch.nn.Module) -> ParallelDims:
+    """``[parallel]`` against the world size and the model, before any collective (one-line errors)."""
+    dims = cfg.parallel.resolve(world)
+    if dims.cp > 1:
+        raise ConfigError(
+            f"parallel.cp = {dims.cp}: context parallelism is not wired into cadenza train yet (RL sequences "
+            "are padded per microbatch); use cp = 1 and dp_shard/ep for memory"
+        )
+    check_model(model, dims)
+    if cfg.model.trainable_layers:
+        raise ConfigError("model.trainable_layers needs one process; set it to 0 for a sharded run")
+    return dims
+
+
+def decoder_through_root(model: torch.nn.Module, **kwargs: Any) -> Any:
+    """The decoder's output (hidden states, cache) computed by running the FSDP2 root's forward."""
+    captured: list[Any] = []
+    hook = model.get_decoder().register_forward_hook(lambda _m, _a, out: captured.append(out))
+    try:
+        ids = kwargs["input_ids"]
+        model(**kwargs, logits_to_keep=_NO_LOGITS.to(ids.device))
+    finally:
+        hook.remove()
+    return captured[-1]
+
+
+class ThroughRoot:
+    """An FSDP2-wrapped HF causal LM whose ``get_decoder()`` enters through the root (for the teacher
+    and the KL reference, which call the decoder themselves); everything else is the model's."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.module = model
+
+    def get_decoder(self) -> Callable[..., Any]:
+        return lambda **kw: decoder_through_root(self.module, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.module, name)
+
+
+class ShardedHFPolicy(HFPolicy):
+    """:class:`HFPolicy` over the sharded model: hidden states through the root, no sampling here."""
+
+    def decoder(self) -> Callable[..., Any]:
+        return ThroughRoot(self.model).get_decoder()
+
+    def sample(self, request: Any) -> Any:
+        raise ConfigError("a sharded policy samples through the rollout copy on rank 0")
+
+
+@dataclass(frozen=True)
+class ShardedGroup(DataParallel):
+    """The trainer's group when the policy is sharded: lockstep rounds, gradients reduced by FSDP2."""
+
+    dims: ParallelDims = field(default_factory=ParallelDims)
+
+    @property
+    def lockstep(self) -> bool:
+        return True
+
+    @property
+    def loss_scale(self) -> float:
+        return float(self.dims.dp)
+
+    def schedule(self, n: int) -> list[tuple[int, bool]]:
+        """``(microbatch, ghost)`` for each round; a ghost repeats the round's first microbatch."""
+        rounds = -(-n // self.world)
+        return [
+            (k, False) if (k := r * self.world + self.rank) < n else (r * self.world, True)
+            for r in range(rounds)
+        ]
+
+    def sum_grads(self, params: Any) -> None:
+        """FSDP2 already reduce-scattered every gradient in backward."""
+
+    def check_replicas(self, module: torch.nn.Module) -> None:
+        """Every rank loaded the same model before sharding (checked by the caller's fingerprint)."""
+
+
+@dataclass
+class ShardedPolicy:
+    """What :func:`shard` made: the dims, the rollout copy (rank 0) and the wrapped modules."""
+
+    dims: ParallelDims
+    group: ShardedGroup
+    rollout: HFPolicy | None
+    modules: dict[str, torch.nn.Module]
+    probe_teacher: torch.nn.Module | None = None
+    """Rank 0's unsharded teacher for the hint-following probe (``probe.every > 0``, teacher not live)."""
+    probe_every: int = 0
+    teacher_kind: str = "frozen"
+
+    def load_checkpoint(
+        self, path: Path, model: torch.nn.Module, optimizer: Any, *, modules: dict[str, torch.nn.Module]
+    ) -> tuple[int, dict[str, Any]]:
+        """:func:`load_checkpoint`, then the rollout copy (and probe teacher) take the loaded weights."""
+        out = load_checkpoint(path, model, optimizer, modules=modules)
+        self.refresh_rollout_copy(model)
+        if self.probe_every > 0 and "teacher" in self.modules:
+            _gather_into(self.probe_teacher, self.modules["teacher"])
+        return out
+
+    def refresh_rollout_copy(self, model: torch.nn.Module) -> None:
+        """Every rank: gather the shards tensor by tensor; rank 0 copies them into its rollout copy."""
+        _gather_into(self.rollout.model if self.rollout is not None else None, model)
+
+    def probe_models(self, done_steps: int, teacher: Any) -> tuple[torch.nn.Module, torch.nn.Module]:
+        """Every rank (collective when the probe is due and the teacher moves): the unsharded student and
+        teacher rank 0's probe measures (a live teacher is the student)."""
+        due = self.probe_every > 0 and done_steps % self.probe_every == 0
+        if due and self.probe_teacher is not None and self.teacher_kind != "frozen":
+            _gather_into(self.probe_teacher if self.rollout is not None else None, teacher.module)
+        student = self.rollout.model if self.rollout is not None else teacher
+        return student, self.probe_teacher if self.probe_teacher is not None else student
+
+
+def _gather_into(target: torch.nn.Module | None, sharded: torch.nn.Module) -> None:
+    """Every rank iterates (each full tensor is a collective); ``target`` (rank 0) takes the values."""
+    params = dict(target.named_parameters()) if target is not None else {}
+    with torch.no_grad():
+        for name, full in named_full_tensors(sharded):
+            if name in params:
+                params[name].copy_(full)
+
+
+def shard(cfg: Any, dp: DataParallel, policy: HFPolicy, copies: dict[str, torch.nn.Module]) -> ShardedPolicy:
+    """Wrap ``policy.model`` and the unsharded ``copies`` (teacher, reference) in place on the dual mesh."""
+    dims = check_parallel(cfg, dp.world, policy.model)
+    rollout = probe_teacher = None
+    if dp.main:
+        rollout = HFPolicy(copy.deepcopy(policy.model), device=policy.device)
+        rollout.model.requires_grad_(False)
+        if cfg.probe.every > 0 and "teacher" in copies:
+            probe_teacher = copy.deepcopy(copies["teacher"])
+    options = ParallelOptions(param_dtype=cfg.model.dtype, reduce_dtype="float32")
+    device = policy.device.type
+    parallelize(policy.model, dims, options, device_type=device)
+    for module in copies.values():
+        parallelize(module, dims, options, device_type=device)
+    group = ShardedGroup(rank=dp.rank, world=dp.world, device=dp.device, owns_group=dp.owns_group, dims=dims)
+    return ShardedPolicy(
+        dims=dims, group=group, rollout=rollout, modules=dict(copies), probe_teacher=probe_teacher,
+        probe_every=cfg.probe.every, teacher_kind=cfg.teacher.weights,
+    )  # fmt: skip
+
+
+def shard_trainer(trainer: Any) -> ShardedPolicy:
+    """Wrap a :class:`~cadenza.rl.train.trainer.Trainer`'s policy, teacher and reference in place."""
+    copies = {} if trainer.teacher.config.weights == "live" else {"teacher": trainer.teacher.model}
+    if trainer.ref_model is not None:
+        copies["reference"] = trainer.ref_model
+    shards = shard(trainer.cfg, trainer.dp, trainer.policy, copies)
+    trainer.dp = shards.group
+    trainer.rollout_policy = shards.rollout
+    trainer.policy = ShardedHFPolicy(trainer.model, device=trainer.policy.device)
+    trainer.teacher.model = ThroughRoot(trainer.teacher.model)
+    if trainer.ref_model is not None:
+        trainer.ref_model = ThroughRoot(trainer.ref_model)
+    return shards
+
+
+def save_checkpoint(trainer: Any, state: dict[str, Any]) -> Path:
+    """DCP shards of the policy, optimizer, teacher and reference (every rank), plus rank 0's RNG streams
+    and trainer state (``state.pt``), published atomically as ``checkpoints/step-N``."""
+    from cadenza.pretrain import checkpoint as dcp_ckpt
+    from cadenza.rl.train.checkpoint import rng_state
+
+    def extra(tmp: Path) -> None:
+        torch.save({"rng": rng_state(), "trainer": state}, tmp / "state.pt")
+
+    meta = {
+        "format": "dcp",
+        "fingerprint": dcp_ckpt.fingerprint(trainer.model),
+        "world_size": trainer.dp.world,
+        "modules": sorted(trainer.shards.modules),
+    }
+    return dcp_ckpt.save(
+        trainer.out / "checkpoints", trainer.step, trainer.model, trainer.optimizer, meta,
+        keep=trainer.cfg.run.keep_checkpoints, modules=trainer.shards.modules, extra=extra,
+    )  # fmt: skip
+
+
+def load_checkpoint(
+    path: Path, model: torch.nn.Module, optimizer: Any, *, modules: dict[str, torch.nn.Module]
+) -> tuple[int, dict[str, Any]]:
+    """Restore a sharded checkpoint at any world size and dims (DCP reshards); ``(step, trainer state)``."""
+    from cadenza import checkpoint as lifecycle
+    from cadenza.pretrain import checkpoint as dcp_ckpt
+    from cadenza.rl.train.checkpoint import set_rng_state
+
+    meta = lifecycle.require_meta(path)
+    if meta.get("format") != "dcp":
+        raise ConfigError(
+            f"checkpoint {path} was written by one process (safetensors); resume it with one process, or "
+            "start this sharded run in another run.out_dir"
+        )
+    dcp_ckpt.check_compatible(meta, dcp_ckpt.fingerprint(model), path)
+    dcp_ckpt.load(path, model, optimizer, modules=modules)
+    state = torch.load(path / "state.pt", weights_only=False)
+    set_rng_state(state["rng"])
+    return int(meta["step"]), state["trainer"]

@@ -1,0 +1,133 @@
+"""``cadenza train`` on the dual mesh: the real CLI on 4 gloo ranks with ``[parallel] ep = 2`` against one
+process, and a resume of its DCP checkpoint at world 2.
+
+The model is a tiny Qwen3-MoE (hidden 64, 2 layers, 8 experts) on toolworld with Muon, so the routed
+experts live split over the EP mesh, the dense weights on the dense mesh, and the frozen teacher and the
+KL reference are sharded alike. Newton–Schulz runs in float32 (``optim.muon_ns_dtype``): in bfloat16 it
+rounds the 1e-7 summation-order differences of a sharded gradient into 1e-3 update differences. The
+ranks are launched the way torchrun launches them (RANK, WORLD_SIZE, LOCAL_RANK), meeting through a
+shared file instead of a TCP store (which would listen beyond loopback).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cadenza.metrics import read_metrics
+from cadenza.rl.config import ParallelDims, TrainConfig
+from cadenza.rl.train.checkpoint import list_checkpoints
+from tests.support.rl_fixtures import config
+
+STEPS = 3
+COMPARED = ("reward", "grpo_loss", "sd_loss", "grad_norm", "kl_unhinted", "clip_fraction", "entropy_unhinted")
+COUNTS = ("model_tokens", "sd_tokens", "episodes", "hinted_turns")
+
+
+def _config(model: Path, out: Path, ep: int = 1) -> TrainConfig:
+    cfg = config(model, out, steps=STEPS, lambda_sd=1.0, kl_ref=0.05, drop_zero_variance=False)
+    cfg.env.options = {"min_steps": 1, "max_steps": 1, "extra_turns": 1}
+    cfg.optim.name, cfg.optim.muon_ns_dtype, cfg.optim.microbatch = "muon", "float32", 3  # 8 episodes: 3+3+2
+    cfg.run.checkpoint_every, cfg.run.keep_checkpoints = 2, 3
+    cfg.parallel = ParallelDims(ep=ep)
+    return cfg
+
+
+def _launch(cfg: TrainConfig, world: int, tmp: Path, *, check: bool = True) -> list[tuple[int, str]]:
+    """``python -m cadenza train`` on ``world`` ranks, as torchrun starts them; exit code and output."""
+    import tomli_w
+
+    toml = tmp / f"train-{world}.toml"
+    toml.write_text(tomli_w.dumps(cfg.to_dict()))
+    rdzv = tmp / f"rendezvous-{world}"
+    rdzv.unlink(missing_ok=True)
+    env = {
+        **os.environ,
+        "WORLD_SIZE": str(world),
+        "CADENZA_INIT_METHOD": f"file://{rdzv}",
+        "OMP_NUM_THREADS": "1",
+    }
+    cmd = [sys.executable, "-m", "cadenza", "train", str(toml)]
+    procs = [
+        subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+        for r in range(world)
+    ]  # fmt: skip
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=900)[0])
+    finally:
+        for p in procs:
+            p.kill()
+    for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
+        assert p.returncode == 0 or not check, f"rank {r} failed:\n{out[-3000:]}"
+    return [(p.returncode, out) for p, out in zip(procs, outs, strict=True)]
+
+
+def _same(got: dict, want: dict) -> None:
+    for key in COUNTS:
+        assert got[key] == want[key], key
+    for key in COMPARED:
+        assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-7), (got["step"], key)
+
+
+@pytest.fixture(scope="module")
+def reference(sft_moe, tmp_path_factory) -> list[dict]:
+    """The single-process run of the same config (no ``[parallel]`` sharding at world 1)."""
+    import torch
+
+    from cadenza.rl.train.trainer import Trainer
+
+    torch.set_num_threads(1)
+    rows = Trainer(_config(sft_moe, tmp_path_factory.mktemp("single") / "run", ep=2), resume=False).train()
+    # the comparison means something only if every term of the loss moved the weights
+    assert len(rows) == STEPS and not any(r["skipped_update"] for r in rows)
+    assert all(r["sd_tokens"] > 0 for r in rows) and any(r["grpo_loss"] != 0 for r in rows)
+    return rows
+
+
+def test_four_ranks_with_ep_2_train_like_one_process_and_resume_at_world_2(reference, sft_moe, tmp_path):
+    out = tmp_path / "run"
+    outs = [o for _, o in _launch(_config(sft_moe, out, ep=2), 4, tmp_path)]
+    assert "done: step 3" in outs[0] and not any("done:" in o for o in outs[1:]), "rank 0 alone reports"
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for got, want in zip(rows, reference, strict=True):
+        _same(got, want)
+    ckpts = list_checkpoints(out)
+    meta = json.loads((ckpts[-1] / "meta.json").read_text())
+    assert meta["format"] == "dcp" and meta["world_size"] == 4 and meta["modules"] == ["reference", "teacher"]
+    assert not (ckpts[-1] / "model.safetensors").exists()  # shards, not a gathered model
+
+    # resume the step-2 checkpoint of the world-4 run at world 2: step 3 as in the uninterrupted run
+    shutil.rmtree(ckpts[-1])
+    assert list_checkpoints(out)[-1].name.endswith("2")
+    _launch(_config(sft_moe, out, ep=2), 2, tmp_path)
+    resumed = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in resumed] == [1, 2, 3]
+    _same(resumed[-1], reference[-1])
+
+
+@pytest.mark.slow
+def test_eight_ranks_with_ep_8_train_like_one_process(reference, sft_moe, tmp_path):
+    """One expert per rank (ep = 8 = dp_shard): every routed token crosses the all-to-all."""
+    out = tmp_path / "run"
+    _launch(_config(sft_moe, out, ep=8), 8, tmp_path)
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for got, want in zip(rows, reference, strict=True):
+        _same(got, want)
+
+
+def test_parallel_mistakes_are_one_line_before_any_rank_works(sft_moe, tmp_path):
+    """ep = 3 does not divide 8 experts; ranks leave with the one line (no hang, no traceback)."""
+    for code, out in _launch(_config(sft_moe, tmp_path / "bad", ep=3), 3, tmp_path, check=False):
+        assert code == 2 and "Traceback" not in out, out[-2000:]
+        assert "ep=3 does not divide the number of experts (8)" in out.strip().splitlines()[-1]
