@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cadenza.agent.grading.diff import compare
 from cadenza.agent.env import StepResult, ToolCall
+from cadenza.agent.grading.diff import compare
 from cadenza.agent.grading.grade import GradeResult, grade, task_env_dir
 from cadenza.agent.outcome import Outcome
 from cadenza.agent.prompt import initial_messages

@@ -11,9 +11,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cadenza.agent.grading.diff import compare
 from cadenza.agent.env import ToolCall
 from cadenza.agent.episode import EpisodeConfig
+from cadenza.agent.grading.diff import compare
 from cadenza.agent.replay import replay
 from cadenza.tasks.records.task import WORKSPACE, load_task
 

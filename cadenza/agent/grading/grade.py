@@ -29,8 +29,8 @@ from typing import Any
 
 import tomli_w
 
-from cadenza.agent.grading.diff import compare
 from cadenza.agent.grading.capabilities import capability_findings, guard_allowances
+from cadenza.agent.grading.diff import compare
 from cadenza.agent.grading.policy import Defences, GradePolicy, top_level_modules
 from cadenza.errors import CadenzaError
 from cadenza.sandbox import Sandbox, SandboxConfig, env_info, hidden_roots

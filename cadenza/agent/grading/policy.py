@@ -36,7 +36,7 @@ class Defences:
     drop_startup_hooks: bool = True  # sitecustomize.py, usercustomize.py, *.pth
     drop_packaging_metadata: bool = True  # *.dist-info/, *.egg-info/, entry_points.txt
     drop_shadow_modules: bool = True  # new top-level modules named like an importable one (pytest.py)
-    drop_bytecode: bool = True  # __pycache__/ and *.pyc are never compared nor copied (cadenza.agent.grading.diff)
+    drop_bytecode: bool = True  # __pycache__/ and *.pyc are never compared nor copied (grading.diff)
     autoload_off: bool = True  # PYTEST_DISABLE_PLUGIN_AUTOLOAD=1: entry-point plugins never load
     clear_addopts: bool = True  # -o addopts= before the task's own (neutralised) pytest_args
     drop_new_init_near_tests: bool = True  # a new __init__.py in a test directory or any directory above one
