@@ -66,7 +66,7 @@ class RolloutParams:
     group_size: int = 8  # G samples per task
     max_new_tokens: int = 64  # tokens per model turn
     temperature: float = 1.0  # sampling temperature of the rollouts
-    top_k: int = 0  # 0 = off; keep 0 for on-policy GRPO ratios
+    top_k: int = 0  # 0 = off; sampling only (eval, probes): training rejects > 0 (it biases the ratios)
     max_turns: int = 8  # model turns (tool calls) per episode
     max_context_tokens: int = 4096  # prompt + episode tokens; an episode that reaches it ends (graded as is)
     # text every assistant turn starts with, as prompt tokens (a forced tool call, as tool_choice="required"
@@ -188,7 +188,11 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
         "rollout.max_new_tokens and max_turns must be >= 1",
     )
     need(cfg.rollout.temperature > 0, "rollout.temperature must be > 0")
-    need(cfg.rollout.top_k >= 0, "rollout.top_k must be >= 0 (0 = off)")
+    need(
+        cfg.rollout.top_k == 0,
+        f"rollout.top_k = {cfg.rollout.top_k}: training needs 0, because the trainer's log-probs are over "
+        "the full vocabulary and a top-k sampler biases every importance ratio (use temperature instead)",
+    )
     validate_engine(cfg.rollout)
     need(cfg.loss.lambda_sd >= 0, "loss.lambda_sd must be >= 0")
     need(0 <= cfg.loss.beta <= 1, "loss.beta must be in [0, 1]")

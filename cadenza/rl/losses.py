@@ -112,27 +112,49 @@ def self_distillation_loss(
 
 
 def sampled_token_sd_loss(
-    student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor, mask: torch.Tensor
+    student_logprobs: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    mask: torch.Tensor,
+    behaviour_logprobs: torch.Tensor | None = None,
+    is_cap: float = 0.0,
 ) -> torch.Tensor:
-    """Single-sample estimator of reverse KL(student || teacher) on the tokens the student sampled.
+    """Single-sample estimator of reverse KL(student || teacher) on the tokens the sampler drew.
 
     For a token ``y ~ student``, ``log p_s(y) - log p_t(y)`` is an unbiased estimate of the reverse KL.
     The returned value equals the masked mean of that estimate; its gradient is the score-function
     (policy-gradient) term ``(log p_s(y) - log p_t(y)) * grad log p_s(y)`` — the on-policy gradient of
     the reverse KL, i.e. REINFORCE with per-token reward ``log p_t(y) - log p_s(y)`` (OPSD style).
-    Needs only the log-probs of the sampled tokens, not the teacher's full distribution. Valid for
-    on-policy tokens (the sampling policy is the current student).
+    Needs only the log-probs of the sampled tokens, not the teacher's full distribution.
+
+    Off-policy (the tokens were drawn by ``mu``: a stale or other-kernel engine, another temperature)
+    pass ``behaviour_logprobs`` = ``log mu(y)``: each token is weighted by ``p_s(y) / mu(y)`` (detached,
+    capped at ``is_cap`` when > 0), which makes value and gradient unbiased under ``mu`` again.
     """
-    return masked_mean(sampled_token_surrogate(student_logprobs, teacher_logprobs), mask)
+    per_token = sampled_token_surrogate(student_logprobs, teacher_logprobs, behaviour_logprobs, is_cap)
+    return masked_mean(per_token, mask)
 
 
-def sampled_token_surrogate(student_logprobs: torch.Tensor, teacher_logprobs: torch.Tensor) -> torch.Tensor:
-    """Per-token surrogate of :func:`sampled_token_sd_loss`: value ``log p_s - log p_t``, gradient
-    ``(log p_s - log p_t) * grad log p_s``."""
+def sampled_token_surrogate(
+    student_logprobs: torch.Tensor,
+    teacher_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor | None = None,
+    is_cap: float = 0.0,
+) -> torch.Tensor:
+    """Per-token surrogate of :func:`sampled_token_sd_loss`: value ``w (log p_s - log p_t)``, gradient
+    ``w (log p_s - log p_t) grad log p_s``, ``w = min(p_s / mu, is_cap)`` (1 without behaviour log-probs)."""
     if student_logprobs.shape != teacher_logprobs.shape:
         raise CadenzaError("student and teacher log-probs must have the same shape")
     gap = (student_logprobs - teacher_logprobs.detach()).detach()
-    return gap + gap * (student_logprobs - student_logprobs.detach())
+    surrogate = gap + gap * (student_logprobs - student_logprobs.detach())
+    if behaviour_logprobs is None:
+        return surrogate
+    if behaviour_logprobs.shape != student_logprobs.shape:
+        raise CadenzaError("behaviour log-probs must have the shape of the student's")
+    with torch.no_grad():
+        weight = torch.exp(student_logprobs.detach() - behaviour_logprobs.detach().to(student_logprobs.dtype))
+        if is_cap > 0:
+            weight = weight.clamp(max=is_cap)
+    return weight * surrogate
 
 
 def group_advantages(
@@ -216,15 +238,25 @@ def grpo_loss(
 def clip_fraction(
     logprobs: torch.Tensor,
     behaviour_logprobs: torch.Tensor,
+    advantages: torch.Tensor,
     mask: torch.Tensor,
     clip_eps_low: float = 0.2,
     clip_eps_high: float = 0.2,
 ) -> torch.Tensor:
-    """Fraction of masked tokens whose ratio lies outside the clip range (a logging metric)."""
+    """Fraction of masked tokens the PPO clip actually acts on (a logging metric).
+
+    A token is clipped when :func:`grpo_loss`'s ``min`` picks the clipped branch with the ratio outside
+    the range, so the token passes no gradient: ``A > 0`` and ``r > 1 + eps_high``, or ``A < 0`` and
+    ``r < 1 - eps_low``. ``behaviour_logprobs`` must be the ones the surrogate's ratio uses (the proximal
+    policy's in the decoupled off-policy form); engine/trainer mismatch is ``mismatch_kl``, not this.
+    """
     with torch.no_grad():
+        if advantages.ndim == 1:
+            advantages = advantages[:, None]
+        adv = advantages.to(device=logprobs.device, dtype=logprobs.dtype).expand_as(logprobs)
         ratio = torch.exp(logprobs - behaviour_logprobs)
-        out = ((ratio < 1.0 - clip_eps_low) | (ratio > 1.0 + clip_eps_high)).to(torch.float32)
-        return masked_mean(out, mask.to(torch.float32))
+        hit = ((adv > 0) & (ratio > 1.0 + clip_eps_high)) | ((adv < 0) & (ratio < 1.0 - clip_eps_low))
+        return masked_mean(hit.to(torch.float32), mask.to(torch.float32))
 
 
 def truncated_is_weights(

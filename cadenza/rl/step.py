@@ -101,7 +101,10 @@ def rl_losses(
         is_weights=is_weights,
     )
     if use_sd:
-        sd = teacher.loss(hidden, policy.lm_head, items, cache)
+        # the sampled SD estimator is importance-weighted when its tokens came from another distribution
+        resampled = off_policy or cfg.sd_temperature != temperature
+        mu = batch.behaviour_logprobs if resampled else None
+        sd = teacher.loss(hidden, policy.lm_head, items, cache, behaviour_logprobs=mu)
         loss = grpo + cfg.lambda_sd * sd.loss
     else:
         sd = SDResult(loss=torch.zeros((), device=hidden.device), num_tokens=0)
@@ -116,9 +119,10 @@ def rl_losses(
             sd=sd,
             entropy_unhinted=float(masked_mean(entropy, unhinted)),
             kl_unhinted=float(masked_mean(k3, unhinted)),
+            # against the ratio the surrogate used: where the clip really acted
             clip_fraction=float(
                 clip_fraction(
-                    logprobs, batch.behaviour_logprobs, batch.loss_mask, cfg.clip_eps, cfg.clip_eps_high
+                    logprobs, behaviour, advantages, batch.loss_mask, cfg.clip_eps, cfg.clip_eps_high
                 )
             ),
             num_model_tokens=int(batch.loss_mask.sum()),

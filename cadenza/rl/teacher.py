@@ -270,11 +270,16 @@ class Teacher:
         student_head: torch.nn.Module,
         items: Sequence[HintedTurn],
         student_cache: Any = None,
+        behaviour_logprobs: torch.Tensor | None = None,
     ) -> SDResult:
         """Mean per-token divergence over all hinted target tokens (student gets gradient, teacher none).
 
         ``student_hidden`` ``[B, T, D]`` are the student's final hidden states over the batch rows that
-        ``items`` index (the same forward that feeds the GRPO loss).
+        ``items`` index (the same forward that feeds the GRPO loss). ``behaviour_logprobs`` (``[B, T]``,
+        the batch's): the sampler's log-probs when it was not the student at ``sd_temperature`` (stale
+        or other-kernel engine, other temperature); the ``sampled`` estimator is then importance-weighted
+        by ``min(p_s / mu, is_cap)`` per token (``is_cap`` 0: uncapped), the ``full`` one needs no
+        correction (it sums over the vocabulary).
         """
         cfg, lc = self.config, self.loss_config
         if not items:
@@ -290,7 +295,10 @@ class Teacher:
             s_lp, _ = token_logprobs(student, student_head, targets, **kw)
             with torch.no_grad():
                 t_lp, _ = token_logprobs(teacher, t_head, targets, **kw)
-            per_token = sampled_token_surrogate(s_lp, t_lp)
+            mu = None
+            if behaviour_logprobs is not None:
+                mu = torch.cat([behaviour_logprobs[it.row, it.turn_start : it.turn_end] for it in items])
+            per_token = sampled_token_surrogate(s_lp, t_lp, mu, lc.is_cap)
         else:
             per_token = hidden_divergence(
                 student,

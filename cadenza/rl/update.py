@@ -75,6 +75,7 @@ class Learner:
             for idx in chunks
         ]
         n_tok = sum(tokens[i].num_model_tokens for i in grpo_rows)
+        n_seq = sum(1 for i in grpo_rows if tokens[i].num_model_tokens)
         n_sd = sum(it.num_tokens for chunk in items for it in chunk)
         n_all = sum(t.num_model_tokens for t in tokens)
         out = UpdateResult(sd_tokens=n_sd, zero_variance_groups=zero_var)
@@ -102,7 +103,14 @@ class Learner:
                 ref_logprobs=ref_lp,
             )
             kept = sum(tokens[i].num_model_tokens for i in idx if i in grpo_rows)
-            w_grpo = res.num_model_tokens / n_tok if kept else 0.0
+            # a microbatch's GRPO term is a mean over its tokens (token_mean) or its sequences
+            # (sequence_mean): weighted by its share of the step's, the sum is the whole-step mean
+            share = (
+                (sum(1 for i in idx if tokens[i].num_model_tokens) / n_seq)
+                if lc.aggregation == "sequence_mean"
+                else res.num_model_tokens / n_tok
+            )
+            w_grpo = share if kept else 0.0
             w_sd = res.sd.num_tokens / n_sd if n_sd else 0.0
             loss = res.grpo * w_grpo + lc.lambda_sd * res.sd.loss * w_sd
             loss.backward()
@@ -111,8 +119,8 @@ class Learner:
             n_unhinted = float((batch.loss_mask * (1 - hinted_mask(batch, chunk))).sum())
             ent_sum += res.entropy_unhinted * n_unhinted
             ent_n += n_unhinted
-            out.clip_fraction += res.clip_fraction * w_grpo
             w_all = res.num_model_tokens / n_all if n_all else 0.0
+            out.clip_fraction += res.clip_fraction * w_all
             out.mismatch_kl += res.mismatch_kl * w_all
             out.is_truncated += res.is_truncated * w_all
         self.dp.sum_grads(model.parameters())

@@ -11,9 +11,11 @@ import torch
 from cadenza.errors import CadenzaError
 from cadenza.rl.losses import (
     DivergenceSpec,
+    clip_fraction,
     group_advantages,
     grpo_loss,
     sampled_token_sd_loss,
+    sampled_token_surrogate,
     self_distillation_loss,
     truncated_is_weights,
 )
@@ -168,6 +170,63 @@ def test_sampled_token_estimator_value_and_gradient():
     expected = np.where(mask, (ls - lt) / n, 0.0)
     np.testing.assert_allclose(student.grad.numpy(), expected, rtol=1e-12, atol=1e-15)
     assert teacher.grad is None
+
+
+@pytest.mark.parametrize("cap", [0.0, 50.0])
+def test_sampled_estimator_off_policy_is_unbiased_against_float64(cap):
+    """Tokens drawn by ``mu`` (not the student): the expectation over ``y ~ mu`` of the weighted
+    estimator equals KL(student || teacher) and its gradient, computed exactly over the vocabulary in
+    float64 (the expectation is a sum over every token, so no sampling noise enters the test)."""
+    rng = np.random.default_rng(9)
+    V = 7
+    s_logits, t_logits, mu_logits = rng.normal(size=V), rng.normal(size=V), rng.normal(size=V) * 1.5
+    ls = s_logits - np.log(np.exp(s_logits).sum())
+    lt = t_logits - np.log(np.exp(t_logits).sum())
+    lmu = mu_logits - np.log(np.exp(mu_logits).sum())
+
+    def kl(logits: np.ndarray) -> float:
+        lp = logits - np.log(np.exp(logits).sum())
+        return float((np.exp(lp) * (lp - lt)).sum())
+
+    x = torch.tensor(s_logits, requires_grad=True)
+    student = torch.log_softmax(x, -1)
+    mu = torch.tensor(lmu)
+    per_token = sampled_token_surrogate(student, torch.tensor(lt), mu, is_cap=cap)
+    expectation = (mu.exp() * per_token).sum()  # E_{y ~ mu}, exactly
+    assert expectation.item() == pytest.approx(kl(s_logits), rel=1e-10)
+    expectation.backward()
+    h = 1e-6
+    for v in range(V):
+        e = np.eye(V)[v] * h
+        fd = (kl(s_logits + e) - kl(s_logits - e)) / (2 * h)
+        assert x.grad[v].item() == pytest.approx(fd, rel=1e-6, abs=1e-9)
+    # without the correction the same tokens give a biased value: the defect this fixes
+    plain = (mu.exp() * sampled_token_surrogate(student.detach(), torch.tensor(lt))).sum().item()
+    assert abs(plain - kl(s_logits)) > 0.05
+    # the masked-mean loss applies the same weights; a small cap truncates them
+    m = torch.ones(V, dtype=torch.bool)
+    w = np.exp(ls - lmu)
+    capped = sampled_token_sd_loss(student.detach(), torch.tensor(lt), m, mu, is_cap=1.5).item()
+    assert capped == pytest.approx(float((np.minimum(w, 1.5) * (ls - lt)).mean()), rel=1e-10)
+
+
+def test_clip_fraction_counts_the_tokens_the_clip_stops():
+    """A token is clipped exactly when the surrogate passes it no gradient though its advantage is
+    nonzero: checked against autograd on the real loss, ratios on both sides of the range."""
+    rng = np.random.default_rng(2)
+    B, T = 4, 9
+    old = -rng.random((B, T)) * 2
+    lp = old + rng.normal(size=(B, T)) * 0.4  # many ratios outside [0.8, 1.28], on both sides
+    adv = np.array([1.0, -1.0, 0.5, -2.0])
+    mask = rng.random((B, T)) < 0.8
+    x = torch.tensor(lp, requires_grad=True)
+    grpo_loss(x, torch.tensor(old), torch.tensor(adv), torch.tensor(mask), 0.2, 0.28).backward()
+    stopped = (x.grad.numpy() == 0) & mask
+    want = stopped.sum() / mask.sum()
+    got = clip_fraction(x.detach(), torch.tensor(old), torch.tensor(adv), torch.tensor(mask), 0.2, 0.28)
+    assert 0 < want < 1 and got.item() == pytest.approx(want, rel=1e-6)
+    outside = ((np.exp(lp - old) < 0.8) | (np.exp(lp - old) > 1.28)) & mask
+    assert outside.sum() > stopped.sum()  # ratio outside the range is not the same as clipped
 
 
 # ---------------------------------------------------------------- GRPO

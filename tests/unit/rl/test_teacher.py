@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import math
 
 import pytest
 import torch
@@ -300,3 +301,36 @@ def test_select_rows_reindexes_for_micro_batches(tok, trajectories):
     assert [(it.row, it.turn) for it in sub] == [(0, 0)]
     assert sub[0].teacher_ids == items[2].teacher_ids
     assert [(it.row, it.turn) for it in select_rows(items, [1, 0])] == [(1, 1), (1, 3), (0, 0)]
+
+
+def test_off_policy_step_weights_the_sampled_estimator_and_reports_true_clipping(tok, trajectories):
+    """Through the step loss: tokens sampled by another distribution (log-prob -1 each, as the scripted
+    engine says) weight each SD token by ``p_s / mu`` (float64 reference by hand); the decoupled ratio
+    is 1, so the PPO clip acts on no token whatever the engine/trainer gap (that gap is mismatch_kl)."""
+    from cadenza.rl.step import rl_losses
+
+    pol = _policy(tok, dtype="float64")
+    batch = collate(trajectories, tok.pad_token_id)
+    batch.behaviour_logprobs = batch.behaviour_logprobs.double()
+    items = build_hinted_turns(trajectories, HINTS, tok)
+    loss = LossConfig(sd_estimator="sampled", is_cap=1e6, lambda_sd=1.0)  # decoupled, cap never bites
+    teacher = Teacher(pol.model, TeacherConfig(chunk_size=4), loss)
+    res = rl_losses(pol, batch, torch.tensor([1.0, -1.0]), items=items, teacher=teacher, loss=loss,
+                    off_policy=True)  # fmt: skip
+    total, count = 0.0, 0
+    with torch.no_grad():
+        for it in items:
+            s = torch.log_softmax(
+                pol.lm_head(pol.hidden_states(batch.input_ids[it.row : it.row + 1])[0])[0], -1
+            )
+            t = torch.log_softmax(pol.lm_head(pol.hidden_states(torch.tensor([it.teacher_ids]))[0])[0], -1)
+            for j in range(it.num_tokens):
+                tokid = it.teacher_ids[it.teacher_turn_start + j]
+                ls = s[it.turn_start - 1 + j, tokid].item()
+                lt = t[it.teacher_turn_start - 1 + j, tokid].item()
+                mu = batch.behaviour_logprobs[it.row, it.turn_start + j].item()
+                assert mu == -1.0
+                total += math.exp(ls - mu) * (ls - lt)
+                count += 1
+    assert res.sd.loss.item() == pytest.approx(total / count, rel=1e-9)
+    assert res.clip_fraction == 0.0 and res.mismatch_kl > 0.1

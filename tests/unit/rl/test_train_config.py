@@ -53,6 +53,8 @@ def write(tmp_path, text: str):
         ('[rollout]\nengines = 0\n[model]\ntokenizer = "tok"', r"rollout.engines must be >= 1"),
         ('[rollout]\nengines = 2\n[model]\ntokenizer = "tok"', r"rollout.engines = 2 needs engine = 'vllm'"),
         ('[loss]\nis_cap = 0.5\n[model]\ntokenizer = "tok"', r"loss.is_cap must be 0 \(off\) or >= 1"),
+        # the trainer's log-probs are over the full vocabulary: a top-k sampler would bias every ratio
+        ('[rollout]\ntop_k = 4\n[model]\ntokenizer = "tok"', r"rollout.top_k = 4: training needs 0"),
         ("run = 3", r"run must be a table"),
         ("[run\n", r"invalid TOML"),
     ],
