@@ -44,6 +44,7 @@ class Router:
         self.sessions = [0] * len(self.engines)
         self.served = [0] * len(self.engines)  # prompts sent to each engine
         self._pool = ThreadPoolExecutor(max_workers=len(self.engines), thread_name_prefix="cadenza-router")
+        self._lock = threading.Lock()  # the per-episode loop calls sample from several threads at once
 
     @property
     def version(self) -> int:
@@ -72,7 +73,8 @@ class Router:
 
     def sample(self, request: SampleRequest) -> list[Sample]:
         prompts = request.prompts
-        routes = [self.route(p) for p in prompts]
+        with self._lock:
+            routes = [self.route(p) for p in prompts]
         # One seed per prompt, drawn before the split exactly as one engine draws them: a served engine
         # samples a prompt the same whichever engine it went to (and as a lone engine would). Engines
         # that sample from a generator (``hf``) get one seeded by their first prompt's seed.
@@ -81,7 +83,8 @@ class Router:
         for i, engine in enumerate(self.engines):
             mine = [k for k, r in enumerate(routes) if r == i]
             if mine:
-                self.served[i] += len(mine)
+                with self._lock:
+                    self.served[i] += len(mine)
                 gen = torch.Generator().manual_seed(seeds[mine[0]])
                 part = request.part([prompts[k] for k in mine], gen, [seeds[k] for k in mine])
                 jobs[i] = (mine, self._pool.submit(engine.sample, part))

@@ -1,0 +1,146 @@
+"""Training rollouts through the one agent loop: every episode on its own clock, the same trajectories
+whatever the interleaving, tool calls concurrent, turns of different episodes batched together, and
+both rules for a turn without a tool call."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from cadenza.agent.env import StepResult
+from cadenza.agent.loop import NO_TOOL_CALL
+from cadenza.rl.policy import HFPolicy, Sample, tiny_qwen3_config
+from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
+from tests.support.rl_helpers import CounterEnv, make_tokenizer
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def policy(tok):
+    return HFPolicy.from_config(tiny_qwen3_config(len(tok)), seed=0, dtype="float64")
+
+
+class Recording:
+    """The policy, with every batch it was asked for: how many prompts, at which turn each one is."""
+
+    def __init__(self, policy, eos: int) -> None:
+        self.policy, self.eos, self.batches = policy, eos, []
+        self.name = "hf"
+
+    def sample(self, request):
+        self.batches.append([sum(t == self.eos for t in p) for p in request.prompts])
+        return self.policy.sample(request)
+
+
+class SlowCounter(CounterEnv):
+    """A counter whose answers take ``delay`` seconds (episodes drift apart); it answers a turn without a
+    tool call itself (``respond``), as slowly. Counts how many of its kind answer at once."""
+
+    active = 0
+    peak = 0
+    lock = threading.Lock()
+
+    def __init__(self, delay: float) -> None:
+        super().__init__(target=99)
+        self.delay = delay
+
+    def _slow(self, answer):
+        with SlowCounter.lock:
+            SlowCounter.active += 1
+            SlowCounter.peak = max(SlowCounter.peak, SlowCounter.active)
+        try:
+            time.sleep(self.delay)
+            return answer()
+        finally:
+            with SlowCounter.lock:
+                SlowCounter.active -= 1
+
+    def step(self, call):
+        return self._slow(lambda: super(SlowCounter, self).step(call))
+
+    def respond(self, content):
+        return self._slow(lambda: StepResult(observation=NO_TOOL_CALL, done=False, error_kind="no_tool_call"))
+
+
+class EchoEngine:
+    """A stand-in engine that answers every prompt with the same tool call after ``seconds`` per batch
+    (the time a generation takes), so the schedule alone decides how turns are batched."""
+
+    name = "hf"
+
+    def __init__(self, tok, seconds: float) -> None:
+        self.ids = [
+            *tok.encode('<tool_call>\n{"name": "add", "arguments": {"x": 1}}\n</tool_call>'),
+            tok.eos_token_id,
+        ]
+        self.seconds, self.batches, self.eos = seconds, [], tok.eos_token_id
+
+    def sample(self, request):
+        self.batches.append([sum(t == self.eos for t in p) for p in request.prompts])
+        time.sleep(self.seconds)
+        return [Sample(token_ids=list(self.ids), logprobs=[-1.0] * len(self.ids), finish_reason="stop")
+                for _ in request.prompts]  # fmt: skip
+
+
+def _run(tok, engine, delays, **kw):
+    SlowCounter.peak = 0
+    tasks = [RolloutTask(task_id=f"t{i}", make_env=lambda d=d: SlowCounter(d)) for i, d in enumerate(delays)]
+    cfg = RolloutParams(group_size=1, max_turns=kw.pop("max_turns", 3), max_new_tokens=6,
+                        no_tool_call="nudge", **kw)  # fmt: skip
+    rec = Recording(engine, tok.eos_token_id)
+    out = rollout(rec, tok, tasks, cfg, seed=5)
+    return out, rec.batches, SlowCounter.peak
+
+
+def test_same_trajectories_whatever_the_interleaving(tok, policy):
+    """The lockstep schedule (the old loop), and the per-episode loop with 1 and 4 concurrent tool
+    calls, one episode much faster than the others: different batches, the same tokens and log-probs
+    (per-turn seeds) for every episode."""
+    delays = [0.0, 0.3, 0.3, 0.3]
+    ref, ref_batches, ref_peak = _run(tok, policy, delays, schedule="lockstep")
+    assert ref_peak == 1 and all(b == [b[0]] * 4 for b in ref_batches)  # every batch: one turn of all
+    for workers in (1, 4):
+        out, batches, _ = _run(tok, policy, delays, schedule="per_episode", tool_workers=workers)
+        assert batches != ref_batches  # really another interleaving
+        assert [r.tokens.input_ids for r in out] == [r.tokens.input_ids for r in ref]
+        for x, y in zip(out, ref, strict=True):
+            assert x.tokens.behaviour_logprobs == pytest.approx(y.tokens.behaviour_logprobs, abs=1e-9)
+            assert x.trajectory.meta["stop_reason"] == y.trajectory.meta["stop_reason"]
+    assert sum(len(r.trajectory.turns) for r in ref) == 12  # multi-turn episodes (nudged)
+
+
+def test_turns_of_different_depths_share_a_batch_and_tools_overlap(tok):
+    """Episodes whose tools take 0..0.25 s against a 0.1 s generation: the fast ones go ahead, so
+    batches mix turns of different depths, and tool calls of different episodes overlap; under
+    lockstep neither happens."""
+    delays = [0.0, 0.05, 0.1, 0.15, 0.2, 0.25]
+    _, batches, peak = _run(tok, EchoEngine(tok, 0.1), delays, schedule="per_episode", max_turns=5)
+    assert any(len(set(b)) > 1 for b in batches) and peak >= 2
+    _, batches, peak = _run(tok, EchoEngine(tok, 0.1), delays, schedule="lockstep", max_turns=5)
+    assert all(len(set(b)) == 1 for b in batches) and peak == 1
+
+
+def test_no_tool_call_rule_end_or_nudge(tok, policy):
+    """A random model rarely calls a tool: with ``end`` each episode stops after its first such turn;
+    with ``nudge`` the env's reminder is appended and the episode continues to ``max_turns``."""
+    tasks = [RolloutTask(task_id="a", make_env=CounterEnv)]
+    ended = rollout(policy, tok, tasks, RolloutParams(group_size=3, max_turns=3, max_new_tokens=6), seed=2)
+    nudged = rollout(policy, tok, tasks, RolloutParams(group_size=3, max_turns=3, max_new_tokens=6,
+                                                     no_tool_call="nudge"), seed=2)  # fmt: skip
+    for e, n in zip(ended, nudged, strict=True):
+        assert not e.trajectory.turns[0].tool and not n.trajectory.turns[0].tool
+        assert e.trajectory.meta["stop_reason"] == "no_tool_call" and len(e.trajectory.turns) == 1
+        assert n.trajectory.meta["stop_reason"] == "max_turns" and len(n.trajectory.turns) == 3
+        assert n.tokens.messages[3] == {"role": "user", "content": NO_TOOL_CALL}
+        assert n.trajectory.turns[0].error_kind == "no_tool_call"
+        # the first turn is the same sample under both rules (same seed per turn)
+        assert n.tokens.turn_tokens(0) == e.tokens.turn_tokens(0)
+        n.tokens.validate()
+    with pytest.raises(Exception, match="no_tool_call"):
+        RolloutParams(no_tool_call="skip")
