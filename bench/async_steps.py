@@ -62,7 +62,7 @@ def steps_per_min(
     steps: int = 6, staleness: tuple[int, ...] = (0, 1, 2), workdir: str | Path | None = None
 ) -> dict[str, Any]:
     """RL steps per minute for each K on the same task mix, plus the K = 0 generate/train split."""
-    from cadenza.rl.trainer import Trainer
+    from cadenza.rl.train.trainer import Trainer
 
     threads = torch.get_num_threads()
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:

@@ -33,7 +33,7 @@ def _model():
     import torch
     from transformers import Qwen3MoeForCausalLM
 
-    from cadenza.rl.policy import tiny_qwen3_moe_config
+    from cadenza.rl.engines.policy import tiny_qwen3_moe_config
 
     torch.manual_seed(0)
     cfg = tiny_qwen3_moe_config(

@@ -37,14 +37,14 @@ import torch
 
 from cadenza.agent.env import StepResult, ToolCall
 from cadenza.feedback.hints import Hint
-from cadenza.rl.chat import train_tokenizer
 from cadenza.rl.config import TeacherConfig
-from cadenza.rl.losses import group_advantages, grpo_loss
-from cadenza.rl.policy import HFPolicy, Sample, SampleRequest, tiny_qwen3_config
-from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
-from cadenza.rl.step import rl_losses
-from cadenza.rl.teacher import Teacher, build_hinted_turns
-from cadenza.rl.tokens import collate
+from cadenza.rl.engines.policy import HFPolicy, Sample, SampleRequest, tiny_qwen3_config
+from cadenza.rl.learn.losses import group_advantages, grpo_loss
+from cadenza.rl.learn.step import rl_losses
+from cadenza.rl.learn.teacher import Teacher, build_hinted_turns
+from cadenza.rl.rollout.loop import RolloutParams, RolloutTask, rollout
+from cadenza.rl.text.chat import train_tokenizer
+from cadenza.rl.text.tokens import collate
 
 WORDS = (
     "file",

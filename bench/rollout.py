@@ -21,12 +21,12 @@ from pathlib import Path
 import torch
 
 from cadenza.rl.engines import make_engine
+from cadenza.rl.engines.policy import HFPolicy, SampleRequest, SamplingParams, tiny_qwen3_config
 from cadenza.rl.engines.weights import named_full_tensors
-from cadenza.rl.policy import HFPolicy, SampleRequest, SamplingParams, tiny_qwen3_config
 
 
 def _tiny(out: Path) -> tuple[HFPolicy, list[list[int]]]:
-    from cadenza.rl.chat import train_tokenizer
+    from cadenza.rl.text.chat import train_tokenizer
 
     tok = train_tokenizer(["counter = 1 2 3; add x then submit."] * 50, vocab_size=300)
     policy = HFPolicy.from_config(tiny_qwen3_config(len(tok), head_dim=32), seed=0)

@@ -68,12 +68,12 @@ def bench_episodes(root: Path, n_units: int) -> dict:
     import torch
 
     from cadenza.executor import ExecutorConfig
-    from cadenza.rl.build import build_policy
-    from cadenza.rl.chat import CHAT_TEMPLATE, train_tokenizer
     from cadenza.rl.config import EnvConfig, ModelConfig, RolloutConfig, RunConfig, TrainConfig
-    from cadenza.rl.envs import load_source
-    from cadenza.rl.episodes import sample_step_tasks
-    from cadenza.rl.workers import LocalWorkers, RayWorkers, Unit
+    from cadenza.rl.rollout.envs import load_source
+    from cadenza.rl.rollout.episodes import sample_step_tasks
+    from cadenza.rl.text.chat import CHAT_TEMPLATE, train_tokenizer
+    from cadenza.rl.train.build import build_policy
+    from cadenza.rl.train.workers import LocalWorkers, RayWorkers, Unit
 
     torch.set_num_threads(1)
     tok = train_tokenizer(["view create ls rm path name arguments " * 20] * 50, vocab_size=300)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cadenza.experiments.study import _corpus
 from cadenza.experiments.tool_hints import ExperimentConfig, build_tokenizer, sft_model, train_config
 from cadenza.metrics import read_metrics
-from cadenza.rl.sft import encode_messages
+from cadenza.rl.learn.sft import encode_messages
 
 TEACHERS = {"frozen": "grpo_sd", "ema": "sd_ema", "snapshot": "sd_snapshot", "live": "sd_live"}
 
@@ -40,7 +40,7 @@ def main() -> None:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from cadenza.rl.trainer import Trainer
+    from cadenza.rl.train.trainer import Trainer
 
     torch.set_num_threads(1)
     hf_logging.disable_progress_bar()

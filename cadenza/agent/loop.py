@@ -4,7 +4,7 @@ One turn: the :class:`Agent` generates (``act``), each tool call it made runs in
 the answers go back to the agent (``observe``), until the env says done, the turn budget is spent, or
 the agent stops (context full, endpoint failed). The loop knows nothing of tokens or torch:
 ``cadenza eval`` drives it with :class:`ChatAgent` (an OpenAI chat endpoint), training rollouts with
-the token-level agent of :mod:`cadenza.rl.rollout`. Episodes run this loop concurrently, one thread
+the token-level agent of :mod:`cadenza.rl.rollout.loop`. Episodes run this loop concurrently, one thread
 each, so one episode's tool call never waits for another's generation (:func:`run_episodes`).
 
 **A turn without a tool call** is decided by one rule, ``LoopConfig.no_tool_call``:

@@ -1,6 +1,6 @@
 """``cadenza demo``: the main job on an embedded default (see README).
 
-By default the whole pipeline at toy scale on a CPU (:mod:`cadenza.rl.demo`): tasks from a real PyPI
+By default the whole pipeline at toy scale on a CPU (:mod:`cadenza.rl.train.demo`): tasks from a real PyPI
 package, a tiny warm-started policy, a few RL steps over the task pool with curriculum, and a report.
 ``--tasks-only`` keeps the task-factory demo; ``--model`` runs a local HF checkpoint (``--device cuda``).
 """
@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(1)
             return
 
-        from cadenza.rl.demo import DemoConfig, report_table, run_demo
+        from cadenza.rl.train.demo import DemoConfig, report_table, run_demo
         from cadenza.tasks.pool import TaskPool
         from cadenza.tasks.pool_report import stats_table
 

@@ -39,7 +39,7 @@ def register(app: typer.Typer) -> None:
         resume."""
         from cadenza import preflight
         from cadenza.rl.config import load_config
-        from cadenza.rl.envs import SANDBOXED_ENVS
+        from cadenza.rl.rollout.envs import SANDBOXED_ENVS
 
         overrides: dict[str, object] = {}
         if steps:
@@ -58,7 +58,7 @@ def register(app: typer.Typer) -> None:
         cfg = load_config(config, overrides)  # every config error surfaces here, before torch is imported
         preflight.for_train(Path(cfg.run.out_dir), sandboxed=cfg.env.name in SANDBOXED_ENVS)
 
-        from cadenza.rl.trainer import Trainer
+        from cadenza.rl.train.trainer import Trainer
 
         trainer = Trainer(cfg, resume=resume)  # under torchrun: this rank of the data-parallel group
         try:

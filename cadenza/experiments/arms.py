@@ -39,7 +39,7 @@ class _TrainerArm:
         self.episodes = 0
 
     def train_to(self, steps: int) -> Any:
-        from cadenza.rl.trainer import Trainer
+        from cadenza.rl.train.trainer import Trainer
 
         trainer = Trainer(self.exp.train_config(self.arm, self.seed, self.model_dir, self.run_dir, steps))
         trainer.train()
@@ -58,10 +58,10 @@ class _SupervisedArm:
         import torch
 
         from cadenza.metrics import MetricsLogger, read_metrics
-        from cadenza.rl import checkpoint as ckpt
-        from cadenza.rl.chat import load_tokenizer
-        from cadenza.rl.policy import HFPolicy
-        from cadenza.rl.probe import HintProbe, ProbeSchedule
+        from cadenza.rl.engines.policy import HFPolicy
+        from cadenza.rl.learn.probe import HintProbe, ProbeSchedule
+        from cadenza.rl.text.chat import load_tokenizer
+        from cadenza.rl.train import checkpoint as ckpt
 
         exp = self.exp
         torch.set_num_threads(exp.threads)
@@ -113,8 +113,8 @@ class _SupervisedArm:
     def _update(policy: Any, tok: Any, opt: Any, examples: list[list[dict[str, Any]]]) -> float:
         import torch
 
-        from cadenza.rl.sft import encode_messages, token_logprobs
-        from cadenza.rl.tokens import collate
+        from cadenza.rl.learn.sft import encode_messages, token_logprobs
+        from cadenza.rl.text.tokens import collate
 
         trajs = [encode_messages(tok, m) for m in examples]
         batch = collate(trajs, tok.pad_token_id)
@@ -136,8 +136,8 @@ def run_arm(
     exp: Any, arm: str, seed: int, model_dir: Path, run_dir: Path, *, steps: int, stop_at_target: bool = False
 ) -> dict[str, Any]:
     """Run (or resume) one (arm, seed) for ``steps`` steps; ``stop_at_target``: end early once reached."""
-    from cadenza.rl.chat import load_tokenizer
-    from cadenza.rl.policy import HFPolicy
+    from cadenza.rl.engines.policy import HFPolicy
+    from cadenza.rl.text.chat import load_tokenizer
 
     done = run_dir / "result.json"
     if done.exists():

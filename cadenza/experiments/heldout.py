@@ -26,7 +26,7 @@ def run_episodes(
     policy: Any, tokenizer: Any, tasks: list[ToolworldTask], *, group_size: int, seed: int, exp: Any
 ) -> tuple[list[Any], list[ToolworldEnv]]:
     """Roll out ``group_size`` episodes per task; also return the envs (in the same order)."""
-    from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
+    from cadenza.rl.rollout.loop import RolloutParams, RolloutTask, rollout
 
     envs: list[ToolworldEnv] = []
     cfg = exp.toolworld

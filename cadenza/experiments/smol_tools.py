@@ -159,8 +159,8 @@ def _step0_job(exp: SmolConfig, out: Path) -> dict[str, Any]:
     sampling seed), so it is computed once and seeded into each run's ``heldout.jsonl``."""
     from cadenza.experiments.heldout import evaluate, heldout_tasks
     from cadenza.experiments.study import _quiet
-    from cadenza.rl.chat import load_tokenizer
-    from cadenza.rl.policy import HFPolicy
+    from cadenza.rl.engines.policy import HFPolicy
+    from cadenza.rl.text.chat import load_tokenizer
 
     path = out / "step0.json"
     if path.exists():

@@ -107,8 +107,8 @@ def _quiet(threads: int) -> None:
 def _sft_job(exp: ExperimentConfig, out: Path, seed: int) -> dict[str, float]:
     """The warm-up model of one seed and its pre-RL gap (``gap.json`` marks it complete)."""
     from cadenza.experiments.tool_hints import measure_gap, sft_model
-    from cadenza.rl.chat import load_tokenizer
-    from cadenza.rl.sft import encode_messages
+    from cadenza.rl.learn.sft import encode_messages
+    from cadenza.rl.text.chat import load_tokenizer
 
     model_dir = out / f"sft-seed{seed}"
     if (model_dir / "gap.json").exists():

@@ -6,7 +6,7 @@ Pipeline (all on CPU, seeds fixed and listed in the outputs; protocol in docs/ex
 2. per seed, a tiny random-init Qwen3 fine-tuned on the corpus; the pre-RL gap
    P(valid tool | tool list in context) vs P(valid tool | no list) is measured on held-out tasks;
 3. the ``supervised`` control fixes the budget; every arm runs from the same start with equal budgets,
-   the RL arms by the ordinary trainer (:class:`cadenza.rl.trainer.Trainer`), scored on a fixed held-out
+   the RL arms by the ordinary trainer (:class:`cadenza.rl.train.trainer.Trainer`), scored on a fixed held-out
    set every ``eval_every`` steps (:mod:`cadenza.experiments.arms`, :mod:`cadenza.experiments.study`).
 """
 
@@ -157,7 +157,7 @@ CALL_PIECES = ('{"name": "', '", "arguments": ', '{"path": "', '"}}')
 
 
 def build_tokenizer(exp: ExperimentConfig, transcripts: list[list[dict[str, Any]]], out: Path) -> Any:
-    from cadenza.rl.chat import CHAT_TEMPLATE, train_tokenizer
+    from cadenza.rl.text.chat import CHAT_TEMPLATE, train_tokenizer
 
     texts = [_plain_text(m) for msgs in transcripts for m in msgs]
     texts += [f"Error: tool '{n}' not found." for p in PROFILES.values() for n in p.values()]
@@ -183,8 +183,8 @@ def sft_model(
     exp: ExperimentConfig, seed: int, tokenizer: Any, data: list[Any], out: Path, log: Callable[[str], None]
 ) -> Path:
     """Random init + SFT for one seed; saved as an HF directory (weights + tokenizer)."""
-    from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
-    from cadenza.rl.sft import SFTConfig, supervised_finetune
+    from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_config
+    from cadenza.rl.learn.sft import SFTConfig, supervised_finetune
 
     cfg = tiny_qwen3_config(len(tokenizer), hidden_size=exp.hidden_size, num_hidden_layers=exp.num_layers)
     policy = HFPolicy.from_config(cfg, seed=seed)
@@ -222,8 +222,8 @@ def measure_gap(
     import torch
     from transformers import AutoTokenizer
 
-    from cadenza.rl.chat import parse_tool_calls, render
-    from cadenza.rl.policy import HFPolicy, SampleRequest, SamplingParams
+    from cadenza.rl.engines.policy import HFPolicy, SampleRequest, SamplingParams
+    from cadenza.rl.text.chat import parse_tool_calls, render
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     policy = HFPolicy.from_pretrained(model_dir, device=device)

@@ -244,11 +244,11 @@ class ToolworldSource:
         return ToolworldEnv(task, self.config)
 
     def probe_items(self, n: int, seed: int = 0) -> list[Any]:
-        """A fixed held-out probe set for the hint-following diagnostic (:mod:`cadenza.rl.probe`): the first
-        turn of ``n`` tasks drawn from their own seed space, the ``tool_not_found`` hint (the tool list) and
-        the correct first call."""
+        """A fixed held-out probe set for the hint-following diagnostic (:mod:`cadenza.rl.learn.probe`): the
+        first turn of ``n`` tasks drawn from their own seed space, the ``tool_not_found`` hint (the tool list)
+        and the correct first call."""
         from cadenza.experiments.corpus import call_message, tool_list_hint
-        from cadenza.rl.probe import ProbeItem
+        from cadenza.rl.learn.probe import ProbeItem
 
         rng = random.Random(f"toolworld-probe-{seed}")
         items = []

@@ -18,9 +18,9 @@ def warm_up_toolworld_model(out: str | Path, *, sft_steps: int = 60, **arch: Any
     """
     from cadenza.experiments.corpus import corpus
     from cadenza.experiments.tool_hints import CALL_PIECES, _plain_text
-    from cadenza.rl.chat import CHAT_TEMPLATE, train_tokenizer
-    from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
-    from cadenza.rl.sft import SFTConfig, encode_messages, supervised_finetune
+    from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_config
+    from cadenza.rl.learn.sft import SFTConfig, encode_messages, supervised_finetune
+    from cadenza.rl.text.chat import CHAT_TEMPLATE, train_tokenizer
 
     transcripts = corpus(seed=7, n=300)
     tok = train_tokenizer(

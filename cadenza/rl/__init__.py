@@ -1,14 +1,15 @@
-"""Token trajectories, rollouts, policy backends, GRPO and self-distillation losses, trainer, curriculum.
+"""Reinforcement learning for coding agents, laid out by the data flow (import modules directly; this
+package imports nothing heavy):
 
-Modules (import them directly; this package imports nothing heavy):
-
-* ``chat``: Qwen/Hermes chat template with tool calls, ``train_tokenizer``, ``parse_tool_calls``.
-* ``tokens``: ``TokenTrajectory`` (exact ids, loss mask, segments, turn spans, behaviour log-probs),
-``collate``.
-* ``policy``: ``Policy`` protocol, ``HFPolicy`` (any transformers causal LM), tiny Qwen3 / Qwen3-MoE configs.
-* ``rollout``: ``rollout(policy, tokenizer, tasks, RolloutParams)`` over any ``cadenza.agent.env.Env``.
-* ``losses``: ``self_distillation_loss``, ``sampled_token_sd_loss``, ``group_advantages``, ``grpo_loss``.
-* ``logprobs``: chunked ``sequence_logprobs`` / ``hidden_divergence`` from hidden states.
-* ``teacher``: ``build_hinted_turns``, ``Teacher`` (live / EMA / frozen, KV-cache prefix reuse).
-* ``step``: ``rl_losses`` = GRPO + lambda_sd * SD from one student forward, with drift metrics.
+* ``config``: the trainer's TOML sections (``TrainConfig``); ``models``: the offline SmolLM2 checkpoint.
+* ``text``: ``TokenTrajectory`` (exact ids, loss mask, segments, behaviour log-probs), ``collate``; the
+  chat template with tool calls, ``train_tokenizer``, ``parse_tool_calls``.
+* ``engines``: the ``Policy`` protocol and ``HFPolicy``, the ``RolloutEngine`` seam and its ``hf``,
+  ``vllm`` and ``openai`` engines, weight transfer.
+* ``rollout``: tasks to scored episodes: environment sources, task sets, curriculum, the agent loop
+  (``loop.rollout``), monitor verdicts, the engine router, the asynchronous rollout pipeline.
+* ``learn``: GRPO and self-distillation losses, chunked log-probs, the teacher, ``step.rl_losses``, the
+  hint-following probe, supervised fine-tuning.
+* ``train``: the ``Trainer`` composing them: builders, the learner's update, rollout workers, data
+  parallelism, checkpoints, the demo.
 """

@@ -61,7 +61,7 @@ class EnvConfig:
 
 @dataclass(kw_only=True)
 class RolloutParams:
-    """How episodes are sampled: what :func:`cadenza.rl.rollout.rollout` takes (``[rollout]`` is one)."""
+    """How episodes are sampled: what :func:`cadenza.rl.rollout.loop.rollout` takes (``[rollout]`` is one)."""
 
     group_size: int = 8  # G samples per task
     max_new_tokens: int = 64  # tokens per model turn
@@ -98,7 +98,7 @@ class RolloutParams:
 @dataclass(kw_only=True)
 class RolloutConfig(RolloutParams):
     """``[rollout]``: how episodes are sampled (the fields of ``RolloutParams``, which
-    :func:`cadenza.rl.rollout.rollout` takes as they are), who samples them and where they run."""
+    :func:`cadenza.rl.rollout.loop.rollout` takes as they are), who samples them and where they run."""
 
     tasks_per_step: int = 4  # GRPO groups per step
     engine: Literal["hf", "vllm", "openai"] = (
@@ -154,8 +154,8 @@ class TeacherConfig:
 
 @dataclass(kw_only=True)
 class ProbeConfig:
-    """The hint-following diagnostic (cadenza.rl.probe): teacher's and student's P(correct action) with and
-    without the hint on a fixed held-out probe set, logged as ``probe_*`` in metrics.jsonl."""
+    """The hint-following diagnostic (cadenza.rl.learn.probe): teacher's and student's P(correct action)
+    with and without the hint on a fixed held-out probe set, logged as ``probe_*`` in metrics.jsonl."""
 
     every: int = 5  # measure every N steps (0 = off); off as well when the env offers no probe and no path
     items: int = 32  # probe items (from the env source, or the first N of ``path``)

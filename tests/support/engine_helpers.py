@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 
+from cadenza.rl.engines.policy import HFPolicy
 from cadenza.rl.engines.vllm_server import vllm_installed
-from cadenza.rl.policy import HFPolicy
 
 TOL = 1e-4  # fp32 parity between engine and trainer log-probs
 

@@ -68,9 +68,9 @@ def config(model: Path, out: Path, steps: int, **loss) -> TrainConfig:
 
 def step_units(cfg, steps=(1, 2)) -> list:
     """The rollout units of ``steps`` (every sampled task of each step), as the trainer would make them."""
-    from cadenza.rl.envs import load_source
-    from cadenza.rl.episodes import sample_step_tasks
-    from cadenza.rl.workers import Unit
+    from cadenza.rl.rollout.envs import load_source
+    from cadenza.rl.rollout.episodes import sample_step_tasks
+    from cadenza.rl.train.workers import Unit
 
     source = load_source(cfg.env.name, cfg.env.options)
     return [

@@ -6,8 +6,8 @@ import json
 from typing import Any
 
 from cadenza.agent.env import StepResult, ToolCall
-from cadenza.rl.chat import train_tokenizer
-from cadenza.rl.policy import Sample, SampleRequest
+from cadenza.rl.engines.policy import Sample, SampleRequest
+from cadenza.rl.text.chat import train_tokenizer
 
 TOOLS = [
     {

@@ -25,7 +25,7 @@ def tiny_model(kind: str, seed: int = 0):
     """hidden 64, 2 layers, 8 experts, float32; routers initialised wide so top-k has no near-ties."""
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM, Qwen3MoeForCausalLM
 
-    from cadenza.rl.policy import tiny_qwen3_moe_config
+    from cadenza.rl.engines.policy import tiny_qwen3_moe_config
 
     torch.manual_seed(seed)
     if kind == "qwen3_moe":

@@ -1,4 +1,5 @@
-"""Rollout engines behind the :class:`cadenza.rl.engine.RolloutEngine` seam: ``hf``, ``vllm``, ``openai``.
+"""Rollout engines behind the :class:`~cadenza.rl.engines.engine.RolloutEngine` seam: ``hf``, ``vllm``,
+``openai``.
 
 :func:`make_engine` builds one by name; vLLM and its HTTP client are imported only when asked for, so
 ``hf`` works without the optional ``vllm`` extra (``python -m cadenza.rl.engines.install``).
@@ -9,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from cadenza.errors import ConfigError
-from cadenza.rl.engine import ENGINES, RolloutEngine
+from cadenza.rl.engines.engine import ENGINES, RolloutEngine
 
 
 def make_engine(name: str, **options: Any) -> RolloutEngine:

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 import torch
 
 from cadenza.errors import CadenzaError
+from cadenza.rl.engines.policy import HFPolicy, Sample, SampleRequest
 from cadenza.rl.engines.weights import engine_names
-from cadenza.rl.policy import HFPolicy, Sample, SampleRequest
 
 
 class WeightTable:

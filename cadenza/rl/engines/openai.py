@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from cadenza.errors import CadenzaError, ContextLengthExceeded, EngineError
-from cadenza.rl.policy import Sample, SampleRequest, SamplingParams
+from cadenza.rl.engines.policy import Sample, SampleRequest, SamplingParams
 
 
 def draw_seeds(n: int, generator: torch.Generator | None) -> list[int]:

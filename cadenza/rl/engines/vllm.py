@@ -27,9 +27,9 @@ import torch
 
 from cadenza.errors import CadenzaError, EngineError
 from cadenza.rl.engines.openai import CompletionsClient, request_seeds
+from cadenza.rl.engines.policy import Sample, SampleRequest
 from cadenza.rl.engines.vllm_server import VLLMServer, VLLMServerConfig
 from cadenza.rl.engines.weights import DEFAULT_BUCKET_BYTES, buckets, engine_names, to_safetensors_bytes
-from cadenza.rl.policy import Sample, SampleRequest
 
 
 @dataclass(kw_only=True)
@@ -62,7 +62,7 @@ class VLLMEngineConfig:
 
 
 class VLLMEngine:
-    """A running vLLM server behind the :class:`~cadenza.rl.engine.RolloutEngine` protocol."""
+    """A running vLLM server behind the :class:`~cadenza.rl.engines.engine.RolloutEngine` protocol."""
 
     name = "vllm"
     supports_sync = True

@@ -20,8 +20,8 @@ import torch
 from safetensors.torch import load_file
 
 from cadenza.metrics import read_metrics
-from cadenza.rl.checkpoint import latest_checkpoint
 from cadenza.rl.config import TrainConfig
+from cadenza.rl.train.checkpoint import latest_checkpoint
 from cadenza.testing import spawn
 from tests.support.rl_fixtures import config
 
@@ -41,7 +41,7 @@ def _config(model: Path, out: Path, steps: int = STEPS, max_staleness: int = 0) 
 
 
 def _train(cfg: TrainConfig) -> tuple[dict[str, torch.Tensor], list[dict]]:
-    from cadenza.rl.trainer import Trainer
+    from cadenza.rl.train.trainer import Trainer
 
     torch.set_num_threads(1)
     trainer = Trainer(cfg, resume=False)

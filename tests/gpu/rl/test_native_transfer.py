@@ -9,7 +9,7 @@ import torch
 
 from cadenza.rl.engines import make_engine
 from cadenza.rl.engines.gpu_sync import ModuleWeights
-from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
+from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_config
 from tests.support.engine_helpers import check_sync_parity, save
 from tests.support.rl_helpers import make_tokenizer
 

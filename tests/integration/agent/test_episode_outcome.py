@@ -13,11 +13,11 @@ from cadenza.agent.outcome import Outcome
 from cadenza.agent.replay import replay
 from cadenza.agent.toytask import OPS_SOLVED
 from cadenza.agent.trajectory import Trajectory
-from cadenza.rl.curriculum import CurriculumConfig
-from cadenza.rl.episodes import TrainEpisode
-from cadenza.rl.monitor_hook import episode_outcome
-from cadenza.rl.taskset import TaskSetSource
-from cadenza.rl.trainer import Trainer
+from cadenza.rl.rollout.curriculum import CurriculumConfig
+from cadenza.rl.rollout.episodes import TrainEpisode
+from cadenza.rl.rollout.monitor_hook import episode_outcome
+from cadenza.rl.rollout.taskset import TaskSetSource
+from cadenza.rl.train.trainer import Trainer
 from cadenza.tasks.pool import TaskPool
 from tests.support.sandbox_fixtures import F2P, P2P
 
@@ -65,7 +65,8 @@ def test_the_monitor_is_injected(task_dir: Path):
 def test_a_flagged_episode_is_never_recorded_as_a_pool_success(task_dir: Path, tmp_path: Path):
     outcome = _hacked(task_dir)
     assert outcome.resolved is True and outcome.flags  # the grader alone would have paid
-    # What rl.rollout hands the trainer: a new token-level trajectory carrying only env.finish()'s outcome.
+    # What rl.rollout.loop hands the trainer: a new token-level trajectory carrying only env.finish()'s
+    # outcome.
     stored = outcome.to_dict()
     traj = Trajectory(task_id="calc-clamp", messages=[], turns=[], outcome=stored, reward=outcome.reward)
     tokens = SimpleNamespace(group_id="g0:calc-clamp", reward=float(outcome.reward))

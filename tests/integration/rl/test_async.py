@@ -15,11 +15,11 @@ import torch
 from cadenza.checkpoint import step_name
 from cadenza.errors import CadenzaError
 from cadenza.metrics import read_metrics
-from cadenza.rl import trainer as trainer_mod
 from cadenza.rl.engines.hf import HFEngine
-from cadenza.rl.episodes import collect_episodes
-from cadenza.rl.pipeline import EngineError
-from cadenza.rl.trainer import Trainer
+from cadenza.rl.rollout.episodes import collect_episodes
+from cadenza.rl.rollout.pipeline import EngineError
+from cadenza.rl.train import trainer as trainer_mod
+from cadenza.rl.train.trainer import Trainer
 from tests.support.rl_fixtures import TIMING, config
 
 pytestmark = pytest.mark.usefixtures("_restore_threads")
@@ -62,7 +62,7 @@ def test_k0_is_the_synchronous_loop_bit_for_bit(sft_model, tmp_path, monkeypatch
 
     class InlineTrainer(Trainer):
         def _rollouts(self, step):
-            from cadenza.rl.episodes import sample_step_tasks
+            from cadenza.rl.rollout.episodes import sample_step_tasks
 
             tasks = sample_step_tasks(self.source, self.cfg, step)
             eps = collect_episodes(self.policy, self.tokenizer, self.source, self.cfg, step, tasks)
@@ -207,7 +207,7 @@ def test_engine_failure_mid_step_is_one_line_and_leaves_nothing(sft_model, tmp_p
 def test_subprocess_engine_samples_exactly_like_in_process(sft_model, tmp_path, monkeypatch):
     """K = 1 uses the child-process hf engine (shared-memory weights, generator state sent along): the
     run equals one sampled in-process from a synced copy, bit for bit, and no child outlives it."""
-    from cadenza.rl.local_engine import ProcessHFEngine
+    from cadenza.rl.train.local_engine import ProcessHFEngine
 
     engines = []
     real_build = trainer_mod.build_engine
@@ -232,7 +232,7 @@ def test_killed_engine_process_stops_training_with_one_line(sft_model, tmp_path,
     import os
     import signal
 
-    from cadenza.rl.local_engine import ProcessHFEngine
+    from cadenza.rl.train.local_engine import ProcessHFEngine
 
     class KilledAfterFirstSync(ProcessHFEngine):
         def sync_weights(self, named_tensors, *, version):

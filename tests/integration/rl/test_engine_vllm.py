@@ -20,12 +20,12 @@ import pytest
 import torch
 
 from cadenza.errors import CadenzaError, EngineError
-from cadenza.rl.chat import assistant_message, parse_tool_calls
 from cadenza.rl.engines import make_engine
+from cadenza.rl.engines.policy import HFPolicy, SampleRequest, SamplingParams, tiny_qwen3_config
 from cadenza.rl.engines.vllm_server import _group_pids
-from cadenza.rl.policy import HFPolicy, SampleRequest, SamplingParams, tiny_qwen3_config
-from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
-from cadenza.rl.sft import SFTConfig, encode_messages, supervised_finetune
+from cadenza.rl.learn.sft import SFTConfig, encode_messages, supervised_finetune
+from cadenza.rl.rollout.loop import RolloutParams, RolloutTask, rollout
+from cadenza.rl.text.chat import assistant_message, parse_tool_calls
 from tests.support.engine_helpers import TOL, check_sync_parity, hf_logprobs, requires_vllm, save
 from tests.support.rl_helpers import TOOLS, CounterEnv, make_tokenizer
 
@@ -192,7 +192,7 @@ CHILD = """
 import sys, time
 from cadenza.rl.engines import make_engine
 from cadenza.rl.engines.vllm_server import _group_pids, _shm_mapped
-from cadenza.rl.policy import SampleRequest, SamplingParams
+from cadenza.rl.engines.policy import SampleRequest, SamplingParams
 if __name__ == "__main__":
     eng = make_engine("vllm", model=sys.argv[1], max_model_len=1024)
     pgid = eng.server.proc.pid

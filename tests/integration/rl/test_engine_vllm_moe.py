@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cadenza.rl.engines import make_engine
-from cadenza.rl.policy import HFPolicy, SampleRequest, SamplingParams, tiny_qwen3_moe_config
+from cadenza.rl.engines.policy import HFPolicy, SampleRequest, SamplingParams, tiny_qwen3_moe_config
 from tests.support.engine_helpers import TOL, check_sync_parity, hf_logprobs, requires_vllm, save
 from tests.support.rl_helpers import make_tokenizer
 

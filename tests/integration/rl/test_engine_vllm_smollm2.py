@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from cadenza.rl.engines import make_engine
+from cadenza.rl.engines.policy import HFPolicy
 from cadenza.rl.models import ensure_smollm2
-from cadenza.rl.policy import HFPolicy
-from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
+from cadenza.rl.rollout.loop import RolloutParams, RolloutTask, rollout
 from tests.support.engine_helpers import TOL, check_sync_parity, hf_logprobs, requires_vllm
 from tests.support.rl_helpers import CounterEnv
 

@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from cadenza.agent.toytask import make_task
-from cadenza.rl.curriculum import CurriculumConfig, Escalator, PoolExhausted
-from cadenza.rl.demo import DemoConfig, report_table, run_demo
-from cadenza.rl.taskset import factory_for
+from cadenza.rl.rollout.curriculum import CurriculumConfig, Escalator, PoolExhausted
+from cadenza.rl.rollout.taskset import factory_for
+from cadenza.rl.train.demo import DemoConfig, report_table, run_demo
 from cadenza.tasks.pool import AttemptResult, TaskPool
 from cadenza.tasks.store import TaskStore
 from cadenza.tasks.task import load_task, save_task
@@ -141,12 +141,12 @@ def test_tasks_stats_cli(demo_run, tmp_path: Path) -> None:
 
 
 def test_training_stops_with_a_clear_message_when_the_pool_is_exhausted(demo_run, tmp_path: Path) -> None:
-    from cadenza.rl.trainer import Trainer
+    from cadenza.rl.train.trainer import Trainer
 
     _, result = demo_run
     empty = tmp_path / "empty"
     TaskStore(empty, create=True)
-    from cadenza.rl.demo import train_config
+    from cadenza.rl.train.demo import train_config
 
     tc = train_config(DemoConfig(out=tmp_path / "run", steps=1, escalate=False), empty, result.model_dir)
     tc.run.progress = False
@@ -223,7 +223,7 @@ def test_train_cli_over_a_task_set(demo_run, tmp_path: Path) -> None:
     import tomli_w
 
     from cadenza.metrics import read_metrics
-    from cadenza.rl.demo import train_config
+    from cadenza.rl.train.demo import train_config
 
     _, result = demo_run
     task_set = shutil.copytree(result.task_set, tmp_path / "set")  # the module's run stays as it was

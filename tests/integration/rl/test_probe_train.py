@@ -10,7 +10,6 @@ import torch
 
 from cadenza.feedback.generate import FeedbackConfig
 from cadenza.metrics import read_metrics
-from cadenza.rl.checkpoint import latest_checkpoint
 from cadenza.rl.config import (
     EnvConfig,
     LossConfig,
@@ -22,8 +21,9 @@ from cadenza.rl.config import (
     TeacherConfig,
     TrainConfig,
 )
-from cadenza.rl.probe import KEYS, HintFollowingEroded
-from cadenza.rl.trainer import Trainer
+from cadenza.rl.learn.probe import KEYS, HintFollowingEroded
+from cadenza.rl.train.checkpoint import latest_checkpoint
+from cadenza.rl.train.trainer import Trainer
 
 
 def _cfg(model: Path, out: Path, weights: str, *, lr: float, stop_ratio: float = 0.0) -> TrainConfig:

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from cadenza.rl.policy import HFPolicy
-from cadenza.rl.trainer import Trainer
+from cadenza.rl.engines.policy import HFPolicy
+from cadenza.rl.train.trainer import Trainer
 from tests.support.engine_helpers import engine_processes as _engine_processes
 from tests.support.engine_helpers import free_port as _free_port
 from tests.support.engine_helpers import requires_vllm

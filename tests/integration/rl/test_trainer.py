@@ -17,10 +17,10 @@ from cadenza.metrics import read_metrics
 from cadenza.rl.config import (
     TrainConfig,
 )
-from cadenza.rl.step import rl_losses
-from cadenza.rl.teacher import build_hinted_turns
-from cadenza.rl.tokens import collate
-from cadenza.rl.trainer import Trainer
+from cadenza.rl.learn.step import rl_losses
+from cadenza.rl.learn.teacher import build_hinted_turns
+from cadenza.rl.text.tokens import collate
+from cadenza.rl.train.trainer import Trainer
 from tests.support.rl_fixtures import TIMING, config
 
 

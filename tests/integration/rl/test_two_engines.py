@@ -14,10 +14,10 @@ import dataclasses
 import pytest
 import torch
 
-from cadenza.rl.chat import load_tokenizer
-from cadenza.rl.local_engine import served_engines
-from cadenza.rl.policy import HFPolicy
-from cadenza.rl.workers import LocalWorkers
+from cadenza.rl.engines.policy import HFPolicy
+from cadenza.rl.text.chat import load_tokenizer
+from cadenza.rl.train.local_engine import served_engines
+from cadenza.rl.train.workers import LocalWorkers
 from tests.support.engine_helpers import TOL, engine_processes, hf_logprobs, requires_vllm
 from tests.support.rl_fixtures import config
 from tests.support.rl_fixtures import step_units as _units

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from cadenza.executor import ExecutorConfig
-from cadenza.rl.policy import HFPolicy
-from cadenza.rl.workers import LocalWorkers, RayWorkers
+from cadenza.rl.engines.policy import HFPolicy
+from cadenza.rl.train.workers import LocalWorkers, RayWorkers
 from tests.support.rl_fixtures import config
 from tests.support.rl_fixtures import step_units as _units
 
@@ -84,9 +84,9 @@ def test_trainer_on_ray_actors_trains_exactly_like_units_in_process(sft_model, t
     import dataclasses
 
     from cadenza.metrics import read_metrics
-    from cadenza.rl.episodes import collect_episodes
-    from cadenza.rl.trainer import Trainer
-    from cadenza.rl.workers import unit_seed
+    from cadenza.rl.rollout.episodes import collect_episodes
+    from cadenza.rl.train.trainer import Trainer
+    from cadenza.rl.train.workers import unit_seed
     from tests.support.rl_fixtures import TIMING
 
     class UnitTrainer(Trainer):

@@ -15,10 +15,10 @@ import pytest
 import torch
 
 from cadenza.executor import ExecutorConfig
-from cadenza.rl.chat import load_tokenizer
 from cadenza.rl.engines import make_engine
-from cadenza.rl.policy import HFPolicy
-from cadenza.rl.workers import LocalWorkers, RayWorkers
+from cadenza.rl.engines.policy import HFPolicy
+from cadenza.rl.text.chat import load_tokenizer
+from cadenza.rl.train.workers import LocalWorkers, RayWorkers
 from tests.support.engine_helpers import requires_vllm
 from tests.support.rl_fixtures import config
 from tests.support.rl_fixtures import step_units as _units
@@ -33,7 +33,7 @@ def _train_on_ray_and_vllm(model, out, *, steps: int, max_staleness: int) -> lis
     engine took every update, nothing was retried or lost, and no engine or Ray process is left."""
     import psutil
 
-    from cadenza.rl.trainer import Trainer
+    from cadenza.rl.train.trainer import Trainer
     from tests.support.engine_helpers import engine_processes, free_port
 
     port = free_port()

@@ -19,7 +19,7 @@ import pytest
 
 from cadenza.errors import CadenzaError
 from cadenza.executor import ExecutorConfig
-from cadenza.rl.workers import LocalWorkers, RayWorkers
+from cadenza.rl.train.workers import LocalWorkers, RayWorkers
 from tests.support.chat_server import closed_port_url
 from tests.support.rl_fixtures import config
 from tests.support.rl_fixtures import step_units as _units

@@ -23,10 +23,10 @@ from cadenza.experiments.toolworld import (
     call_text,
     sample_task,
 )
-from cadenza.rl.build import freeze_all_but_last
-from cadenza.rl.chat import parse_tool_calls
-from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
-from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
+from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_config
+from cadenza.rl.rollout.loop import RolloutParams, RolloutTask, rollout
+from cadenza.rl.text.chat import parse_tool_calls
+from cadenza.rl.train.build import freeze_all_but_last
 from tests.support.rl_helpers import ScriptedPolicy, make_tokenizer
 
 

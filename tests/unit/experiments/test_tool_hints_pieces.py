@@ -13,7 +13,7 @@ from cadenza.experiments.heldout import heldout_tasks, supervised_examples
 from cadenza.experiments.report import goal
 from cadenza.experiments.toolworld import PROFILES, Step, ToolworldEnv, ToolworldSource, ToolworldTask
 from cadenza.feedback.generate import FeedbackConfig, generate_hints
-from cadenza.rl.rollout import Rollout
+from cadenza.rl.rollout.loop import Rollout
 from tests.support.rl_helpers import make_tokenizer
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from cadenza.errors import CadenzaError
-from cadenza.rl.chat import (
+from cadenza.rl.text.chat import (
     CHAT_TEMPLATE,
     assistant_message,
     load_tokenizer,

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from cadenza.errors import CadenzaError
-from cadenza.rl.curriculum import (
+from cadenza.rl.rollout.curriculum import (
     CurriculumConfig,
     CurriculumSampler,
     Escalator,

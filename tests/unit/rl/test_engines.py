@@ -11,18 +11,18 @@ import pytest
 import torch
 
 from cadenza.errors import CadenzaError, ConfigError, ContextLengthExceeded, EngineError
-from cadenza.rl.engine import RolloutEngine
 from cadenza.rl.engines import make_engine
 from cadenza.rl.engines import vllm_server as vs
+from cadenza.rl.engines.engine import RolloutEngine
 from cadenza.rl.engines.openai import OpenAIEngine, OpenAIEngineConfig, parse_choice
-from cadenza.rl.engines.weights import buckets, engine_names, named_full_tensors
-from cadenza.rl.policy import (
+from cadenza.rl.engines.policy import (
     HFPolicy,
     SampleRequest,
     SamplingParams,
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
 )
+from cadenza.rl.engines.weights import buckets, engine_names, named_full_tensors
 from cadenza.testing import spawn
 from tests.support.chat_server import closed_port_url, serve
 

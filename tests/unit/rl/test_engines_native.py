@@ -14,8 +14,8 @@ import torch
 
 from cadenza.errors import CadenzaError
 from cadenza.rl.engines.gpu_sync import ModuleWeights, NativeSyncConfig, NativeWeightSync, server_args
+from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_moe_config
 from cadenza.rl.engines.vllm_server import _probe, engine_python
-from cadenza.rl.policy import HFPolicy, tiny_qwen3_moe_config
 
 ROOT = str(Path(__file__).resolve().parents[3])
 needs_engine_venv = pytest.mark.skipif(not _probe(engine_python()), reason="no vLLM engine venv installed")
@@ -47,7 +47,7 @@ import json, sys, torch
 from vllm.engine.arg_utils import EngineArgs
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from cadenza.rl.engines.gpu_sync import ModuleWeights, weight_source
-from cadenza.rl.policy import HFPolicy, tiny_qwen3_moe_config
+from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_moe_config
 argv = ["--model", "x", *json.loads(sys.argv[1])]
 args = EngineArgs.add_cli_args(FlexibleArgumentParser()).parse_args(argv)
 src = weight_source(ModuleWeights(HFPolicy.from_config(tiny_qwen3_moe_config(64), seed=0).model))

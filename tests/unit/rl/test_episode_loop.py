@@ -11,8 +11,8 @@ import pytest
 
 from cadenza.agent.env import StepResult
 from cadenza.agent.loop import NO_TOOL_CALL
-from cadenza.rl.policy import HFPolicy, Sample, tiny_qwen3_config
-from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
+from cadenza.rl.engines.policy import HFPolicy, Sample, tiny_qwen3_config
+from cadenza.rl.rollout.loop import RolloutParams, RolloutTask, rollout
 from tests.support.rl_helpers import CounterEnv, make_tokenizer
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from cadenza.errors import CadenzaError
-from cadenza.rl.losses import (
+from cadenza.rl.learn.losses import (
     DivergenceSpec,
     clip_fraction,
     group_advantages,

@@ -11,8 +11,8 @@ import torch
 
 from cadenza.errors import CadenzaError, ContextLengthExceeded, EngineError
 from cadenza.rl.engines.hf import HFEngine
-from cadenza.rl.pipeline import RolloutPipeline, WatchedEngine
-from cadenza.rl.policy import HFPolicy, SampleRequest, SamplingParams, tiny_qwen3_config
+from cadenza.rl.engines.policy import HFPolicy, SampleRequest, SamplingParams, tiny_qwen3_config
+from cadenza.rl.rollout.pipeline import RolloutPipeline, WatchedEngine
 
 
 class _Engine:

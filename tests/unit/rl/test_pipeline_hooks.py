@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from cadenza.rl.taskset import GroupOutcome
-from cadenza.rl.trainer import Trainer
+from cadenza.rl.rollout.taskset import GroupOutcome
+from cadenza.rl.train.trainer import Trainer
 
 
 def _tokens(groups: dict[str, list[float]]) -> list[SimpleNamespace]:

@@ -10,13 +10,13 @@ import torch
 
 from cadenza.errors import ConfigError
 from cadenza.experiments.toolworld import PROFILES, ToolworldSource
-from cadenza.rl.chat import render
 from cadenza.rl.config import TeacherConfig
-from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
-from cadenza.rl.probe import HintFollowingEroded, HintProbe, ProbeItem, ProbeSchedule, load_probe_file
-from cadenza.rl.sft import encode_messages
-from cadenza.rl.teacher import Teacher
-from cadenza.rl.tokens import collate
+from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_config
+from cadenza.rl.learn.probe import HintFollowingEroded, HintProbe, ProbeItem, ProbeSchedule, load_probe_file
+from cadenza.rl.learn.sft import encode_messages
+from cadenza.rl.learn.teacher import Teacher
+from cadenza.rl.text.chat import render
+from cadenza.rl.text.tokens import collate
 from tests.support.rl_helpers import CounterEnv, make_tokenizer
 
 HINT = "Reminder: the available tools are add, submit."

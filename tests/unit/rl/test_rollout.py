@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from cadenza.errors import CadenzaError
-from cadenza.rl.chat import render
-from cadenza.rl.policy import HFPolicy, tiny_qwen3_config, tiny_qwen3_moe_config
-from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
-from cadenza.rl.tokens import TokenTrajectory, collate
+from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_config, tiny_qwen3_moe_config
+from cadenza.rl.rollout.loop import RolloutParams, RolloutTask, rollout
+from cadenza.rl.text.chat import render
+from cadenza.rl.text.tokens import TokenTrajectory, collate
 from tests.support.rl_helpers import CounterEnv, ScriptedPolicy, make_tokenizer
 
 

@@ -8,9 +8,9 @@ import torch
 
 from cadenza.errors import CadenzaError
 from cadenza.rl.engines.hf import HFEngine
-from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
-from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
-from cadenza.rl.router import Router
+from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_config
+from cadenza.rl.rollout.loop import RolloutParams, RolloutTask, rollout
+from cadenza.rl.rollout.router import Router
 from tests.support.rl_helpers import CounterEnv, ScriptedPolicy, make_tokenizer
 
 TURNS = [

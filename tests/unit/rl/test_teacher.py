@@ -10,13 +10,13 @@ import torch
 
 from cadenza.errors import CadenzaError
 from cadenza.feedback.hints import Hint
-from cadenza.rl.chat import render
 from cadenza.rl.config import LossConfig, TeacherConfig
-from cadenza.rl.losses import DivergenceSpec, self_distillation_loss
-from cadenza.rl.policy import HFPolicy, tiny_qwen3_config, tiny_qwen3_moe_config
-from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
-from cadenza.rl.teacher import Teacher, build_hinted_turns, select_rows
-from cadenza.rl.tokens import TokenTrajectory, collate
+from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_config, tiny_qwen3_moe_config
+from cadenza.rl.learn.losses import DivergenceSpec, self_distillation_loss
+from cadenza.rl.learn.teacher import Teacher, build_hinted_turns, select_rows
+from cadenza.rl.rollout.loop import RolloutParams, RolloutTask, rollout
+from cadenza.rl.text.chat import render
+from cadenza.rl.text.tokens import TokenTrajectory, collate
 from tests.support.rl_helpers import CounterEnv, ScriptedPolicy, make_tokenizer
 
 CALL = '<tool_call>\n{{"name": "{}", "arguments": {}}}\n</tool_call>'
@@ -307,7 +307,7 @@ def test_off_policy_step_weights_the_sampled_estimator_and_reports_true_clipping
     """Through the step loss: tokens sampled by another distribution (log-prob -1 each, as the scripted
     engine says) weight each SD token by ``p_s / mu`` (float64 reference by hand); the decoupled ratio
     is 1, so the PPO clip acts on no token whatever the engine/trainer gap (that gap is mismatch_kl)."""
-    from cadenza.rl.step import rl_losses
+    from cadenza.rl.learn.step import rl_losses
 
     pol = _policy(tok, dtype="float64")
     batch = collate(trajectories, tok.pad_token_id)

@@ -8,19 +8,19 @@ import torch
 from cadenza.errors import CadenzaError
 from cadenza.feedback.hints import Hint
 from cadenza.rl.config import LossConfig, TeacherConfig
-from cadenza.rl.logprobs import sequence_logprobs
-from cadenza.rl.losses import group_advantages
-from cadenza.rl.policy import (
+from cadenza.rl.engines.policy import (
     HFPolicy,
     SampleRequest,
     SamplingParams,
     tiny_qwen3_config,
     tiny_qwen3_moe_config,
 )
-from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
-from cadenza.rl.step import rl_losses
-from cadenza.rl.teacher import Teacher, build_hinted_turns
-from cadenza.rl.tokens import TokenTrajectory, TokenTrajectoryBuilder, collate
+from cadenza.rl.learn.logprobs import sequence_logprobs
+from cadenza.rl.learn.losses import group_advantages
+from cadenza.rl.learn.step import rl_losses
+from cadenza.rl.learn.teacher import Teacher, build_hinted_turns
+from cadenza.rl.rollout.loop import RolloutParams, RolloutTask, rollout
+from cadenza.rl.text.tokens import TokenTrajectory, TokenTrajectoryBuilder, collate
 from tests.support.rl_helpers import CounterEnv, ScriptedPolicy, make_tokenizer
 
 

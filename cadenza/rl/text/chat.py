@@ -156,7 +156,7 @@ def require_chat_template(tokenizer: Any) -> None:
         name = getattr(tokenizer, "name_or_path", "") or type(tokenizer).__name__
         raise CadenzaError(
             f"tokenizer {name!r} has no chat template; give it one (tokenizer.chat_template = "
-            "cadenza.rl.chat.CHAT_TEMPLATE) or use a model whose tokenizer_config ships one"
+            "cadenza.rl.text.chat.CHAT_TEMPLATE) or use a model whose tokenizer_config ships one"
         )
 
 
@@ -230,7 +230,7 @@ def render_continuation(
     if not after.startswith(before):
         raise CadenzaError(
             "the chat template re-renders earlier turns when messages are appended (not prefix-stable); "
-            "use a template like cadenza.rl.chat.CHAT_TEMPLATE for multi-turn rollouts"
+            "use a template like cadenza.rl.text.chat.CHAT_TEMPLATE for multi-turn rollouts"
         )
     return after[len(before) :]
 

@@ -2,7 +2,7 @@
 
 tasks from a real PyPI package (the task factory, resumable) -> a tiny policy (tokenizer trained here,
 a short SFT warm-up on generated transcripts of the agent tools' call format so that a random model
-emits parseable tool calls) -> ``cadenza.rl.trainer.Trainer`` over the ``taskset`` env source
+emits parseable tool calls) -> ``cadenza.rl.train.trainer.Trainer`` over the ``taskset`` env source
 (curriculum sampling, sandboxed episodes, grading, monitor, feedback hints, GRPO + self-distillation,
 pool recording and escalation) -> a short report. ``model`` switches the policy to a local HF
 checkpoint for real runs on a GPU; nothing here is a separate training path.
@@ -87,7 +87,7 @@ def _workspace_files(task_dir: Path) -> list[str]:
 
 def _call(name: str, args: dict[str, Any], i: int) -> dict[str, Any]:
     from cadenza.agent.env import ToolCall
-    from cadenza.rl.chat import assistant_message
+    from cadenza.rl.text.chat import assistant_message
 
     return assistant_message("", [ToolCall(name=name, arguments=args, id=f"call_{i}")])
 
@@ -140,9 +140,9 @@ def build_tiny_policy(task_dirs: list[Path], out: Path, cfg: DemoConfig, log: An
         return out
     import torch
 
-    from cadenza.rl.chat import train_tokenizer
-    from cadenza.rl.policy import HFPolicy, tiny_qwen3_config
-    from cadenza.rl.sft import SFTConfig, encode_messages, supervised_finetune
+    from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_config
+    from cadenza.rl.learn.sft import SFTConfig, encode_messages, supervised_finetune
+    from cadenza.rl.text.chat import train_tokenizer
     from cadenza.tasks.task import load_task
 
     if not task_dirs:
@@ -266,7 +266,7 @@ def check_device(device: str) -> None:
 
 def run_demo(cfg: DemoConfig, console: Any = None, log: Any = print) -> DemoResult:
     """Tasks -> policy -> RL with curriculum -> metrics, checkpoints and a pass-rate PNG under ``cfg.out``."""
-    from cadenza.rl.trainer import Trainer
+    from cadenza.rl.train.trainer import Trainer
     from cadenza.tasks.pool import TaskPool
     from cadenza.tasks.pool_report import plot_pass_rates
     from cadenza.tasks.store import TaskStore

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 
 from cadenza.errors import CadenzaError
-from cadenza.rl.chat import render
-from cadenza.rl.tokens import TokenTrajectory, TokenTrajectoryBuilder, collate
+from cadenza.rl.text.chat import render
+from cadenza.rl.text.tokens import TokenTrajectory, TokenTrajectoryBuilder, collate
 
 
 def encode_messages(
@@ -38,7 +38,7 @@ def encode_messages(
         if not before.startswith(emitted) or not after.startswith(before):
             raise CadenzaError(
                 "the chat template is not prefix-stable; SFT encoding needs a template like "
-                "cadenza.rl.chat.CHAT_TEMPLATE"
+                "cadenza.rl.text.chat.CHAT_TEMPLATE"
             )
         builder.add("prompt" if first else "observation", tok(before[len(emitted) :]), message_index=i - 1)
         model_text = after[len(before) :]

@@ -15,7 +15,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from cadenza.rl.policy import Policy
+from cadenza.rl.engines.policy import Policy
 
 ENGINES = ("hf", "vllm", "openai")
 

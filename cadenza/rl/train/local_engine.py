@@ -1,6 +1,6 @@
 """The trainer's local ``hf`` engines and the one place the trainer obtains an engine.
 
-Both implement :class:`cadenza.rl.engine.RolloutEngine` over an :class:`HFPolicy`.
+Both implement :class:`cadenza.rl.engines.engine.RolloutEngine` over an :class:`HFPolicy`.
 :class:`cadenza.rl.engines.hf.HFEngine` samples in this process (the trainer's own module when
 training is synchronous, else its own copy). :class:`ProcessHFEngine` samples in a
 child process from a shared-memory copy, so generation really runs beside training instead of
@@ -25,7 +25,7 @@ import torch.multiprocessing as mp
 
 from cadenza.errors import ConfigError, EngineError
 from cadenza.rl.engines.hf import HFEngine, WeightTable
-from cadenza.rl.policy import HFPolicy, Sample, SampleRequest
+from cadenza.rl.engines.policy import HFPolicy, Sample, SampleRequest
 
 
 def _serve(conn: Any, model: torch.nn.Module, device: str, threads: int) -> None:
@@ -144,7 +144,7 @@ def build_engine(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) ->
     r = cfg.rollout
     if r.executor == "ray":  # the actors run the episodes; weights reach them through sync_weights
         from cadenza.executor import ExecutorConfig
-        from cadenza.rl.workers import RayWorkers
+        from cadenza.rl.train.workers import RayWorkers
 
         ex = ExecutorConfig(kind="ray", ray_address=r.ray_address, workers=r.workers, run_dir=None)
         if r.engine == "hf":  # each actor holds its own copy; weights go through the object store
@@ -162,7 +162,7 @@ def build_engine(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) ->
     engines = served_engines(cfg, policy, tokenizer, version=version)
     if len(engines) == 1:
         return engines[0]
-    from cadenza.rl.router import Router
+    from cadenza.rl.rollout.router import Router
 
     return Router(engines)
 

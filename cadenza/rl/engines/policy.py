@@ -41,7 +41,7 @@ class Sample:
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: str  # "stop" (a stop token was sampled, and is included) or "length"
-    policy_version: int = 0  # version of the weights that sampled it (see cadenza.rl.engine)
+    policy_version: int = 0  # version of the weights that sampled it (see cadenza.rl.engines.engine)
 
 
 @dataclass(frozen=True)

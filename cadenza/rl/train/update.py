@@ -14,13 +14,13 @@ from typing import Any
 import torch
 
 from cadenza.optim.clip import clip_grad_norm_
-from cadenza.rl.data_parallel import DataParallel
-from cadenza.rl.episodes import TrainEpisode, signal_rows
-from cadenza.rl.logprobs import sequence_logprobs
-from cadenza.rl.losses import group_advantages
-from cadenza.rl.step import hinted_mask, rl_losses
-from cadenza.rl.teacher import Teacher, build_hinted_turns
-from cadenza.rl.tokens import collate
+from cadenza.rl.learn.logprobs import sequence_logprobs
+from cadenza.rl.learn.losses import group_advantages
+from cadenza.rl.learn.step import hinted_mask, rl_losses
+from cadenza.rl.learn.teacher import Teacher, build_hinted_turns
+from cadenza.rl.rollout.episodes import TrainEpisode, signal_rows
+from cadenza.rl.text.tokens import collate
+from cadenza.rl.train.data_parallel import DataParallel
 
 
 @dataclass(kw_only=True)
@@ -49,7 +49,7 @@ class Learner:
     teacher: Teacher
     off_policy: bool = False
     """The engine's weights can differ from the trainer's: ``loss.is_cap`` then applies
-    (:func:`cadenza.rl.build.is_off_policy`)."""
+    (:func:`cadenza.rl.train.build.is_off_policy`)."""
     ref_model: torch.nn.Module | None = None
     dp: DataParallel = field(default_factory=DataParallel)
     """The data-parallel group: this rank computes microbatches ``dp.mine(n)``; gradients are summed."""

@@ -14,8 +14,8 @@ from cadenza.rl.config import TrainConfig
 
 def build_policy(cfg: TrainConfig) -> tuple[Any, Any]:
     """Tokenizer + :class:`HFPolicy` from ``[model]``: a local HF directory, or random init."""
-    from cadenza.rl.chat import load_tokenizer
-    from cadenza.rl.policy import HFPolicy, tiny_qwen3_config, tiny_qwen3_moe_config
+    from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_config, tiny_qwen3_moe_config
+    from cadenza.rl.text.chat import load_tokenizer
 
     m = cfg.model
     tokenizer = load_tokenizer(m.tokenizer or m.path)

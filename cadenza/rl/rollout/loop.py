@@ -35,17 +35,17 @@ from cadenza.agent.env import Env, StepResult
 from cadenza.agent.loop import Act, LoopConfig, run_episodes, run_loop
 from cadenza.agent.trajectory import Trajectory, TurnMeta
 from cadenza.errors import CadenzaError
-from cadenza.rl.chat import (
+from cadenza.rl.config import RolloutParams
+from cadenza.rl.engines.policy import Policy, SamplingParams
+from cadenza.rl.rollout.turn_batcher import TurnBatcher
+from cadenza.rl.text.chat import (
     assistant_message,
     parse_tool_calls,
     render_continuation,
     require_chat_template,
     turn_end_glue,
 )
-from cadenza.rl.config import RolloutParams
-from cadenza.rl.policy import Policy, SamplingParams
-from cadenza.rl.tokens import TokenTrajectory, TokenTrajectoryBuilder
-from cadenza.rl.turn_batcher import TurnBatcher
+from cadenza.rl.text.tokens import TokenTrajectory, TokenTrajectoryBuilder
 
 
 @dataclass(kw_only=True)

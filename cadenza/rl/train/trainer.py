@@ -6,7 +6,7 @@ One step (:meth:`Trainer.train_step`):
    graded by the env's ``finish()``, reward zeroed by the reward-hacking monitor on flagged episodes,
    annotated with feedback hints aimed at specific turns;
 2. drop the episodes sampled by weights more than ``rollout.max_staleness`` versions old (counted);
-3. one update (:mod:`cadenza.rl.update`): GRPO over all model tokens with group-normalised advantages
+3. one update (:mod:`cadenza.rl.train.update`): GRPO over all model tokens with group-normalised advantages
    (truncated importance sampling against the engine's log-probs when they can come from other
    weights), plus ``lambda_sd`` times the per-turn self-distillation divergence on hinted turns;
 4. sync the engine to the new weights (version = step), record the outcomes in the task pool, queue
@@ -14,7 +14,7 @@ One step (:meth:`Trainer.train_step`):
 5. metrics to ``metrics.jsonl`` (and TensorBoard if installed); checkpoints for exact resume.
 
 With ``max_staleness = K > 0`` the rollouts of steps n+1..n+K run on a background thread while step n
-trains (:mod:`cadenza.rl.pipeline`); step s is always sampled by version ``max(0, s - 1 - K)``, and
+trains (:mod:`cadenza.rl.rollout.pipeline`); step s is always sampled by version ``max(0, s - 1 - K)``, and
 checkpoints keep the finished rollouts queued ahead, so a resumed run replays exactly. Randomness is a
 pure function of (seed, step): tasks and sampling of step ``s`` use generators seeded from
 ``(run.seed, s)``.
@@ -34,20 +34,26 @@ import torch
 from cadenza.errors import CadenzaError
 from cadenza.jsonio import atomic_write_json
 from cadenza.metrics import MetricsLogger, read_metrics
-from cadenza.rl import checkpoint as ckpt
-from cadenza.rl.build import build_optimizer, build_policy, check_same_run, is_off_policy
 from cadenza.rl.config import TrainConfig, validate
-from cadenza.rl.curriculum import PoolExhausted
-from cadenza.rl.data_parallel import DataParallel
 from cadenza.rl.engines.weights import named_full_tensors
-from cadenza.rl.envs import load_source
-from cadenza.rl.episodes import TrainEpisode, collect_episodes, record_pool, sample_step_tasks, signal_rows
-from cadenza.rl.local_engine import build_engine
-from cadenza.rl.pipeline import RolloutPipeline, WatchedEngine
-from cadenza.rl.probe import HintFollowingEroded, ProbeSchedule, schedule_for_run
-from cadenza.rl.teacher import Teacher
-from cadenza.rl.update import Learner, UpdateResult
-from cadenza.rl.workers import RayWorkers, Unit
+from cadenza.rl.learn.probe import HintFollowingEroded, ProbeSchedule, schedule_for_run
+from cadenza.rl.learn.teacher import Teacher
+from cadenza.rl.rollout.curriculum import PoolExhausted
+from cadenza.rl.rollout.envs import load_source
+from cadenza.rl.rollout.episodes import (
+    TrainEpisode,
+    collect_episodes,
+    record_pool,
+    sample_step_tasks,
+    signal_rows,
+)
+from cadenza.rl.rollout.pipeline import RolloutPipeline, WatchedEngine
+from cadenza.rl.train import checkpoint as ckpt
+from cadenza.rl.train.build import build_optimizer, build_policy, check_same_run, is_off_policy
+from cadenza.rl.train.data_parallel import DataParallel
+from cadenza.rl.train.local_engine import build_engine
+from cadenza.rl.train.update import Learner, UpdateResult
+from cadenza.rl.train.workers import RayWorkers, Unit
 
 __all__ = ["TrainEpisode", "Trainer", "build_optimizer", "build_policy"]
 

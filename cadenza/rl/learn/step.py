@@ -15,11 +15,11 @@ import torch
 
 from cadenza.errors import CadenzaError
 from cadenza.rl.config import LossConfig
-from cadenza.rl.logprobs import sequence_logprobs
-from cadenza.rl.losses import clip_fraction, grpo_loss, masked_mean, truncated_is_weights
-from cadenza.rl.policy import HFPolicy
-from cadenza.rl.teacher import HintedTurn, SDResult, Teacher
-from cadenza.rl.tokens import TokenBatch
+from cadenza.rl.engines.policy import HFPolicy
+from cadenza.rl.learn.logprobs import sequence_logprobs
+from cadenza.rl.learn.losses import clip_fraction, grpo_loss, masked_mean, truncated_is_weights
+from cadenza.rl.learn.teacher import HintedTurn, SDResult, Teacher
+from cadenza.rl.text.tokens import TokenBatch
 
 
 @dataclass(kw_only=True)
@@ -63,7 +63,7 @@ def rl_losses(
     weights can differ from the trainer's (asynchronous rollouts, another engine's kernels), so with
     ``loss.is_cap > 0`` ratios are taken against the trainer's own log-probs and each token weighted
     by ``min(pi_trainer / mu_engine, is_cap)`` (decoupled PPO); otherwise against the engine's.
-    ``advantages`` is ``[B]`` (e.g. :func:`cadenza.rl.losses.group_advantages` of ``batch.rewards``);
+    ``advantages`` is ``[B]`` (e.g. :func:`cadenza.rl.learn.losses.group_advantages` of ``batch.rewards``);
     ``ref_logprobs`` (``[B, T]``, aligned like the batch) enables the KL-to-reference term.
     """
     cfg = loss or LossConfig()
@@ -71,7 +71,7 @@ def rl_losses(
         raise CadenzaError(f"temperature must be > 0, got {temperature}")
     if items and teacher is None:
         raise CadenzaError(
-            "hinted turns were given but no teacher; build one with cadenza.rl.teacher.Teacher"
+            "hinted turns were given but no teacher; build one with cadenza.rl.learn.teacher.Teacher"
         )
     use_sd = bool(items) and cfg.lambda_sd > 0
     want_cache = use_sd and teacher is not None and teacher.reuses_student_cache

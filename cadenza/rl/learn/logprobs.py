@@ -14,7 +14,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from cadenza.errors import CadenzaError
-from cadenza.rl.losses import DivergenceSpec, token_divergence
+from cadenza.rl.learn.losses import DivergenceSpec, token_divergence
 
 
 def _map_chunks(
@@ -107,7 +107,7 @@ def hidden_divergence(
 ) -> torch.Tensor:
     """Per-token divergence ``[N]`` between student and teacher, from hidden states ``[N, D]``.
 
-    Same math as :func:`cadenza.rl.losses.self_distillation_loss`, chunked; the teacher side is
+    Same math as :func:`cadenza.rl.learn.losses.self_distillation_loss`, chunked; the teacher side is
     detached (it never receives gradient). ``teacher_head`` defaults to the student's (live teacher).
     """
     if student_hidden.shape != teacher_hidden.shape:

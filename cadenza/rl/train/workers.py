@@ -26,7 +26,7 @@ import torch
 
 from cadenza.errors import CadenzaError, EngineError
 from cadenza.executor import ExecutorConfig
-from cadenza.rl.episodes import TrainEpisode, collect_episodes, step_seed
+from cadenza.rl.rollout.episodes import TrainEpisode, collect_episodes, step_seed
 
 
 @dataclass(kw_only=True)
@@ -61,11 +61,11 @@ class Endpoints:
 class RolloutWorker:
     """What one worker holds: env source, tokenizer, monitor, engine. Also the body of a Ray actor.
 
-    With ``endpoints`` the engine is a :class:`~cadenza.rl.router.Router` over HTTP clients of the served
-    engines (least-loaded placement, session affinity per episode); :meth:`connect` reaches them."""
+    With ``endpoints`` the engine is a :class:`~cadenza.rl.rollout.router.Router` over HTTP clients of the
+    served engines (least-loaded placement, session affinity per episode); :meth:`connect` reaches them."""
 
     def __init__(self, cfg: Any, endpoints: Endpoints | None = None, *, threads: int = 1) -> None:
-        from cadenza.rl.envs import load_source
+        from cadenza.rl.rollout.envs import load_source
 
         torch.set_num_threads(threads)
         self.cfg = cfg
@@ -73,8 +73,8 @@ class RolloutWorker:
         self.source = load_source(cfg.env.name, cfg.env.options)
         self.engine: Any = None
         if cfg.rollout.engine == "hf":
-            from cadenza.rl.build import build_policy
             from cadenza.rl.engines.hf import HFEngine
+            from cadenza.rl.train.build import build_policy
 
             self.tokenizer, policy = build_policy(cfg)
             self.engine = HFEngine(policy, share=True)
@@ -83,7 +83,7 @@ class RolloutWorker:
                 f"rollout workers with engine {cfg.rollout.engine!r} need served engine endpoints"
             )
         else:
-            from cadenza.rl.chat import load_tokenizer
+            from cadenza.rl.text.chat import load_tokenizer
 
             self.tokenizer = endpoints.tokenizer or load_tokenizer(cfg.model.tokenizer or cfg.model.path)
 
@@ -92,7 +92,7 @@ class RolloutWorker:
         if self.endpoints is None or self.engine is not None:
             return None
         from cadenza.rl.engines.openai import OpenAIEngine, OpenAIEngineConfig
-        from cadenza.rl.router import Router
+        from cadenza.rl.rollout.router import Router
 
         e = self.endpoints
         try:  # OpenAIEngine asks /v1/models for the served name: a health check with a timeout
@@ -144,7 +144,7 @@ class Served:
     the workers which version they hold."""
 
     def __init__(self, engines: Sequence[Any], *, own: bool, timeout_s: float, tokenizer: Any) -> None:
-        from cadenza.rl.router import Router
+        from cadenza.rl.rollout.router import Router
 
         self.engines, self.own = list(engines), own
         self._sync = self.engines[0] if len(self.engines) == 1 else Router(self.engines)

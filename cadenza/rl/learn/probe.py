@@ -28,9 +28,9 @@ from typing import Any
 import torch
 
 from cadenza.errors import CadenzaError, ConfigError
-from cadenza.rl.logprobs import token_logprobs
-from cadenza.rl.sft import encode_messages
-from cadenza.rl.tokens import collate
+from cadenza.rl.learn.logprobs import token_logprobs
+from cadenza.rl.learn.sft import encode_messages
+from cadenza.rl.text.tokens import collate
 
 KEYS = ("probe_teacher_hinted", "probe_teacher_unhinted", "probe_student_hinted", "probe_student_unhinted")
 
@@ -50,7 +50,7 @@ class ProbeItem:
 
 
 def hinted_messages(messages: Sequence[dict[str, Any]], hint: str, placement: str) -> list[dict[str, Any]]:
-    """The context with the hint inserted as the teacher inserts it (see :mod:`cadenza.rl.teacher`)."""
+    """The context with the hint inserted as the teacher inserts it (see :mod:`cadenza.rl.learn.teacher`)."""
     msgs = [dict(m) for m in messages]
     if placement == "user_before_turn":
         return [*msgs, {"role": "user", "content": hint}]

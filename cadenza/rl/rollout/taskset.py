@@ -1,7 +1,7 @@
 """The trainer's environment source over a real task set: curriculum sampling, sandboxed episodes.
 
 ``[env] name = "taskset"`` in a train config plugs this in. Each step the curriculum picks the
-tasks (see :mod:`cadenza.rl.curriculum`), every rollout is a sandboxed
+tasks (see :mod:`cadenza.rl.rollout.curriculum`), every rollout is a sandboxed
 :class:`cadenza.agent.episode.Episode`, and after grading the trainer hands the outcomes back
 through :meth:`TaskSetSource.record`, one pool transaction per group. When the pool goes easy,
 the factory is asked for harder tasks from the same sources in the background.
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from cadenza.errors import ConfigError
-from cadenza.rl.curriculum import CurriculumConfig, CurriculumSampler, Escalator, pool_metrics
+from cadenza.rl.rollout.curriculum import CurriculumConfig, CurriculumSampler, Escalator, pool_metrics
 from cadenza.tasks.pool import AttemptResult, PoolConfig, TaskPool
 
 

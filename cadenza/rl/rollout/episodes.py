@@ -1,6 +1,6 @@
 """One step's episodes: tasks from the env source, rollouts through the engine, grading, monitor, hints.
 
-Everything here may run on the rollout thread (:mod:`cadenza.rl.pipeline`) except
+Everything here may run on the rollout thread (:mod:`cadenza.rl.rollout.pipeline`) except
 :func:`sample_step_tasks` and :func:`record_pool`, which touch the task pool and stay on the trainer's
 thread. Randomness is a pure function of ``(seed, step)``: the task draw and the sampling generator of
 step ``s`` are seeded from ``seed * 1_000_003 + s``.
@@ -16,9 +16,9 @@ from cadenza.agent.env import NoToolsView
 from cadenza.agent.trajectory import Trajectory
 from cadenza.feedback.generate import generate_hints
 from cadenza.feedback.hints import Hint
-from cadenza.rl.curriculum import drop_zero_variance
-from cadenza.rl.monitor_hook import episode_outcome
-from cadenza.rl.rollout import Rollout, RolloutTask, rollout
+from cadenza.rl.rollout.curriculum import drop_zero_variance
+from cadenza.rl.rollout.loop import Rollout, RolloutTask, rollout
+from cadenza.rl.rollout.monitor_hook import episode_outcome
 
 
 @dataclass(kw_only=True)
@@ -66,7 +66,7 @@ def collect_episodes(
     episode itself) and annotate it with hints.
 
     ``seed`` (default: the step's) and ``group_offset`` let a rollout worker run one task of a step
-    on its own (:mod:`cadenza.rl.workers`)."""
+    on its own (:mod:`cadenza.rl.train.workers`)."""
     made: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
 
     def factory(task: Any):
@@ -124,7 +124,7 @@ def record_pool(source: Any, step: int, episodes: list[Any]) -> dict[str, Any]:
     record = getattr(source, "record", None)
     if not callable(record):
         return {}
-    from cadenza.rl.taskset import GroupOutcome
+    from cadenza.rl.rollout.taskset import GroupOutcome
 
     outcomes = [
         GroupOutcome(

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cadenza.errors import ContextLengthExceeded
-from cadenza.rl.policy import Sample, SampleRequest, SamplingParams
+from cadenza.rl.engines.policy import Sample, SampleRequest, SamplingParams
 
 
 @dataclass(kw_only=True)
