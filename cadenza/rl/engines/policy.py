@@ -54,15 +54,20 @@ class SampleRequest:
     # Served engines: one request seed per prompt, given (a router draws them before it splits the batch,
     # so a prompt's sample does not depend on which engine it went to); None = drawn from ``generator``.
     seeds: Sequence[int] | None = None
+    # Per prompt: the most tokens it may take (its own remaining context, so a prompt near the window
+    # never makes the engine refuse the batch); None = ``params.max_new_tokens`` for all. Served engines
+    # send it per request; the in-process sampler runs to the batch's maximum (the rollout truncates).
+    max_new_tokens: Sequence[int] | None = None
 
     def part(
         self,
         prompts: Sequence[Sequence[int]],
         generator: torch.Generator | None,
         seeds: Sequence[int] | None = None,
+        max_new_tokens: Sequence[int] | None = None,
     ) -> SampleRequest:
         """The same parameters for a subset of the prompts (a router's share, one prompt of a batch)."""
-        return replace(self, prompts=prompts, generator=generator, seeds=seeds)
+        return replace(self, prompts=prompts, generator=generator, seeds=seeds, max_new_tokens=max_new_tokens)
 
 
 class Policy(Protocol):

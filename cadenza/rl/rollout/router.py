@@ -86,7 +86,9 @@ class Router:
                 with self._lock:
                     self.served[i] += len(mine)
                 gen = torch.Generator().manual_seed(seeds[mine[0]])
-                part = request.part([prompts[k] for k in mine], gen, [seeds[k] for k in mine])
+                limits = request.max_new_tokens
+                part = request.part([prompts[k] for k in mine], gen, [seeds[k] for k in mine],
+                                    [limits[k] for k in mine] if limits is not None else None)  # fmt: skip
                 jobs[i] = (mine, self._pool.submit(engine.sample, part))
         out: list[Sample | None] = [None] * len(prompts)
         for mine, fut in jobs.values():

@@ -118,7 +118,8 @@ class TurnBatcher:
     def _run(self, batch: list[_Ask]) -> None:
         # one batch shares its parameters; each episode keeps only what fits its own budget
         params = replace(batch[0].params, max_new_tokens=max(a.params.max_new_tokens for a in batch))
-        request = SampleRequest([a.prompt for a in batch], params, None, [a.seed for a in batch])
+        limits = [a.params.max_new_tokens for a in batch]  # each prompt's own remaining context
+        request = SampleRequest([a.prompt for a in batch], params, None, [a.seed for a in batch], limits)
         try:
             samples = _sample(self.policy, request)
         except BaseException as exc:  # every ask of the batch fails with the engine's own error
@@ -139,7 +140,8 @@ def _sample(policy: Any, request: SampleRequest) -> list[Sample]:
     except ContextLengthExceeded:
         if len(request.prompts) == 1:
             return [Sample(token_ids=[], logprobs=[], finish_reason="context")]
-        seeds = list(request.seeds or [])
+        seeds, limits = list(request.seeds or []), request.max_new_tokens
         return [
-            _sample(policy, request.part([p], None, [seeds[k]]))[0] for k, p in enumerate(request.prompts)
+            _sample(policy, request.part([p], None, [seeds[k]], [limits[k]] if limits else None))[0]
+            for k, p in enumerate(request.prompts)
         ]

@@ -144,3 +144,69 @@ def test_no_tool_call_rule_end_or_nudge(tok, policy):
         n.tokens.validate()
     with pytest.raises(Exception, match="no_tool_call"):
         RolloutParams(no_tool_call="skip")
+
+
+class LongTask(CounterEnv):
+    """A counter task whose statement alone is longer than the engine's window."""
+
+    def reset(self):
+        messages = super().reset()
+        messages[1]["content"] += " Background: " + "lorem ipsum " * 400
+        return messages
+
+
+class WindowedEngine(EchoEngine):
+    """A served-like engine with a context window: it refuses the whole request when any prompt plus its
+    own ``max_tokens`` does not fit, as vLLM answers HTTP 400; it records each prompt's limit."""
+
+    def __init__(self, tok, window: int) -> None:
+        super().__init__(tok, 0.0)
+        self.window, self.limits = window, []
+        self.name = "vllm"
+
+    def sample(self, request):
+        from cadenza.errors import ContextLengthExceeded
+
+        limits = list(request.max_new_tokens)
+        self.limits.append([(len(p), n) for p, n in zip(request.prompts, limits, strict=True)])
+        if any(len(p) + n > self.window for p, n in zip(request.prompts, limits, strict=True)):
+            raise ContextLengthExceeded(f"maximum context length is {self.window} tokens")
+        out = super().sample(request)
+        for s, n in zip(out, limits, strict=True):
+            s.token_ids, s.logprobs = s.token_ids[:n], s.logprobs[:n]
+            s.finish_reason = "stop" if s.token_ids[-1] == self.eos else "length"
+        return out
+
+
+def test_a_long_prompt_ends_only_its_own_episode(tok):
+    """One task's prompt is over the window: that episode ends as ``context`` (graded), the others run
+    all their turns; every prompt went with its own remaining context as its token limit."""
+    from cadenza.rl.text.chat import render
+
+    env = LongTask()
+    long_len = len(
+        tok.encode(
+            render(tok, env.reset(), env.tools(), add_generation_prompt=True), add_special_tokens=False
+        )
+    )
+    engine = WindowedEngine(tok, window=900)
+    assert long_len > engine.window
+    tasks = [RolloutTask(task_id="long", make_env=LongTask)] + [
+        RolloutTask(task_id=f"t{i}", make_env=CounterEnv) for i in range(2)
+    ]
+    cfg = RolloutParams(group_size=1, max_turns=3, max_new_tokens=40, max_context_tokens=long_len + 10)
+    long, *short = rollout(engine, tok, tasks, cfg, seed=1)
+    assert long.trajectory.meta["stop_reason"] == "context" and not long.trajectory.turns
+    assert long.outcome == {"reward": 0.0, "resolved": False}  # finish() graded it like any other
+    for r in short:
+        assert r.trajectory.meta["stop_reason"] == "max_turns" and len(r.trajectory.turns) == 3
+    sent = [pair for batch in engine.limits for pair in batch]
+    assert all(
+        n == min(40, long_len + 10 - length) for length, n in sent
+    )  # each prompt: its own remaining context
+    assert (long_len, 10) in sent and any(
+        n == 40 for _, n in sent
+    )  # the long prompt asked for 10, the others 40
+    assert any(
+        len(batch) == 1 and batch[0][0] == long_len for batch in engine.limits
+    )  # retried alone, then ended
