@@ -105,12 +105,11 @@ class Learner:
             kept = sum(tokens[i].num_model_tokens for i in idx if i in grpo_rows)
             # a microbatch's GRPO term is a mean over its tokens (token_mean) or its sequences
             # (sequence_mean): weighted by its share of the step's, the sum is the whole-step mean
-            share = (
-                (sum(1 for i in idx if tokens[i].num_model_tokens) / n_seq)
-                if lc.aggregation == "sequence_mean"
-                else res.num_model_tokens / n_tok
-            )
-            w_grpo = share if kept else 0.0
+            w_grpo = 0.0
+            if kept:  # (a step whose groups all tied has no GRPO term: nothing to divide)
+                rows_with_tokens = sum(1 for i in idx if tokens[i].num_model_tokens)
+                seq_mean = lc.aggregation == "sequence_mean"
+                w_grpo = rows_with_tokens / n_seq if seq_mean else res.num_model_tokens / n_tok
             w_sd = res.sd.num_tokens / n_sd if n_sd else 0.0
             loss = res.grpo * w_grpo + lc.lambda_sd * res.sd.loss * w_sd
             loss.backward()

@@ -79,3 +79,13 @@ def test_microbatched_update_equals_the_whole_batch(tok, episodes, aggregation):
         assert split.grpo_loss == pytest.approx(whole.grpo_loss, rel=1e-5), f"microbatch {mb}"
         for name, delta in moved.items():
             torch.testing.assert_close(moved_mb[name], delta, rtol=1e-4, atol=1e-7, msg=name)
+
+
+def test_a_step_whose_groups_all_tie_is_skipped_not_an_error(tok, episodes):
+    """Every group's rewards equal: no GRPO term and no SD, so the update is skipped (zero gradient)."""
+    tied = copy.deepcopy(episodes)
+    for e in tied:
+        e.rollout.tokens.reward = 1.0
+    for aggregation in ("sequence_mean", "token_mean"):
+        res, *_ = _update(tok, tied, aggregation, microbatch=2)
+        assert res.skipped and res.zero_variance_groups == 1 and res.grpo_loss == 0.0
