@@ -15,7 +15,7 @@ import os
 import subprocess
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -209,6 +209,10 @@ def run_tests(
                 outcomes={}, requested=list(node_ids), exit_code=4, timed_out=False, duration_s=0.0
             )
     checks = checks or Checks()
+    if coverage_rc is not None and checks.guard:
+        # coverage's tracer and the guard's hook deadlock a process that forks (toolz's Pool test):
+        # a coverage run only maps tests to features, on the pristine source; no verdict comes from it
+        checks = replace(checks, guard=False)
     if allow is None and checks.guard:
         allow = workspace_allowances(workspace)
     channel = Channel(
