@@ -22,7 +22,6 @@ import shutil
 import tempfile
 import time
 import tomllib
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -111,21 +110,16 @@ def grade(
         else:
             run = _Runner(task_dir, task, info, env, pristine, work, Path(tmp), sandbox, policy)
             timeout = run_timeout_s if run_timeout_s is not None else max(600.0, task.test_timeout_s)
-            rerun = None
-            if defences.f2p_rerun and task.fail_to_pass:
-                # its own copy, made before either run starts (no run can leave anything for the other),
-                # run beside the main one so that grading takes the time of one run, not two
-                alone_ws = Path(tmp) / "alone" / "workspace"  # the same name: a root package keeps it
-                shutil.copytree(work, alone_ws, symlinks=True)
-                pool = ThreadPoolExecutor(max_workers=1)
-                rerun = pool.submit(run, list(task.fail_to_pass), timeout, reverse=True, work=alone_ws)
-                pool.shutdown(wait=False)
             report, sandboxed = run(nodeids, timeout)
             statuses = report.statuses(nodeids)
             f2p_ok = bool(task.fail_to_pass) and all(statuses[n] == "passed" for n in task.fail_to_pass)
-            alone = rerun.result() if rerun is not None else None
-            if alone is not None and f2p_ok:
-                alone, _ = alone
+            if defences.f2p_rerun and f2p_ok:
+                # only a run that passes is worth a second look: on its own copy, made after the main
+                # run from the graded copy's pristine source (no run can leave anything for the other)
+                alone_ws = Path(tmp) / "alone" / "workspace"  # the same name: a root package keeps it
+                shutil.copytree(pristine, alone_ws, symlinks=True)
+                apply_changes(pristine, agent, alone_ws, policy)
+                alone, _ = run(list(task.fail_to_pass), timeout, reverse=True, work=alone_ws)
                 differ = [n for n in task.fail_to_pass if alone.outcome(n) != "passed"]
                 if differ:
                     report.tampering.append(
