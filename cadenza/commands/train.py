@@ -38,6 +38,8 @@ def register(app: typer.Typer) -> None:
         """Train a policy with GRPO plus self-distillation from text hints; metrics, checkpoints, exact
         resume."""
         from cadenza import preflight
+
+        preflight.check_train_extra()  # the config holds torch-side sections ([parallel]), as pretrain's
         from cadenza.rl.config import load_config
         from cadenza.rl.rollout.envs import SANDBOXED_ENVS
 
