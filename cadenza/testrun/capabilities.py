@@ -453,7 +453,7 @@ def new_capabilities(
     return found
 
 
-def guard_allowances(files: dict[str, bytes]) -> dict[str, list[str]]:
+def visible_allowances(files: dict[str, bytes]) -> dict[str, list[str]]:
     """Workspace path -> the guard's kinds that file may use (the ones its source visibly uses)."""
     out = {}
     for rel, data in files.items():

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from cadenza.sandbox.execute import kill_tree
-from cadenza.testrun.capabilities import guard_allowances
+from cadenza.testrun.capabilities import visible_allowances
 from cadenza.testrun.channel import LEGACY_PLUGIN_MODULE, Channel, Checks
 from cadenza.testrun.report import TestReport
 
@@ -132,7 +132,7 @@ def workspace_allowances(workspace: Path) -> dict[str, list[str]]:
                     files[str(path.relative_to(workspace))] = path.read_bytes()
                 except OSError:
                     continue
-    return guard_allowances(files)
+    return visible_allowances(files)
 
 
 def pytest_command(
