@@ -102,9 +102,20 @@ def _band(
         return
     n = min(len(c) for c in curves)
     x = np.array([c[0] for c in curves[0][:n]])
-    ys = np.array([[transform(p[col], c) if transform else p[col] for p in c[:n]] for c in curves])
-    ax.plot(x, ys.mean(0), label=label, color=color)
-    ax.fill_between(x, ys.min(0), ys.max(0), color=color, alpha=0.12)
+    # A point an arm did not measure (None: e.g. no unhinted turn at that eval) is a gap, not a zero.
+    ys = np.array(
+        [
+            [np.nan if p[col] is None else (transform(p[col], c) if transform else p[col]) for p in c[:n]]
+            for c in curves
+        ],
+        dtype=float,
+    )
+    seen = ~np.isnan(ys).all(0)
+    if not seen.any():
+        return
+    x, ys = x[seen], ys[:, seen]
+    ax.plot(x, np.nanmean(ys, 0), label=label, color=color)
+    ax.fill_between(x, np.nanmin(ys, 0), np.nanmax(ys, 0), color=color, alpha=0.12)
 
 
 def plot_curves(results: dict[str, Any], path: str | Path) -> None:

@@ -110,3 +110,19 @@ def test_goal_rules():
     arms["placebo"] = [_run(s, None, invalid=0.2 + 0.01 * s) for s in range(5)]
     g = goal({"arms": arms, "budget": budget})
     assert g["sd_third_of_grpo"]["met"] is False and g["placebo_within_noise"]["met"] is False
+
+
+def test_plot_curves_treats_unmeasured_points_as_gaps(tmp_path):
+    """An eval where an arm measured no unhinted turn leaves None in its KL curve: the plot draws a gap
+    there (the CI crash was numpy averaging None) and still writes the figure."""
+    from cadenza.experiments.report import plot_curves
+
+    run = {
+        "heldout_curve": [[0, 0.5, 0.1], [8, 0.8, 0.3]],
+        "probe_curve": [[0, 0.2], [8, 0.4]],
+        "heldout_kl_curve": [[0, None, None], [8, 0.02, 1.1]],
+    }
+    unmeasured = {**run, "heldout_kl_curve": [[0, None, None], [8, None, None]]}
+    out = tmp_path / "curves.png"
+    plot_curves({"arms": {"grpo": [run, run], "grpo_sd": [unmeasured]}}, out)
+    assert out.stat().st_size > 1000
