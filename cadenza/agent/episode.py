@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from cadenza.agent.env import StepResult, ToolCall
+from cadenza.agent.grading.capabilities import task_package_kinds
 from cadenza.agent.grading.diff import compare
 from cadenza.agent.grading.grade import GradeResult, grade, task_env_dir
 from cadenza.agent.outcome import Outcome
@@ -123,7 +124,11 @@ class Episode:
             task_id=self.task.id,
             messages=[dict(m) for m in messages],
             sandboxed=sandbox.sandboxed,
-            meta={"workspace": str(self.workspace)},
+            # the capabilities the pristine package already uses: the monitor allows them, as grading does
+            meta={
+                "workspace": str(self.workspace),
+                "package_capabilities": sorted(task_package_kinds(self.task_dir, self.task)),
+            },
         )
         self._start = time.monotonic()
         self._tokens = 0

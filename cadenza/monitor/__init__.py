@@ -42,7 +42,11 @@ def monitor(
     A rule that raises is logged with its traceback and reported as a ``monitor_error`` flag (which
     also withholds the reward: an unreadable call must not pay), never folded into another rule.
     """
-    ctx = Context.build(task, workspace=str(trajectory.meta.get("workspace") or ""))
+    ctx = Context.build(
+        task,
+        workspace=str(trajectory.meta.get("workspace") or ""),
+        package_capabilities=frozenset(trajectory.meta.get("package_capabilities") or ()),
+    )
     extractor = Extractor()
     flags: list[Flag] = []
     seen: set[tuple[str, int]] = set()

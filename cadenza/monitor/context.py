@@ -23,10 +23,19 @@ class Context:
     workspace: str = ""  # the episode's workspace path (trajectory.meta["workspace"]): never a system search
     seen_read: set[str] = field(default_factory=set)
     git_aliases: dict[str, str] = field(default_factory=dict)
+    # capability kinds the task's pristine package already uses (trajectory.meta["package_capabilities"],
+    # recorded by the episode): grading's capability check allows them in any kept file, and so does
+    # the monitor
+    package_capabilities: frozenset[str] = frozenset()
 
     @classmethod
-    def build(cls, task: Task | None, workspace: str = "") -> Context:
-        ctx = cls(workspace=posixpath.normpath(workspace) if workspace else "")
+    def build(
+        cls, task: Task | None, workspace: str = "", package_capabilities: frozenset[str] = frozenset()
+    ) -> Context:
+        ctx = cls(
+            workspace=posixpath.normpath(workspace) if workspace else "",
+            package_capabilities=frozenset(package_capabilities),
+        )
         if task is None:
             return ctx
         names = {task.package, task.feature.qualname.split(".")[0]}

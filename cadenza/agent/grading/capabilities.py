@@ -13,6 +13,7 @@ from functools import lru_cache
 from pathlib import Path, PurePosixPath
 
 from cadenza.agent.grading.policy import GradePolicy
+from cadenza.tasks.records.task import WORKSPACE, Task
 from cadenza.testrun.capabilities import GUARD_KINDS, Finding, kinds, new_capabilities
 
 PY_SUFFIXES = (".py", ".pyw")
@@ -42,16 +43,43 @@ def capability_findings(pristine: Path, work: Path, applied: list[str], policy: 
 
 def package_kinds(pristine: Path, policy: GradePolicy) -> frozenset[str]:
     """The capability kinds the pristine package's non-test Python files use."""
-    files = tuple(
-        sorted(rel for rel in policy.pristine_files if rel.endswith(PY_SUFFIXES) and not policy.is_test(rel))
+    files = sorted(
+        rel for rel in policy.pristine_files if rel.endswith(PY_SUFFIXES) and not policy.is_test(rel)
     )
-    return _package_kinds(str(pristine), files)
+    return _package_kinds(str(pristine), tuple((rel, _stamp(pristine / rel)) for rel in files))
+
+
+def _stamp(path: Path) -> tuple[int, int]:
+    """What the cache keys a file by besides its name: a pristine file rewritten is read again."""
+    try:
+        st = path.stat()
+    except OSError:
+        return (-1, -1)
+    return (st.st_mtime_ns, st.st_size)
+
+
+def workspace_files(root: Path) -> list[str]:
+    """Every file of a workspace, relative to it (``.git`` left out)."""
+    return [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and ".git" not in p.parts]
+
+
+def task_package_kinds(task_dir: Path, task: Task) -> frozenset[str]:
+    """The capability kinds the task's pristine package uses: what the capability check allows every
+    kept file, so the monitor (``process_capability``) allows the same (an episode records them)."""
+    pristine = Path(task_dir) / WORKSPACE
+    policy = GradePolicy.for_task(
+        task,
+        shadowable=frozenset(),
+        pristine_top=frozenset(),
+        pristine_files=frozenset(workspace_files(pristine)),
+    )
+    return package_kinds(pristine, policy)
 
 
 @lru_cache(maxsize=256)
-def _package_kinds(root: str, files: tuple[str, ...]) -> frozenset[str]:
+def _package_kinds(root: str, files: tuple[tuple[str, tuple[int, int]], ...]) -> frozenset[str]:
     out: set[str] = set()
-    for rel in files:
+    for rel, _ in files:
         try:
             out |= kinds((Path(root) / rel).read_bytes())
         except OSError:

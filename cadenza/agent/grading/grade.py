@@ -28,7 +28,7 @@ from typing import Any
 
 import tomli_w
 
-from cadenza.agent.grading.capabilities import capability_findings, guard_allowances
+from cadenza.agent.grading.capabilities import capability_findings, guard_allowances, workspace_files
 from cadenza.agent.grading.diff import compare
 from cadenza.agent.grading.policy import Defences, GradePolicy, top_level_modules
 from cadenza.errors import CadenzaError
@@ -92,7 +92,7 @@ def grade(
         task,
         shadowable=info.importable_names(),
         pristine_top=top_level_modules(pristine),
-        pristine_files=frozenset(_files(pristine)),
+        pristine_files=frozenset(workspace_files(pristine)),
         defences=defences,
     )
     with tempfile.TemporaryDirectory(prefix="cadenza-grade-") as tmp:
@@ -197,10 +197,6 @@ class _Runner:
         finally:
             box.close()
         return report, box.sandboxed
-
-
-def _files(root: Path) -> list[str]:
-    return [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and ".git" not in p.parts]
 
 
 def apply_changes(

@@ -95,3 +95,18 @@ def test_edit_turns_record_the_file_before_and_after_for_style_feedback(task_dir
         hints = style(ep.trajectory)
     # The unused import was introduced by turn 0 only; turn 1 changed a line without adding a violation.
     assert [h.turn for h in hints] == [0] and "F401" in hints[0].text
+
+
+def test_trajectory_records_the_pristine_package_capabilities(task_dir: Path):
+    """The monitor allows what grading's capability check allows: the kinds the pristine package uses,
+    which the episode records in the trajectory (a module that walks ``__mro__`` adds reflection)."""
+    ep = Episode(task_dir)
+    ep.reset()
+    assert "reflection" not in ep.trajectory.meta["package_capabilities"]
+    ep.close()
+    pkg = next(p for p in (task_dir / "workspace").rglob("*.py") if "test" not in p.name)
+    pkg.write_text(pkg.read_text() + "\n\ndef _bases(c):\n    return c.__mro__\n")
+    ep = Episode(task_dir)
+    ep.reset()
+    assert "reflection" in ep.trajectory.meta["package_capabilities"]
+    ep.close()
