@@ -197,8 +197,11 @@ class Sandbox:
         cwd: Path | None = None,
         env: dict[str, str] | None = None,
         merge_stderr: bool = False,
+        stop: Callable[[], str | None] | None = None,
     ) -> ExecResult:
-        """Run ``command`` (argv, or a string for ``bash -c``); never raises for what the command does."""
+        """Run ``command`` (argv, or a string for ``bash -c``); never raises for what the command does.
+
+        ``stop`` is polled while it runs (as the disk quota is); a reason it returns kills the command."""
         if isinstance(command, str):
             command = ["bash", "-c", command]
         timeout = self.config.timeout_s if timeout_s is None else timeout_s
@@ -219,7 +222,7 @@ class Sandbox:
                 timeout_s=timeout,
                 cap=self.config.max_output_bytes,
                 merge_stderr=merge_stderr,
-                watch=self._quota_watch(),
+                watch=_either(self._quota_watch(), stop),
             )
 
     def _quota_watch(self) -> Callable[[], str | None] | None:
@@ -350,6 +353,15 @@ class Sandbox:
         self._server_finalizer()
         self._server = None
         self._finalizer()
+
+
+def _either(
+    a: Callable[[], str | None] | None, b: Callable[[], str | None] | None
+) -> Callable[[], str | None] | None:
+    """One watch that stops for either reason."""
+    if a is None or b is None:
+        return a or b
+    return lambda: a() or b()
 
 
 def _cleanup(resources: list) -> None:

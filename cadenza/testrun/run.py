@@ -15,6 +15,7 @@ import os
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -81,8 +82,8 @@ class HostExecutor:
 class SandboxExecutor:
     """Runs inside a :class:`cadenza.sandbox.Sandbox` (which must bind the channel read-write)."""
 
-    def __init__(self, box) -> None:
-        self.box = box
+    def __init__(self, box, stop: Callable[[], str | None] | None = None) -> None:
+        self.box, self.stop = box, stop  # stop: polled while the run goes; a reason kills it
 
     def execute(self, argv: list[str], *, env: dict[str, str], cwd: Path, timeout_s: float) -> Executed:
         full = {
@@ -91,7 +92,7 @@ class SandboxExecutor:
             "PYTHONHASHSEED": "0",
             "PYTHONNOUSERSITE": "1",
         }
-        res = self.box.run(argv, timeout_s=timeout_s, cwd=cwd, env=full, merge_stderr=True)
+        res = self.box.run(argv, timeout_s=timeout_s, cwd=cwd, env=full, merge_stderr=True, stop=self.stop)
         return Executed(exit_code=res.exit_code, timed_out=res.timed_out, output=res.output[-OUTPUT_TAIL:])
 
 

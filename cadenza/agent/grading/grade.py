@@ -17,11 +17,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
+import threading
 import time
 import tomllib
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -110,17 +113,27 @@ def grade(
         else:
             run = _Runner(task_dir, task, info, env, pristine, work, Path(tmp), sandbox, policy)
             timeout = run_timeout_s if run_timeout_s is not None else max(600.0, task.test_timeout_s)
-            report, sandboxed = run(nodeids, timeout)
-            statuses = report.statuses(nodeids)
-            f2p_ok = bool(task.fail_to_pass) and all(statuses[n] == "passed" for n in task.fail_to_pass)
-            if defences.f2p_rerun and f2p_ok:
-                # only a run that passes is worth a second look: on its own copy, made after the main
-                # run from the graded copy's pristine source (no run can leave anything for the other)
-                alone_ws = Path(tmp) / "alone" / "workspace"  # the same name: a root package keeps it
+            alone_run = None
+            if defences.f2p_rerun and task.fail_to_pass:
+                # the F2P ids again, alone, in reverse order, in a fresh process over its own copy (the
+                # same name: a root package keeps it), beside the main run: neither sandbox sees the
+                # other's copy, so no run can leave anything for the other; a failing main run stops it
+                alone_ws = Path(tmp) / "alone" / "workspace"
                 shutil.copytree(pristine, alone_ws, symlinks=True)
                 apply_changes(pristine, agent, alone_ws, policy)
-                alone, _ = run(list(task.fail_to_pass), timeout, reverse=True, work=alone_ws)
-                differ = [n for n in task.fail_to_pass if alone.outcome(n) != "passed"]
+                alone_run = _Beside(lambda stop: run(list(task.fail_to_pass), timeout, True, alone_ws, stop))
+            try:
+                report, sandboxed = run(nodeids, timeout)
+            except BaseException:
+                if alone_run is not None:  # never leave it running over a copy about to be removed
+                    with contextlib.suppress(BaseException):
+                        alone_run.result(stop=True)
+                raise
+            statuses = report.statuses(nodeids)
+            f2p_ok = bool(task.fail_to_pass) and all(statuses[n] == "passed" for n in task.fail_to_pass)
+            if alone_run is not None:
+                alone = alone_run.result(stop=not f2p_ok)  # only a run that passes needs the second look
+                differ = [n for n in task.fail_to_pass if alone.outcome(n) != "passed"] if f2p_ok else []
                 if differ:
                     report.tampering.append(
                         f"{len(differ)} fail-to-pass test(s) did not pass when run alone, in reverse"
@@ -159,7 +172,12 @@ class _Runner:
         self.pristine, self.work, self.tmp, self.sandbox, self.policy = pristine, work, tmp, sandbox, policy
 
     def __call__(
-        self, nodeids: list[str], timeout: float, *, reverse: bool = False, work: Path | None = None
+        self,
+        nodeids: list[str],
+        timeout: float,
+        reverse: bool = False,
+        work: Path | None = None,
+        stop: Callable[[], str | None] | None = None,
     ) -> tuple[TestReport, bool]:
         work = work or self.work
         results = self.tmp / f"results-{'alone' if reverse else 'main'}-{len(nodeids)}"
@@ -180,7 +198,7 @@ class _Runner:
                 python=self.info.python,
                 workspace=work,
                 node_ids=nodeids,
-                executor=SandboxExecutor(box),
+                executor=SandboxExecutor(box, stop),
                 channel_dir=results,
                 plugins=env_plugins(self.info.sys_path, [self.pristine, work]),
                 extra_args=list(self.task.pytest_args),
@@ -285,3 +303,33 @@ def _merge_pyproject(pristine: Path, agent: Path) -> bytes | None:
     if not tool:
         del mine["tool"]
     return tomli_w.dumps(mine).encode("utf-8")
+
+
+class _Beside:
+    """A run on its own thread beside the main one; ``result(stop=True)`` kills it first (within one
+    sandbox watch interval) when its outcome is no longer needed."""
+
+    def __init__(self, start: Callable[[Callable[[], str | None]], tuple[TestReport, bool]]) -> None:
+        self._stop = threading.Event()
+        self._out: list[TestReport] = []
+        self._error: list[BaseException] = []
+        self._thread = threading.Thread(
+            target=self._run, args=(start,), daemon=True, name="cadenza-grade-alone"
+        )
+        self._thread.start()
+
+    def _run(self, start: Callable[[Callable[[], str | None]], tuple[TestReport, bool]]) -> None:
+        try:
+            self._out.append(
+                start(lambda: "not needed: the main run failed" if self._stop.is_set() else None)[0]
+            )
+        except BaseException as exc:  # re-raised in the grading thread
+            self._error.append(exc)
+
+    def result(self, *, stop: bool) -> TestReport:
+        if stop:
+            self._stop.set()
+        self._thread.join()  # bounded: the run has its own timeout and the sandbox kills at it
+        if self._error:
+            raise self._error[0]
+        return self._out[0]

@@ -107,3 +107,26 @@ def test_disk_quota_stops_a_bounded_write(tmp_path: Path, persistent: bool):
         assert "rc=0" not in res.output and (ws / "big").stat().st_size <= 2 * MiB  # one file: max_file_bytes
     finally:
         box.close()
+
+
+@pytest.mark.parametrize("persistent", [True, False])
+def test_stop_callback_kills_a_running_command(tmp_path: Path, persistent: bool):
+    """Grading stops its second (F2P-alone) run once the main run has failed: ``stop`` is polled while a
+    command runs, and the reason it gives kills the command's tree; without a reason it runs to the end."""
+    import threading
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    box = Sandbox(ws, config=SandboxConfig(timeout_s=60, persistent=persistent), hidden=[tmp_path / "hidden"])
+    try:
+        flag = threading.Event()
+        threading.Timer(0.5, flag.set).start()
+        res = box.run(
+            "sleep 20; echo finished",
+            merge_stderr=True,
+            stop=lambda: "not needed" if flag.is_set() else None,
+        )
+        assert "not needed" in res.output and "finished" not in res.output and res.duration_s < 10
+        assert box.run("echo ok", stop=lambda: None).stdout == "ok\n"
+    finally:
+        box.close()
