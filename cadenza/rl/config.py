@@ -75,11 +75,27 @@ class RolloutParams:
     # text every assistant turn starts with, as prompt tokens (a forced tool call, as tool_choice="required"
     # does by prefilling), e.g. '<tool_call>'; prepended to the sampled text before tool calls are parsed
     response_prefix: str = ""
+    # a turn without a tool call: end = the final answer, the episode ends (graded); nudge = the env
+    # answers it (a reminder to call a tool) and the episode goes on (cadenza.agent.loop, docs/async.md)
+    no_tool_call: Literal["end", "nudge"] = "end"
+    # per_episode: every episode on its own clock, the turns waiting at once batched together;
+    # lockstep: every turn waits for the slowest episode, tools one after another (for comparison)
+    schedule: Literal["per_episode", "lockstep"] = "per_episode"
+    tool_workers: int = 8  # tool calls (and gradings) of different episodes running at once
+    inflight_batches: int = 0  # generation batches in flight at once, served engines (0 = 8; hf: always 1)
 
     def __post_init__(self) -> None:
-        for name in ("group_size", "max_turns", "max_new_tokens", "max_context_tokens"):
+        for name in ("group_size", "max_turns", "max_new_tokens", "max_context_tokens", "tool_workers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.no_tool_call not in ("end", "nudge"):
+            raise ConfigError(f"rollout.no_tool_call = {self.no_tool_call!r}; use 'end' or 'nudge'")
+        if self.schedule not in ("per_episode", "lockstep"):
+            raise ConfigError(f"rollout.schedule = {self.schedule!r}; use 'per_episode' or 'lockstep'")
+        if self.inflight_batches < 0:
+            raise ConfigError(
+                f"rollout.inflight_batches must be >= 0 (0 = auto), got {self.inflight_batches}"
+            )
 
 
 @dataclass(kw_only=True)

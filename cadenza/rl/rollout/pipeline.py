@@ -42,6 +42,10 @@ class WatchedEngine:
     def version(self) -> int:
         return int(self.engine.version)
 
+    @property
+    def fixed_batches(self) -> bool:
+        return bool(getattr(self.engine, "fixed_batches", False))
+
     def describe(self) -> str:
         log = getattr(self.engine, "log_path", None)
         return f"engine {self.name!r}" + (f" (log: {log})" if log else "")

@@ -42,7 +42,9 @@ def test_sessions_stick_to_one_engine_and_spread_by_load():
     tok = make_tokenizer()
     router = Router([Stamped(tok, 1), Stamped(tok, 2)])
     tasks = [RolloutTask(task_id=f"t{n}", make_env=lambda n=n: CounterEnv(target=n)) for n in (3, 4, 5, 6)]
-    results = rollout(router, tok, tasks, RolloutParams(group_size=2, max_turns=4, max_new_tokens=64))
+    # lockstep: a scripted engine answers by its call count, so every call must be one turn of all
+    params = RolloutParams(group_size=2, max_turns=4, max_new_tokens=64, schedule="lockstep")
+    results = rollout(router, tok, tasks, params)
     per_episode = [[t.extra["policy_version"] for t in r.trajectory.turns] for r in results]
     assert all(len(v) == 3 for v in per_episode)  # add, add, submit: three turns each
     assert all(len(set(v)) == 1 for v in per_episode), per_episode  # affinity: one engine per episode
