@@ -117,6 +117,10 @@ class RolloutConfig(RolloutParams):
     )
     workers: int = 2  # executor = "ray": rollout actors (one CPU each), each owning its envs and sandboxes
     ray_address: str = ""  # executor = "ray": "" = a private loopback cluster, else host:port or "auto"
+    # executor = "ray": longest one unit (a task's G episodes: generation, tools, grading) may run on its
+    # actor; past it the actor is killed and the unit re-run (up to the executor's retries), then the
+    # run stops with one line
+    unit_timeout_s: float = 1800.0
 
 
 @dataclass(kw_only=True)
@@ -316,6 +320,8 @@ def validate_engine(r: RolloutConfig) -> None:
         raise ConfigError(f"rollout.max_staleness must be >= 0 (0 = synchronous), got {r.max_staleness}")
     if not r.engine_timeout_s > 0:
         raise ConfigError("rollout.engine_timeout_s must be > 0 (seconds)")
+    if not r.unit_timeout_s > 0:
+        raise ConfigError("rollout.unit_timeout_s must be > 0 (seconds)")
     if r.engine == "vllm":
         from cadenza.rl.engines.vllm_server import vllm_installed
 

@@ -45,6 +45,9 @@ class Router:
         self.served = [0] * len(self.engines)  # prompts sent to each engine
         self._pool = ThreadPoolExecutor(max_workers=len(self.engines), thread_name_prefix="cadenza-router")
         self._lock = threading.Lock()  # the per-episode loop calls sample from several threads at once
+        # where new sessions go when set: a driver that sees every actor's load decides it per unit
+        # (RayWorkers), so actors with their own routers do not all pick the same engine
+        self.prefer: int | None = None
 
     @property
     def version(self) -> int:
@@ -63,7 +66,9 @@ class Router:
                 if key in self._roots:
                     self._roots.move_to_end(key)
                     return self._roots[key]
-        index = min(range(len(self.engines)), key=lambda i: (self.sessions[i], i))
+        index = self.prefer
+        if index is None or not 0 <= index < len(self.engines):
+            index = min(range(len(self.engines)), key=lambda i: (self.sessions[i], i))
         key = (len(prompt), hash(tuple(prompt)))
         self._roots[key] = index
         self._lengths[len(prompt)] = self._lengths.get(len(prompt), 0) + 1

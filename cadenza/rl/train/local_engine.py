@@ -147,7 +147,7 @@ def build_engine(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) ->
     r = cfg.rollout
     if r.executor == "ray":  # the actors run the episodes; weights reach them through sync_weights
         from cadenza.executor import ExecutorConfig
-        from cadenza.rl.train.workers import RayWorkers
+        from cadenza.rl.train.ray_workers import RayWorkers
 
         ex = ExecutorConfig(kind="ray", ray_address=r.ray_address, workers=r.workers, run_dir=None)
         if r.engine == "hf":  # each actor holds its own copy; weights go through the object store

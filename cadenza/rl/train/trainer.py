@@ -55,9 +55,10 @@ from cadenza.rl.train.build import build_optimizer, build_policy, check_same_run
 from cadenza.rl.train.data_parallel import DataParallel
 from cadenza.rl.train.local_engine import build_engine
 from cadenza.rl.train.progress import progress_bar
+from cadenza.rl.train.ray_workers import RayWorkers
 from cadenza.rl.train.step_metrics import metrics_row
 from cadenza.rl.train.update import Learner, UpdateResult
-from cadenza.rl.train.workers import RayWorkers, Unit
+from cadenza.rl.train.workers import Unit
 
 __all__ = ["TrainEpisode", "Trainer", "build_optimizer", "build_policy"]
 
