@@ -117,6 +117,11 @@ class RolloutConfig(RolloutParams):
     )
     workers: int = 2  # executor = "ray": rollout actors (one CPU each), each owning its envs and sandboxes
     ray_address: str = ""  # executor = "ray": "" = a private loopback cluster, else host:port or "auto"
+    # max_staleness >= 1: a weight sync does not wait for the queued rollouts; it waits for the batch in
+    # flight, loads the new weights, and the episodes in progress go on with them (every turn records
+    # the version that sampled it; the staleness bound reads the oldest). Faster, but the trajectories
+    # then depend on timing (docs/async.md)
+    partial_rollouts: bool = False
     # executor = "ray": longest one unit (a task's G episodes: generation, tools, grading) may run on its
     # actor; past it the actor is killed and the unit re-run (up to the executor's retries), then the
     # run stops with one line
@@ -320,6 +325,12 @@ def validate_engine(r: RolloutConfig) -> None:
         raise ConfigError(f"rollout.max_staleness must be >= 0 (0 = synchronous), got {r.max_staleness}")
     if not r.engine_timeout_s > 0:
         raise ConfigError("rollout.engine_timeout_s must be > 0 (seconds)")
+    if r.partial_rollouts and (r.max_staleness < 1 or r.executor != "local"):
+        raise ConfigError(
+            "rollout.partial_rollouts needs max_staleness >= 1 and executor = 'local' "
+            f"(got max_staleness = {r.max_staleness}, executor = {r.executor!r}); "
+            "set partial_rollouts = false"
+        )
     if not r.unit_timeout_s > 0:
         raise ConfigError("rollout.unit_timeout_s must be > 0 (seconds)")
     if r.engine == "vllm":

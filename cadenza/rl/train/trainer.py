@@ -228,7 +228,7 @@ class Trainer:
     def _sync_engine(self, step: int) -> float:
         """Push the updated weights into the engine as version ``step``; seconds taken."""
         assert self.pipeline is not None
-        seconds = self.pipeline.sync(self._weights, version=step)
+        seconds = self.pipeline.sync(self._weights, version=step, partial=self.cfg.rollout.partial_rollouts)
         self._check_parity(step)
         return seconds
 
