@@ -73,7 +73,8 @@ def bench_episodes(root: Path, n_units: int) -> dict:
     from cadenza.rl.rollout.episodes import sample_step_tasks
     from cadenza.rl.text.chat import CHAT_TEMPLATE, train_tokenizer
     from cadenza.rl.train.build import build_policy
-    from cadenza.rl.train.workers import LocalWorkers, RayWorkers, Unit
+    from cadenza.rl.train.ray_workers import RayWorkers
+    from cadenza.rl.train.workers import LocalWorkers, Unit
 
     torch.set_num_threads(1)
     tok = train_tokenizer(["view create ls rm path name arguments " * 20] * 50, vocab_size=300)

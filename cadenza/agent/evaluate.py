@@ -18,7 +18,7 @@ from typing import Any
 
 from cadenza.agent.env import Env
 from cadenza.agent.llm import ChatClient, LLMConfig
-from cadenza.agent.loop import LoopConfig, run_agent
+from cadenza.agent.loop import NO_TOOL_CALL_RULES, LoopConfig, run_agent
 from cadenza.agent.outcome import Outcome
 from cadenza.agent.trajectory import Trajectory
 from cadenza.errors import CadenzaError
@@ -35,6 +35,7 @@ class EvalConfig:
     out_dir: Path
     concurrency: int = 4
     max_turns: int = 30
+    no_tool_call: str = "nudge"  # a turn without a tool call: nudge (answer it, go on) | end (final answer)
     no_sandbox: bool = False
     judge: Any = None  # cadenza.monitor.JudgeConfig: an LLM judge adding monitor flags
     executor: Any = None  # cadenza.executor.ExecutorConfig; None or local: threads in this process
@@ -44,6 +45,10 @@ class EvalConfig:
             raise CadenzaError(f"--concurrency must be at least 1, got {self.concurrency}")
         if self.max_turns < 1:
             raise CadenzaError(f"--max-turns must be at least 1, got {self.max_turns}")
+        if self.no_tool_call not in NO_TOOL_CALL_RULES:
+            raise CadenzaError(
+                f"--no-tool-call must be one of {', '.join(NO_TOOL_CALL_RULES)}, got {self.no_tool_call!r}"
+            )
         if self.out_dir.exists() and not self.out_dir.is_dir():
             raise CadenzaError(
                 f"--out {self.out_dir} is a file; pass a directory for trajectories and summary.json"
@@ -159,7 +164,8 @@ def run_task(
         task_id = load_task(task_dir).id
         env = make_env(task_dir)
         try:
-            traj = run_agent(env, client, config=LoopConfig(max_turns=config.max_turns), task_id=task_id)
+            loop = LoopConfig(max_turns=config.max_turns, no_tool_call=config.no_tool_call)  # type: ignore[arg-type]
+            traj = run_agent(env, client, config=loop, task_id=task_id)
         finally:
             close = getattr(env, "close", None)
             if callable(close):

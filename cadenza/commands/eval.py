@@ -22,6 +22,9 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Option(..., "--model", help="Model name as the server knows it."),
         concurrency: int = typer.Option(4, "--concurrency", help="Episodes run at the same time."),
         max_turns: int = typer.Option(30, "--max-turns", help="Tool-call turns per episode."),
+        no_tool_call: str = typer.Option(
+            "nudge", "--no-tool-call", help="A turn without a tool call: nudge (answer it, go on) or end."
+        ),
         out: Path = typer.Option(
             Path("runs/eval"), "--out", help="Directory for trajectories and summary.json."
         ),
@@ -61,7 +64,8 @@ def register(app: typer.Typer) -> None:
         ex = ExecutorConfig(kind=executor, ray_address=ray_address, workers=concurrency)  # type: ignore[arg-type]
         preflight(ex)  # Ray missing or an address that does not answer: one line, before any work
         config = EvalConfig(tasks_dir=tasks_dir, llm=llm, out_dir=out, concurrency=concurrency,
-                            max_turns=max_turns, no_sandbox=no_sandbox, judge=judge, executor=ex)  # fmt: skip
+                            max_turns=max_turns, no_tool_call=no_tool_call, no_sandbox=no_sandbox,
+                            judge=judge, executor=ex)  # fmt: skip
         n = len(discover_tasks(tasks_dir))
         report = _run_with_progress(config, n, evaluate)
         _print_report(report, out)

@@ -75,11 +75,27 @@ class RolloutParams:
     # text every assistant turn starts with, as prompt tokens (a forced tool call, as tool_choice="required"
     # does by prefilling), e.g. '<tool_call>'; prepended to the sampled text before tool calls are parsed
     response_prefix: str = ""
+    # a turn without a tool call: end = the final answer, the episode ends (graded); nudge = the env
+    # answers it (a reminder to call a tool) and the episode goes on (cadenza.agent.loop, docs/async.md)
+    no_tool_call: Literal["end", "nudge"] = "end"
+    # per_episode: every episode on its own clock, the turns waiting at once batched together;
+    # lockstep: every turn waits for the slowest episode, tools one after another (for comparison)
+    schedule: Literal["per_episode", "lockstep"] = "per_episode"
+    tool_workers: int = 8  # tool calls (and gradings) of different episodes running at once
+    inflight_batches: int = 0  # generation batches in flight at once, served engines (0 = 8; hf: always 1)
 
     def __post_init__(self) -> None:
-        for name in ("group_size", "max_turns", "max_new_tokens", "max_context_tokens"):
+        for name in ("group_size", "max_turns", "max_new_tokens", "max_context_tokens", "tool_workers"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"rollout.{name} must be >= 1, got {getattr(self, name)}")
+        if self.no_tool_call not in ("end", "nudge"):
+            raise ConfigError(f"rollout.no_tool_call = {self.no_tool_call!r}; use 'end' or 'nudge'")
+        if self.schedule not in ("per_episode", "lockstep"):
+            raise ConfigError(f"rollout.schedule = {self.schedule!r}; use 'per_episode' or 'lockstep'")
+        if self.inflight_batches < 0:
+            raise ConfigError(
+                f"rollout.inflight_batches must be >= 0 (0 = auto), got {self.inflight_batches}"
+            )
 
 
 @dataclass(kw_only=True)
@@ -101,6 +117,15 @@ class RolloutConfig(RolloutParams):
     )
     workers: int = 2  # executor = "ray": rollout actors (one CPU each), each owning its envs and sandboxes
     ray_address: str = ""  # executor = "ray": "" = a private loopback cluster, else host:port or "auto"
+    # max_staleness >= 1: a weight sync does not wait for the queued rollouts; it waits for the batch in
+    # flight, loads the new weights, and the episodes in progress go on with them (every turn records
+    # the version that sampled it; the staleness bound reads the oldest). Faster, but the trajectories
+    # then depend on timing (docs/async.md)
+    partial_rollouts: bool = False
+    # executor = "ray": longest one unit (a task's G episodes: generation, tools, grading) may run on its
+    # actor; past it the actor is killed and the unit re-run (up to the executor's retries), then the
+    # run stops with one line
+    unit_timeout_s: float = 1800.0
 
 
 @dataclass(kw_only=True)
@@ -300,6 +325,14 @@ def validate_engine(r: RolloutConfig) -> None:
         raise ConfigError(f"rollout.max_staleness must be >= 0 (0 = synchronous), got {r.max_staleness}")
     if not r.engine_timeout_s > 0:
         raise ConfigError("rollout.engine_timeout_s must be > 0 (seconds)")
+    if r.partial_rollouts and (r.max_staleness < 1 or r.executor != "local"):
+        raise ConfigError(
+            "rollout.partial_rollouts needs max_staleness >= 1 and executor = 'local' "
+            f"(got max_staleness = {r.max_staleness}, executor = {r.executor!r}); "
+            "set partial_rollouts = false"
+        )
+    if not r.unit_timeout_s > 0:
+        raise ConfigError("rollout.unit_timeout_s must be > 0 (seconds)")
     if r.engine == "vllm":
         from cadenza.rl.engines.vllm_server import vllm_installed
 

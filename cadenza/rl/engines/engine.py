@@ -24,7 +24,9 @@ ENGINES = ("hf", "vllm", "openai")
 class RolloutEngine(Policy, Protocol):
     """A :class:`Policy` (``sample(request)``) that also accepts new weights in place.
 
-    ``request.generator`` seeds the draw (engines derive per-request seeds from it).
+    ``request.generator`` seeds the draw (engines derive per-request seeds from it). An engine whose
+    samples move with the batch they run in (the in-process HF forward) sets ``fixed_batches = True``,
+    and the rollout then gives it the same batches whatever the timing (``rl/rollout/turn_batcher.py``).
     """
 
     name: str

@@ -63,6 +63,7 @@ class HFEngine:
     """Samples with a HF model in this process, stamped with the policy version."""
 
     name = "hf"
+    fixed_batches = True  # an HF forward's numerics move with the batch (HFPolicy.fixed_batches)
 
     def __init__(self, policy: HFPolicy, *, share: bool = False, version: int = 0) -> None:
         if share:

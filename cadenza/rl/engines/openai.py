@@ -89,11 +89,13 @@ class CompletionsClient:
         except (urllib.error.URLError, OSError, ValueError) as e:
             raise self.error(f"GET {path}", getattr(e, "reason", e)) from None
 
-    def _complete_one(self, prompt: Sequence[int], params: SamplingParams, seed: int) -> Sample:
+    def _complete_one(
+        self, prompt: Sequence[int], params: SamplingParams, seed: int, limit: int | None = None
+    ) -> Sample:
         body: dict[str, Any] = {
             "model": self.model,
             "prompt": [int(t) for t in prompt],
-            "max_tokens": params.max_new_tokens,
+            "max_tokens": min(params.max_new_tokens, limit) if limit else params.max_new_tokens,
             "temperature": params.temperature,
             "seed": seed,
             "logprobs": 0,
@@ -110,12 +112,21 @@ class CompletionsClient:
         return parse_choice(out, self.label)
 
     def complete(
-        self, prompts: Sequence[Sequence[int]], params: SamplingParams, seeds: Sequence[int]
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        seeds: Sequence[int],
+        limits: Sequence[int] | None = None,
     ) -> list[Sample]:
+        """One request per prompt, all in flight at once; ``limits[i]`` caps prompt i's ``max_tokens``."""
         if not prompts or any(len(p) == 0 for p in prompts):
             raise CadenzaError("every prompt must have at least one token")
+        caps = list(limits) if limits is not None else [None] * len(prompts)
         return self._fan_out(
-            [lambda p=p, s=s: self._complete_one(p, params, s) for p, s in zip(prompts, seeds, strict=True)]
+            [
+                lambda p=p, s=s, c=c: self._complete_one(p, params, s, c)
+                for p, s, c in zip(prompts, seeds, caps, strict=True)
+            ]
         )
 
     def _score_one(self, seq: Sequence[int]) -> list[float]:
@@ -241,7 +252,9 @@ class OpenAIEngine:
         self._version = int(version)
 
     def sample(self, request: SampleRequest) -> list[Sample]:
-        out = self.client.complete(request.prompts, request.params, request_seeds(request))
+        out = self.client.complete(
+            request.prompts, request.params, request_seeds(request), request.max_new_tokens
+        )
         for s in out:
             s.policy_version = self._version
         return out

@@ -54,15 +54,20 @@ class SampleRequest:
     # Served engines: one request seed per prompt, given (a router draws them before it splits the batch,
     # so a prompt's sample does not depend on which engine it went to); None = drawn from ``generator``.
     seeds: Sequence[int] | None = None
+    # Per prompt: the most tokens it may take (its own remaining context, so a prompt near the window
+    # never makes the engine refuse the batch); None = ``params.max_new_tokens`` for all. Served engines
+    # send it per request; the in-process sampler runs to the batch's maximum (the rollout truncates).
+    max_new_tokens: Sequence[int] | None = None
 
     def part(
         self,
         prompts: Sequence[Sequence[int]],
         generator: torch.Generator | None,
         seeds: Sequence[int] | None = None,
+        max_new_tokens: Sequence[int] | None = None,
     ) -> SampleRequest:
         """The same parameters for a subset of the prompts (a router's share, one prompt of a batch)."""
-        return replace(self, prompts=prompts, generator=generator, seeds=seeds)
+        return replace(self, prompts=prompts, generator=generator, seeds=seeds, max_new_tokens=max_new_tokens)
 
 
 class Policy(Protocol):
@@ -104,6 +109,10 @@ class HFPolicy:
     Training code calls :meth:`hidden_states` and applies :attr:`lm_head` itself in chunks, so the
     ``[T, V]`` logits of a long trajectory are never materialised at once.
     """
+
+    #: its samples depend on the batch they run in (padding, matmul blocking): the rollout gives it the
+    #: same batches whatever the timing (:mod:`cadenza.rl.rollout.turn_batcher`)
+    fixed_batches = True
 
     def __init__(self, model: torch.nn.Module, *, device: str | torch.device = "cpu") -> None:
         if model.get_output_embeddings() is None:
@@ -176,6 +185,11 @@ class HFPolicy:
         from transformers import DynamicCache
 
         prompts, params, generator = request.prompts, request.params, request.generator
+        # per-prompt seeds: each row draws from its own generator, so its sample does not depend on the
+        # other rows of the batch (the rollout's turns are batched however the episodes interleave)
+        rows = None
+        if request.seeds is not None:
+            rows = [torch.Generator(device=self.device).manual_seed(int(s)) for s in request.seeds]
 
         if not prompts or any(len(p) == 0 for p in prompts):
             raise CadenzaError("every prompt must have at least one token")
@@ -197,7 +211,7 @@ class HFPolicy:
             for _ in range(params.max_new_tokens):
                 hidden, cache = self.hidden_states(ids, attn, position_ids=pos, cache=cache, use_cache=True)
                 logits = self.lm_head(hidden[:, -1]).float()
-                token, logprob = _draw(logits, params, generator)
+                token, logprob = _draw(logits, params, generator, rows)
                 for b in range(B):
                     if done[b]:
                         continue
@@ -221,9 +235,13 @@ class HFPolicy:
 
 
 def _draw(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    rows: list[torch.Generator] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sample one token per row; return it and its log-prob under the sampling distribution."""
+    """Sample one token per row (from ``rows[b]`` when given, else all from ``generator``); return it
+    and its log-prob under the sampling distribution."""
     if params.temperature == 0:
         token = logits.argmax(-1)
         return token, torch.log_softmax(logits, -1).gather(-1, token[:, None])[:, 0]
@@ -232,7 +250,11 @@ def _draw(
         kth = scaled.topk(params.top_k, dim=-1).values[:, -1:]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     logp = torch.log_softmax(scaled, -1)
-    token = torch.multinomial(logp.exp(), 1, generator=generator)[:, 0]
+    probs = logp.exp()
+    if rows is not None:
+        token = torch.cat([torch.multinomial(probs[b], 1, generator=g) for b, g in enumerate(rows)])
+    else:
+        token = torch.multinomial(probs, 1, generator=generator)[:, 0]
     return token, logp.gather(-1, token[:, None])[:, 0]
 
 

@@ -133,7 +133,7 @@ class VLLMEngine:
         seeds = request_seeds(request)
         self._check_running()
         with self._generating() as version:
-            out = self.client.complete(request.prompts, request.params, seeds)
+            out = self.client.complete(request.prompts, request.params, seeds, request.max_new_tokens)
         for s in out:
             s.policy_version = version
         return out

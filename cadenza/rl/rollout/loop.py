@@ -1,30 +1,46 @@
 """Rollouts: drive any :class:`cadenza.agent.env.Env` with a :class:`Policy`, G samples per task.
 
-All live episodes generate their next turn in one batched ``policy.sample`` call. Each episode becomes
-a :class:`TokenTrajectory` (exact sampled ids + behaviour log-probs; prompt/observation tokens from
-incremental chat-template rendering) and a cadenza :class:`Trajectory` (OpenAI messages, one
-``TurnMeta`` per model turn with ``token_ids``/``logprobs`` filled), plus the env's outcome reward.
+Each episode runs the one agent loop (:func:`cadenza.agent.loop.run_loop`) on its own thread, through
+:class:`TokenAgent`: it generates a turn, runs the tool calls in its env, and asks for its next turn,
+on its own clock. The turns that are waiting at once reach the engine as one batch
+(:class:`~cadenza.rl.turn_batcher.TurnBatcher`: continuous batching across episodes and turns); tool
+calls of different episodes run concurrently, at most ``rollout.tool_workers`` at a time. Every turn
+carries its own seed (from the rollout seed, the episode and the turn), so a sample does not depend on
+which batch carried it, up to the engine's numerics. The in-process ``hf`` engine's numerics do depend
+on the batch (padding, matmul blocking), so with it every batch holds every live episode's next turn,
+in episode order: runs are bit-identical whatever the timing, and only the tool calls overlap.
+``rollout.schedule = "lockstep"`` (the old loop: every turn waits for the slowest episode, tools one
+after another) is kept for comparison.
 
-An assistant turn without a tool call ends the episode (it is the final answer), as do ``done`` from
-the env, ``max_turns``, and running out of context (``max_context_tokens``, or the engine's own window:
-a :class:`Sample` with ``finish_reason == "context"`` or :class:`ContextLengthExceeded` from the engine),
-all graded alike. Every turn records the policy version that sampled it (``TurnMeta.extra``); the
+Each episode becomes a :class:`TokenTrajectory` (exact sampled ids + behaviour log-probs;
+prompt/observation tokens from incremental chat-template rendering) and a cadenza
+:class:`Trajectory` (OpenAI messages, one ``TurnMeta`` per model turn with ``token_ids``/``logprobs``
+filled), plus the env's outcome reward.
+
+A turn without a tool call follows ``rollout.no_tool_call``: ``end`` (default: it is the final answer)
+or ``nudge`` (the env answers it and the episode goes on), the rule :mod:`cadenza.agent.loop`
+documents. An episode also ends on ``done`` from the env, ``max_turns``, and running out of context
+(``max_context_tokens``, or the engine's own window: a :class:`Sample` with ``finish_reason ==
+"context"`` or :class:`ContextLengthExceeded` from the engine, which ends only that episode), all
+graded alike. Every turn records the policy version that sampled it (``TurnMeta.extra``); the
 trajectory's ``meta["policy_version"]`` is the oldest of them (what staleness is measured from).
 """
 
 from __future__ import annotations
 
+import hashlib
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import torch
-
-from cadenza.agent.env import Env
+from cadenza.agent.env import Env, StepResult
+from cadenza.agent.loop import Act, LoopConfig, run_episodes, run_loop
 from cadenza.agent.trajectory import Trajectory, TurnMeta
-from cadenza.errors import CadenzaError, ContextLengthExceeded
+from cadenza.errors import CadenzaError
 from cadenza.rl.config import RolloutParams
-from cadenza.rl.engines.policy import Policy, Sample, SampleRequest, SamplingParams
+from cadenza.rl.engines.policy import Policy, SamplingParams
+from cadenza.rl.rollout.turn_batcher import TurnBatcher
 from cadenza.rl.text.chat import (
     assistant_message,
     parse_tool_calls,
@@ -92,6 +108,12 @@ def _add_generation_prompt(tokenizer: Any, ep: _Episode, prefix: str = "") -> No
     ep.builder.add("prompt", _encode(tokenizer, text), len(ep.messages))
 
 
+def turn_seed(seed: int, episode: int, turn: int) -> int:
+    """The sampling seed of one turn: a function of the rollout seed, the episode and the turn only."""
+    digest = hashlib.sha256(f"{seed}/{episode}/{turn}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 2
+
+
 def rollout(
     policy: Policy,
     tokenizer: Any,
@@ -105,8 +127,8 @@ def rollout(
     """Roll out ``config.group_size`` episodes per task; results are ordered task by task.
 
     ``config`` is the run's ``[rollout]`` (a :class:`~cadenza.rl.config.RolloutConfig` is one) or a
-    bare :class:`RolloutParams`; ``seed`` seeds the sampling generator (the trainer derives it from
-    the run seed and the step).
+    bare :class:`RolloutParams`; ``seed`` seeds every turn's sampling (:func:`turn_seed`; the trainer
+    derives it from the run seed and the step).
     ``group_id`` of every sample of ``tasks[i]`` is ``f"{group_offset + i}:{task_id}"`` (GRPO groups;
     the offset keeps ids unique when one step's tasks are rolled out in separate units).
     ``on_episode_done(finished, total)`` is called as episodes end (for progress bars).
@@ -117,65 +139,109 @@ def rollout(
         raise CadenzaError("the tokenizer has no eos token; set tokenizer.eos_token to the end-of-turn token")
     if not tasks:
         raise CadenzaError("no tasks to roll out")
-    generator = torch.Generator().manual_seed(seed)
     episodes = [
         _start(tokenizer, task, f"{group_offset + i}:{task.task_id}", config.response_prefix)
         for i, task in enumerate(tasks)
         for _ in range(config.group_size)
     ]
-    live = list(range(len(episodes)))
-    finished = 0
-    while live:
-        budget = {i: config.max_context_tokens - len(episodes[i].builder) for i in live}
-        for i in [i for i in live if budget[i] < 1]:
-            episodes[i].stop_reason = "context"
-        live = [i for i in live if budget[i] >= 1]
-        if not live:
-            break
+    lockstep = config.schedule == "lockstep"
+    # an engine whose samples depend on the batch they run in (``fixed_batches``: the in-process hf
+    # engine) gets batches of every live episode, in order: bit-identical runs whatever the timing; its
+    # episodes' tool calls still overlap
+    fixed = lockstep or bool(getattr(policy, "fixed_batches", False))
+    auto = 1 if getattr(policy, "name", "hf") == "hf" else 8
+    inflight = 1 if fixed else (config.inflight_batches or auto)
+    batcher = TurnBatcher(policy, len(episodes), lockstep=fixed, inflight=inflight)
+    slots = threading.Semaphore(1 if lockstep else config.tool_workers)
+    loop = LoopConfig(max_turns=config.max_turns, no_tool_call=config.no_tool_call)
+    count = threading.Lock()
+    finished = [0]
+
+    def run(k: int) -> Rollout:
+        ep = episodes[k]
+        agent = TokenAgent(tokenizer, ep, batcher, config, seed=seed, index=k)
+        try:
+            ep.stop_reason = run_loop(ep.env, agent, loop, tool_slots=slots).stop_reason
+        finally:
+            batcher.leave()
+        with slots:  # grading runs in the env's sandbox: one of the bounded tool slots
+            done = _finish(ep)
+        with count:
+            finished[0] += 1
+            if on_episode_done is not None:
+                on_episode_done(finished[0], len(episodes))
+        return done
+
+    try:
+        return run_episodes([lambda k=k: run(k) for k in range(len(episodes))], len(episodes))
+    finally:
+        batcher.close()
+
+
+class TokenAgent:
+    """The loop's agent for training: token-exact turns sampled through a :class:`TurnBatcher`."""
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        ep: _Episode,
+        batcher: TurnBatcher,
+        config: RolloutParams,
+        *,
+        seed: int,
+        index: int,
+    ) -> None:
+        self.tokenizer, self.ep, self.batcher, self.config = tokenizer, ep, batcher, config
+        self.seed, self.index = seed, index
+        self._need_prompt = False  # _start added the first generation prompt
+
+    def act(self) -> Act:
+        tok, ep, config = self.tokenizer, self.ep, self.config
+        if self._need_prompt:
+            _add_generation_prompt(tok, ep, config.response_prefix)
+            self._need_prompt = False
+        budget = config.max_context_tokens - len(ep.builder)
+        if budget < 1:
+            return Act(stop="context")
         params = SamplingParams(
-            max_new_tokens=min(config.max_new_tokens, max(budget[i] for i in live)),
+            max_new_tokens=min(config.max_new_tokens, budget),
             temperature=config.temperature,
             top_k=config.top_k,
-            stop_token_ids=(int(eos),),
+            stop_token_ids=(int(tok.eos_token_id),),
         )
-        samples = _sample(
-            policy, SampleRequest([episodes[i].builder.input_ids for i in live], params, generator)
+        sample = self.batcher.sample(
+            ep.builder.input_ids, params, turn_seed(self.seed, self.index, len(ep.turns)), key=self.index
         )
-        still = []
-        for i, sample in zip(live, samples, strict=True):
-            ep = episodes[i]
-            if sample.finish_reason == "context":  # the engine's context window is full: graded as is
-                ep.stop_reason = "context"
-                finished += 1
-                if on_episode_done is not None:
-                    on_episode_done(finished, len(episodes))
-                continue
-            ids, lps, finish = sample.token_ids, sample.logprobs, sample.finish_reason
-            if (
-                len(ids) > budget[i]
-            ):  # this episode's context is nearly full: keep what fits (a prefix of a sample is a sample)
-                ids, lps, finish = ids[: budget[i]], lps[: budget[i]], "length"
-            if _advance(tokenizer, ep, ids, lps, finish, config, sample.policy_version):
-                still.append(i)
-            else:
-                finished += 1
-                if on_episode_done is not None:
-                    on_episode_done(finished, len(episodes))
-        live = still
-    return [_finish(ep) for ep in episodes]
+        if sample.finish_reason == "context":  # the engine's context window is full: graded as is
+            return Act(stop="context")
+        ids, lps, finish = sample.token_ids, sample.logprobs, sample.finish_reason
+        if len(ids) > budget:  # this episode's context is nearly full: keep what fits (a prefix is a sample)
+            ids, lps, finish = ids[:budget], lps[:budget], "length"
+        text, calls = _record_turn(tok, ep, ids, lps, finish, config, sample.policy_version)
+        return Act(content=text, calls=calls)
+
+    def observe(self, act: Act, results: Sequence[StepResult], seconds: Sequence[float]) -> None:
+        if not results:
+            return  # the episode ends on this turn
+        tok, ep, turn = self.tokenizer, self.ep, self.ep.turns[-1]
+        if act.calls:
+            msgs = [{"role": "tool", "tool_call_id": c.id, "name": c.name, "content": str(r.observation)}
+                    for c, r in zip(act.calls, results, strict=False)]  # fmt: skip
+        else:  # nudged: the env's answer to a turn without a tool call
+            msgs = [{"role": "user", "content": str(results[0].observation)}]
+        for result in results:
+            if turn.error_kind is None and result.error_kind is not None:
+                turn.error_kind = result.error_kind
+            if result.info:
+                turn.extra.setdefault("info", []).append(result.info)
+        glue = turn_end_glue(tok, ep.messages, ep.tools)
+        delta = render_continuation(tok, ep.messages, msgs, ep.tools, add_generation_prompt=False)
+        ep.builder.add("observation", _encode(tok, glue + delta), len(ep.messages))
+        ep.messages.extend(msgs)
+        self._need_prompt = True
 
 
-def _sample(policy: Policy, request: SampleRequest) -> list[Sample]:
-    """One batched call; when the engine refuses the batch as too long, find out prompt by prompt."""
-    try:
-        return policy.sample(request)
-    except ContextLengthExceeded:
-        if len(request.prompts) == 1:
-            return [Sample(token_ids=[], logprobs=[], finish_reason="context")]
-        return [_sample(policy, request.part([p], request.generator))[0] for p in request.prompts]
-
-
-def _advance(
+def _record_turn(
     tokenizer: Any,
     ep: _Episode,
     ids: list[int],
@@ -183,8 +249,8 @@ def _advance(
     finish_reason: str,
     config: RolloutParams,
     policy_version: int = 0,
-) -> bool:
-    """Record one sampled turn and the env's answers; return whether the episode continues."""
+) -> tuple[str, list[Any]]:
+    """Record one sampled turn (tokens, message, ``TurnMeta``); return its text and tool calls."""
     if not ids:
         raise CadenzaError("the policy returned an empty turn; a Policy must sample at least one token")
     msg_index = len(ep.messages)
@@ -196,8 +262,7 @@ def _advance(
         ep.builder.add("prompt", [int(tokenizer.eos_token_id)], msg_index)
     text = config.response_prefix + text
     calls = parse_tool_calls(text)
-    msg = assistant_message(text, calls)
-    ep.messages.append(msg)
+    ep.messages.append(assistant_message(text, calls))
     turn = TurnMeta(
         index=len(ep.turns), message_index=msg_index, token_ids=list(ids), logprobs=list(logprobs)
     )
@@ -209,34 +274,7 @@ def _advance(
         turn.tool = calls[0].name
         turn.arguments = calls[0].arguments if isinstance(calls[0].arguments, dict) else None
         turn.extra["calls"] = [{"name": c.name, "arguments": c.arguments, "id": c.id} for c in calls]
-    if not calls:
-        ep.stop_reason = "no_tool_call"
-        return False
-    tool_msgs, done = [], False
-    for call in calls:
-        result = ep.env.step(call)
-        tool_msgs.append(
-            {"role": "tool", "tool_call_id": call.id, "name": call.name, "content": str(result.observation)}
-        )
-        if turn.error_kind is None and result.error_kind is not None:
-            turn.error_kind = result.error_kind
-        if result.info:
-            turn.extra.setdefault("info", []).append(result.info)
-        if result.done:
-            done = True
-            break
-    glue = turn_end_glue(tokenizer, ep.messages, ep.tools)
-    delta = render_continuation(tokenizer, ep.messages, tool_msgs, ep.tools, add_generation_prompt=False)
-    ep.builder.add("observation", _encode(tokenizer, glue + delta), msg_index + 1)
-    ep.messages.extend(tool_msgs)
-    if done:
-        ep.stop_reason = "env_done"
-        return False
-    if len(ep.turns) >= config.max_turns:
-        ep.stop_reason = "max_turns"
-        return False
-    _add_generation_prompt(tokenizer, ep, config.response_prefix)
-    return True
+    return text, calls
 
 
 def _finish(ep: _Episode) -> Rollout:

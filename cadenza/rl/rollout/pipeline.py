@@ -37,10 +37,19 @@ class WatchedEngine:
         self.name = str(getattr(engine, "name", type(engine).__name__))
         self.busy: tuple[str, float] | None = None  # (what, monotonic start) of the call in flight
         self.stopped = False  # set when training stops: the rollout in progress ends at its next call
+        # partial rollouts: a sync waits for the generation calls in flight and holds new ones back, so
+        # weights never change under a batch (each batch, so each turn, has one policy version)
+        self._gate = threading.Condition()
+        self._sampling = 0
+        self._syncing = False
 
     @property
     def version(self) -> int:
         return int(self.engine.version)
+
+    @property
+    def fixed_batches(self) -> bool:
+        return bool(getattr(self.engine, "fixed_batches", False))
 
     def describe(self) -> str:
         log = getattr(self.engine, "log_path", None)
@@ -69,8 +78,39 @@ class WatchedEngine:
             self.busy = None
 
     def sample(self, request: Any) -> list[Any]:
-        with self._watch("generation"):
-            return self.engine.sample(request)
+        with self._gate:
+            while self._syncing:
+                self._gate.wait()
+            self._sampling += 1
+        try:
+            with self._watch("generation"):
+                return self.engine.sample(request)
+        finally:
+            with self._gate:
+                self._sampling -= 1
+                self._gate.notify_all()
+
+    def sync_between_batches(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int, timeout_s: float
+    ) -> None:
+        """Sync now, from the calling thread, between two generation batches of the rollout in progress
+        (whose episodes then go on with the new weights): the partial-rollout sync."""
+        deadline = time.monotonic() + timeout_s
+        with self._gate:
+            self._syncing = True
+            try:
+                while self._sampling:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise EngineError(
+                            f"{self.describe()}: a generation batch did not finish within {timeout_s:g} s "
+                            f"of the weight sync to version {version} (rollout.engine_timeout_s)"
+                        )
+                    self._gate.wait(min(left, 1.0))
+                self.sync_weights(named_tensors, version=version)
+            finally:
+                self._syncing = False
+                self._gate.notify_all()
 
     def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
         with self._watch(f"weight sync to version {version}"):
@@ -143,13 +183,24 @@ class RolloutPipeline:
         """Results of the queued steps that already finished without error (for checkpoints)."""
         return {s: f.result() for s, f in sorted(self._results.items()) if f.done() and f.exception() is None}
 
-    def sync(self, weights: Callable[[], Iterable[tuple[str, torch.Tensor]]], version: int) -> float:
+    def sync(
+        self,
+        weights: Callable[[], Iterable[tuple[str, torch.Tensor]]],
+        version: int,
+        *,
+        partial: bool = False,
+    ) -> float:
         """Load ``weights()`` into the engine after the jobs queued so far; wait; return the seconds taken.
 
-        The trainer does not touch its parameters until this returns, so the stream reads settled weights.
+        ``partial``: now instead, between two batches of the rollout in progress (its episodes go on with
+        the new weights; each turn records the version that sampled it). The trainer does not touch its
+        parameters until this returns, so the stream reads settled weights either way.
         """
         t0 = time.perf_counter()
-        self._wait(self._submit(lambda: self.engine.sync_weights(weights(), version=version)))
+        if partial:
+            self.engine.sync_between_batches(weights(), version=version, timeout_s=self.timeout_s)
+        else:
+            self._wait(self._submit(lambda: self.engine.sync_weights(weights(), version=version)))
         return time.perf_counter() - t0
 
     def _wait(self, fut: Future) -> Any:

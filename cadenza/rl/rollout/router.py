@@ -44,10 +44,19 @@ class Router:
         self.sessions = [0] * len(self.engines)
         self.served = [0] * len(self.engines)  # prompts sent to each engine
         self._pool = ThreadPoolExecutor(max_workers=len(self.engines), thread_name_prefix="cadenza-router")
+        self._lock = threading.Lock()  # the per-episode loop calls sample from several threads at once
+        # where new sessions go when set: a driver that sees every actor's load decides it per unit
+        # (RayWorkers), so actors with their own routers do not all pick the same engine
+        self.prefer: int | None = None
 
     @property
     def version(self) -> int:
         return min(int(e.version) for e in self.engines)
+
+    @property
+    def fixed_batches(self) -> bool:
+        """Whether any engine's samples move with the batch (then the rollout fixes its batches)."""
+        return any(getattr(e, "fixed_batches", False) for e in self.engines)
 
     def route(self, prompt: Sequence[int]) -> int:
         """The engine for ``prompt``: its session's, or the least-loaded one for a new session."""
@@ -57,7 +66,9 @@ class Router:
                 if key in self._roots:
                     self._roots.move_to_end(key)
                     return self._roots[key]
-        index = min(range(len(self.engines)), key=lambda i: (self.sessions[i], i))
+        index = self.prefer
+        if index is None or not 0 <= index < len(self.engines):
+            index = min(range(len(self.engines)), key=lambda i: (self.sessions[i], i))
         key = (len(prompt), hash(tuple(prompt)))
         self._roots[key] = index
         self._lengths[len(prompt)] = self._lengths.get(len(prompt), 0) + 1
@@ -72,7 +83,8 @@ class Router:
 
     def sample(self, request: SampleRequest) -> list[Sample]:
         prompts = request.prompts
-        routes = [self.route(p) for p in prompts]
+        with self._lock:
+            routes = [self.route(p) for p in prompts]
         # One seed per prompt, drawn before the split exactly as one engine draws them: a served engine
         # samples a prompt the same whichever engine it went to (and as a lone engine would). Engines
         # that sample from a generator (``hf``) get one seeded by their first prompt's seed.
@@ -81,9 +93,12 @@ class Router:
         for i, engine in enumerate(self.engines):
             mine = [k for k, r in enumerate(routes) if r == i]
             if mine:
-                self.served[i] += len(mine)
+                with self._lock:
+                    self.served[i] += len(mine)
                 gen = torch.Generator().manual_seed(seeds[mine[0]])
-                part = request.part([prompts[k] for k in mine], gen, [seeds[k] for k in mine])
+                limits = request.max_new_tokens
+                part = request.part([prompts[k] for k in mine], gen, [seeds[k] for k in mine],
+                                    [limits[k] for k in mine] if limits is not None else None)  # fmt: skip
                 jobs[i] = (mine, self._pool.submit(engine.sample, part))
         out: list[Sample | None] = [None] * len(prompts)
         for mine, fut in jobs.values():

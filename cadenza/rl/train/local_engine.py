@@ -17,6 +17,7 @@ import copy
 import shutil
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -44,7 +45,7 @@ def _serve(conn: Any, model: torch.nn.Module, device: str, threads: int) -> None
         if state is not None:
             gen.set_state(state)
         try:
-            out = policy.sample(request.part(request.prompts, gen))
+            out = policy.sample(replace(request, generator=gen))  # its seeds and token limits kept
         except Exception as exc:  # sent back as one line; the parent raises it
             conn.send(("error", f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"))
             continue
@@ -59,6 +60,7 @@ class ProcessHFEngine:
     """
 
     name = "hf"
+    fixed_batches = True  # an HF forward's numerics move with the batch (HFPolicy.fixed_batches)
 
     def __init__(self, policy: HFPolicy, *, version: int = 0, timeout_s: float = 600.0) -> None:
         if policy.device.type != "cpu":
@@ -95,7 +97,8 @@ class ProcessHFEngine:
         generator = request.generator
         state = generator.get_state() if generator is not None else None
         try:
-            self._conn.send(("sample", request.part([list(p) for p in request.prompts], None), state))
+            plain = replace(request, prompts=[list(p) for p in request.prompts], generator=None)
+            self._conn.send(("sample", plain, state))
             deadline = time.monotonic() + self.timeout_s
             while not self._conn.poll(0.2):
                 if not self._proc.is_alive():
@@ -144,7 +147,7 @@ def build_engine(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) ->
     r = cfg.rollout
     if r.executor == "ray":  # the actors run the episodes; weights reach them through sync_weights
         from cadenza.executor import ExecutorConfig
-        from cadenza.rl.train.workers import RayWorkers
+        from cadenza.rl.train.ray_workers import RayWorkers
 
         ex = ExecutorConfig(kind="ray", ray_address=r.ray_address, workers=r.workers, run_dir=None)
         if r.engine == "hf":  # each actor holds its own copy; weights go through the object store

@@ -40,7 +40,6 @@ from cadenza.rl.engines.sync_check import ParityProbe
 from cadenza.rl.learn.probe import HintFollowingEroded, ProbeSchedule, schedule_for_run
 from cadenza.rl.learn.teacher import Teacher
 from cadenza.rl.rollout.curriculum import PoolExhausted
-from cadenza.rl.rollout.envs import load_source
 from cadenza.rl.rollout.episodes import (
     TrainEpisode,
     collect_episodes,
@@ -52,29 +51,39 @@ from cadenza.rl.rollout.pipeline import RolloutPipeline, WatchedEngine
 from cadenza.rl.train import checkpoint as ckpt
 from cadenza.rl.train import heldout, sharding
 from cadenza.rl.train.build import build_optimizer, build_policy, check_same_run, is_off_policy
+from cadenza.rl.train.components import Components
 from cadenza.rl.train.data_parallel import DataParallel
 from cadenza.rl.train.local_engine import build_engine
 from cadenza.rl.train.progress import progress_bar
+from cadenza.rl.train.ray_workers import RayWorkers
 from cadenza.rl.train.step_metrics import metrics_row
 from cadenza.rl.train.update import Learner, UpdateResult
-from cadenza.rl.train.workers import RayWorkers, Unit
+from cadenza.rl.train.workers import Unit
 
-__all__ = ["TrainEpisode", "Trainer", "build_optimizer", "build_policy"]
+__all__ = ["Components", "TrainEpisode", "Trainer", "build_optimizer", "build_policy"]
 
 
 class Trainer:
     """One rank of the trainer (under torchrun, rank 0 also collects rollouts: :mod:`.data_parallel`)."""
 
-    def __init__(self, cfg: TrainConfig, *, resume: bool = True, dp: DataParallel | None = None):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        *,
+        resume: bool = True,
+        dp: DataParallel | None = None,
+        components: Components | None = None,
+    ):
         validate(cfg)
         self.cfg = cfg
+        self.components = parts = components or Components()
         self.dp = dp or DataParallel.join()
         self.out = Path(cfg.run.out_dir)
         latest = ckpt.latest_checkpoint(self.out) if resume else None
         if latest is not None:
             check_same_run(self.out / "config.json", cfg)
         # the task source, its pool and every rollout belong to rank 0 alone
-        self.source = load_source(cfg.env.name, cfg.env.options) if self.dp.main else None
+        self.source = parts.build_source(cfg) if self.dp.main else None
         self.heldout = heldout.HeldOut(cfg, self.source) if cfg.eval.every and self.dp.main else None
         if hasattr(
             self.source, "run_id"
@@ -91,10 +100,10 @@ class Trainer:
         self.rollout_policy = self.policy  # what engines sample from and sync with
         # under torchrun: the policy, teacher and reference wrapped in place on the dual mesh ([parallel])
         self.shards = sharding.shard_trainer(self) if self.dp.world > 1 else None
-        self.optimizer = build_optimizer(self.model, cfg)
+        self.optimizer = (parts.optimizer or build_optimizer)(self.model, cfg)
         self.learner = Learner(cfg=cfg, policy=self.policy, tokenizer=self.tokenizer,
                                optimizer=self.optimizer, teacher=self.teacher, off_policy=is_off_policy(cfg),
-                               ref_model=self.ref_model, dp=self.dp)  # fmt: skip
+                               ref_model=self.ref_model, dp=self.dp, loss_fn=parts.loss_fn)  # fmt: skip
         self.step = 0
         self.episodes = 0
         self.dropped_stale = 0
@@ -111,14 +120,14 @@ class Trainer:
             self.dropped_stale = int(state.get("dropped_stale", 0))
             self._restored = dict(state.get("pending", {}))
         self.dp.check_replicas(self.model)
-        self.logger: MetricsLogger | None = None
+        self.logger: Any = None  # a MetricsLogger (with the components' sink, if any)
         self.probe = ProbeSchedule(None, every=0)
         if self.dp.main:
             atomic_write_json(self.out / "config.json", cfg.to_dict())
-            self.logger = MetricsLogger(
+            self.logger = parts.with_sink(MetricsLogger(
                 self.out, resume_step=self.step, tensorboard=cfg.run.tensorboard, wandb=cfg.run.wandb,
                 wandb_project=cfg.run.wandb_project, run_config=cfg.to_dict(),
-            )  # fmt: skip
+            ))  # fmt: skip
             self.probe = schedule_for_run(cfg, self.source, self.tokenizer, read_metrics(self.logger.path))
         self._collected: list[TrainEpisode] = []  # rank 0: the step's rollouts, stale ones included
 
@@ -138,7 +147,8 @@ class Trainer:
     def _engine_at(self, version: int) -> WatchedEngine:
         """Build the engine if needed; ``version`` counts the updates the trainer's weights have had."""
         if self._engine is None:
-            built = build_engine(self.cfg, self.rollout_policy, self.tokenizer, version=version)
+            make = self.components.engine or build_engine
+            built = make(self.cfg, self.rollout_policy, self.tokenizer, version=version)
             engine = WatchedEngine(built)
             self._engine = engine
             if engine.version != version:  # a served engine starts from the initial weights on disk
@@ -227,7 +237,7 @@ class Trainer:
     def _sync_engine(self, step: int) -> float:
         """Push the updated weights into the engine as version ``step``; seconds taken."""
         assert self.pipeline is not None
-        seconds = self.pipeline.sync(self._weights, version=step)
+        seconds = self.pipeline.sync(self._weights, version=step, partial=self.cfg.rollout.partial_rollouts)
         self._check_parity(step)
         return seconds
 

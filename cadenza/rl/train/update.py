@@ -8,6 +8,7 @@ moving the weights along its stale momentum.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +55,8 @@ class Learner:
     ref_model: torch.nn.Module | None = None
     dp: DataParallel = field(default_factory=DataParallel)
     """The data-parallel group: this rank computes microbatches ``dp.mine(n)``; gradients are summed."""
+    loss_fn: Callable[..., Any] = rl_losses
+    """The per-microbatch losses (:func:`cadenza.rl.learn.step.rl_losses` or a user's, same signature)."""
 
     def update(self, episodes: list[TrainEpisode], step: int | None = None) -> UpdateResult:
         cfg, lc = self.cfg, self.cfg.loss
@@ -98,7 +101,7 @@ class Learner:
                 if lc.turn_penalty > 0
                 else adv[idx]
             )
-            res = rl_losses(
+            res = self.loss_fn(
                 self.policy,
                 batch,
                 chunk_adv,

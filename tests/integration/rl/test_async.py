@@ -282,3 +282,13 @@ def test_engine_context_overflow_ends_episodes_as_context_and_training_goes_on(
     assert all(len(e.trajectory.turns) == 1 and "reward" in e.rollout.outcome for e in eps)
     rows = trainer.train()
     assert [r["step"] for r in rows] == [1, 2] and rows[-1]["turns_per_episode"] == 1.0
+
+
+def test_partial_rollouts_train_within_the_staleness_bound(sft_model, tmp_path):
+    """K = 2 with partial rollouts (the sync lands between batches of the rollout in progress): every
+    step trains, no trajectory is older than the bound (its oldest turn's version), nothing is left."""
+    rows = Trainer(run_config(sft_model, tmp_path / "run", steps=4, k=2, partial_rollouts=True)).train()
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(0 <= r["staleness_max"] <= min(r["step"] - 1, 2) for r in rows), rows
+    assert all(r["dropped_stale"] == 0 and not r["skipped_update"] for r in rows)
+    assert not rollout_threads()

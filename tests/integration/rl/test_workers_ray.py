@@ -13,7 +13,8 @@ import torch
 
 from cadenza.executor import ExecutorConfig
 from cadenza.rl.engines.policy import HFPolicy
-from cadenza.rl.train.workers import LocalWorkers, RayWorkers
+from cadenza.rl.train.ray_workers import RayWorkers
+from cadenza.rl.train.workers import LocalWorkers
 from tests.support.rl_fixtures import config
 from tests.support.rl_fixtures import step_units as _units
 

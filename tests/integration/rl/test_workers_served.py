@@ -18,7 +18,8 @@ from cadenza.executor import ExecutorConfig
 from cadenza.rl.engines import make_engine
 from cadenza.rl.engines.policy import HFPolicy
 from cadenza.rl.text.chat import load_tokenizer
-from cadenza.rl.train.workers import LocalWorkers, RayWorkers
+from cadenza.rl.train.ray_workers import RayWorkers
+from cadenza.rl.train.workers import LocalWorkers
 from tests.support.engine_helpers import requires_vllm
 from tests.support.rl_fixtures import config
 from tests.support.rl_fixtures import step_units as _units

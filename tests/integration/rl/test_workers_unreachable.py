@@ -19,7 +19,8 @@ import pytest
 
 from cadenza.errors import CadenzaError
 from cadenza.executor import ExecutorConfig
-from cadenza.rl.train.workers import LocalWorkers, RayWorkers
+from cadenza.rl.train.ray_workers import RayWorkers
+from cadenza.rl.train.workers import LocalWorkers
 from tests.support.chat_server import closed_port_url
 from tests.support.rl_fixtures import config
 from tests.support.rl_fixtures import step_units as _units

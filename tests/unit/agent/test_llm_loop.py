@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from cadenza.agent.llm import ChatClient, LLMConfig, LLMError, parse_reply
-from cadenza.agent.loop import LoopConfig, run_agent
+from cadenza.agent.loop import NO_TOOL_CALL, LoopConfig, run_agent
 from cadenza.errors import CadenzaError
 from tests.support.chat_server import closed_port_url, scripted, serve, tool_call
 from tests.support.llm_helpers import VLLM_CONTEXT_400, ReachFiveEnv
@@ -204,3 +204,21 @@ def test_other_400s_stay_errors():
     with serve(scripted([(400, b'{"message": "bad tool schema"}')])) as srv:
         traj = run_agent(env, client(srv.url), config=LoopConfig(max_turns=3))
     assert traj.meta["errored"] and "bad tool schema" in traj.meta["error"] and "stop_reason" not in traj.meta
+
+
+def test_no_tool_call_rule_end_makes_the_message_the_final_answer():
+    """The same script under the two rules: ``nudge`` answers the message-only turn and goes on,
+    ``end`` stops there (graded as it stands), as training's default does."""
+    script = [tool_call("add", n=5), {"role": "assistant", "content": "done, I think"}, tool_call("submit")]
+    nudged, ended = ReachFiveEnv(), ReachFiveEnv()
+    with serve(scripted(script)) as srv:
+        a = run_agent(nudged, client(srv.url), config=LoopConfig(max_turns=10, no_tool_call="nudge"))
+    with serve(scripted(script)) as srv:
+        b = run_agent(ended, client(srv.url), config=LoopConfig(max_turns=10, no_tool_call="end"))
+        assert len(srv.requests) == 2  # nothing asked after the final answer
+    assert [t.tool for t in a.turns] == ["add", None, "submit"] and a.outcome["resolved"]
+    assert a.messages[5] == {"role": "user", "content": NO_TOOL_CALL}
+    assert [t.tool for t in b.turns] == ["add", None] and ended.finished and b.outcome["resolved"]
+    assert b.meta["finished"] is True and [c.name for c in ended.calls] == ["add"]
+    with pytest.raises(CadenzaError, match="no_tool_call"):
+        LoopConfig(no_tool_call="ignore")

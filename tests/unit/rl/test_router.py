@@ -42,7 +42,9 @@ def test_sessions_stick_to_one_engine_and_spread_by_load():
     tok = make_tokenizer()
     router = Router([Stamped(tok, 1), Stamped(tok, 2)])
     tasks = [RolloutTask(task_id=f"t{n}", make_env=lambda n=n: CounterEnv(target=n)) for n in (3, 4, 5, 6)]
-    results = rollout(router, tok, tasks, RolloutParams(group_size=2, max_turns=4, max_new_tokens=64))
+    # lockstep: a scripted engine answers by its call count, so every call must be one turn of all
+    params = RolloutParams(group_size=2, max_turns=4, max_new_tokens=64, schedule="lockstep")
+    results = rollout(router, tok, tasks, params)
     per_episode = [[t.extra["policy_version"] for t in r.trajectory.turns] for r in results]
     assert all(len(v) == 3 for v in per_episode)  # add, add, submit: three turns each
     assert all(len(set(v)) == 1 for v in per_episode), per_episode  # affinity: one engine per episode
@@ -75,3 +77,28 @@ def test_sync_streams_one_pass_to_every_engine():
     with pytest.raises(CadenzaError, match=r"no\.such\.weight"):
         router.sync_weights(iter([("no.such.weight", torch.zeros(1))]), version=5)
     router.close()
+
+
+def test_least_loaded_engine_ties_go_round_robin():
+    """The driver's routing decision over every actor: the least-loaded engine, ties rotating (never all
+    to engine 0, which one router per actor did)."""
+    from cadenza.rl.train.ray_workers import least_loaded
+
+    load = [0, 0]
+    picks = []
+    for turn in range(4):
+        e = least_loaded(load, turn)
+        load[e] += 1
+        picks.append(e)
+    assert sorted(picks) == [0, 0, 1, 1] and picks[0] != picks[1]
+    assert least_loaded([3, 1, 2], 0) == 1 and least_loaded([1, 1, 0], 5) == 2
+
+
+def test_router_sends_new_sessions_to_the_preferred_engine_and_keeps_old_ones():
+    from cadenza.rl.rollout.router import Router
+
+    r = Router([object(), object()])
+    first = r.route([1, 2, 3])
+    r.prefer = 1 - first
+    assert r.route([7, 8, 9]) == 1 - first  # a new session: where the driver said
+    assert r.route([1, 2, 3, 4]) == first  # an old one keeps its engine (its prefix cache)

@@ -139,3 +139,14 @@ def test_vllm_engine_without_vllm_is_one_line_before_work(tmp_path):
         ConfigError, match=r"needs vLLM, which is not installed; run: python -m cadenza.rl.engines"
     ):
         load_config(write(tmp_path, text))
+
+
+@pytest.mark.parametrize("rollout", [{"max_staleness": 0}, {"max_staleness": 1, "executor": "ray"}])
+def test_partial_rollouts_need_staleness_and_local_rollouts(rollout):
+    from cadenza.errors import ConfigError
+    from cadenza.rl.config import RolloutConfig, TrainConfig, validate
+
+    cfg = TrainConfig()
+    cfg.rollout = RolloutConfig(partial_rollouts=True, **rollout)
+    with pytest.raises(ConfigError, match="partial_rollouts needs max_staleness >= 1"):
+        validate(cfg)
