@@ -93,7 +93,7 @@ def test_a_batch_that_never_ends_fails_the_partial_sync_with_one_line():
     t = threading.Thread(target=lambda: watched.sample(_request(tok)), daemon=True)
     t.start()
     time.sleep(0.2)
-    with pytest.raises(EngineError, match="did not finish within 0.5 s of the weight sync to version 3"):
+    with pytest.raises(EngineError, match=r"did not finish within 0\.5 s of the weight sync to version 3"):
         watched.sync_between_batches(iter([]), version=3, timeout_s=0.5)
 
 
