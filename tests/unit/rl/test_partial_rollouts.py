@@ -47,15 +47,21 @@ def _turn_versions(r) -> list[int]:
     return [int(t.extra["policy_version"]) for t in r.trajectory.turns]
 
 
-def test_a_sync_lands_between_batches_and_later_turns_use_the_new_weights():
+def _queued(seconds: float, tasks: int, max_turns: int):
+    """A pipeline whose engine takes ``seconds`` per batch, with step 1's rollout queued."""
     tok = make_tokenizer()
-    engine = VersionedEcho(tok, 0.15)
+    engine = VersionedEcho(tok, seconds)
     watched = WatchedEngine(engine)
     pipe = RolloutPipeline(watched, timeout_s=30)
+    envs = [RolloutTask(task_id=f"t{i}", make_env=lambda: CounterEnv(target=99)) for i in range(tasks)]
+    cfg = RolloutParams(group_size=2, max_turns=max_turns, max_new_tokens=40)
+    pipe.submit(1, lambda: rollout(watched, tok, envs, cfg, seed=1))
+    return engine, pipe
+
+
+def test_a_sync_lands_between_batches_and_later_turns_use_the_new_weights():
+    engine, pipe = _queued(0.15, tasks=2, max_turns=6)
     try:
-        tasks = [RolloutTask(task_id=f"t{i}", make_env=lambda: CounterEnv(target=99)) for i in range(2)]
-        cfg = RolloutParams(group_size=2, max_turns=6, max_new_tokens=40)
-        pipe.submit(1, lambda: rollout(watched, tok, tasks, cfg, seed=1))
         time.sleep(0.4)  # the rollout is in its second or third batch
         t0 = time.monotonic()
         pipe.sync(lambda: iter([]), 1, partial=True)
@@ -71,14 +77,8 @@ def test_a_sync_lands_between_batches_and_later_turns_use_the_new_weights():
 
 
 def test_without_partial_the_sync_waits_for_the_queued_rollout():
-    tok = make_tokenizer()
-    engine = VersionedEcho(tok, 0.05)
-    watched = WatchedEngine(engine)
-    pipe = RolloutPipeline(watched, timeout_s=30)
+    _, pipe = _queued(0.05, tasks=1, max_turns=5)
     try:
-        tasks = [RolloutTask(task_id="t", make_env=lambda: CounterEnv(target=99))]
-        cfg = RolloutParams(group_size=2, max_turns=5, max_new_tokens=40)
-        pipe.submit(1, lambda: rollout(watched, tok, tasks, cfg, seed=1))
         pipe.sync(lambda: iter([]), 1)
         out = pipe.take(1)
     finally:
