@@ -44,9 +44,10 @@ TEST_WORKERS ?= 4
 test: prereqs $(BIN)/.ready $(VENV)/.engines $(VENV)/.ecosystem
 	CADENZA_REQUIRE_ENGINES=1 $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25 tests
 
-# The unit tests not marked slow (no PyPI builds, no distributed runs; see pyproject.toml).
+# The unit tests not marked slow (no PyPI builds, no distributed runs; see pyproject.toml), on 2 xdist
+# workers (most of their time is subprocesses importing torch: two overlap on 2 cores).
 test-fast: prereqs $(BIN)/.ready
-	$(BIN)/python -m pytest -q tests/unit -m "not slow and not distributed and not network"
+	$(BIN)/python -m pytest -q -n 2 --dist loadgroup tests/unit -m "not slow and not distributed and not network"
 
 lint: $(BIN)/.ready
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
