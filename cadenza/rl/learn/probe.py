@@ -23,7 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,6 +31,9 @@ from cadenza.errors import CadenzaError, ConfigError
 from cadenza.rl.learn.logprobs import token_logprobs
 from cadenza.rl.learn.sft import encode_messages
 from cadenza.rl.text.tokens import collate
+
+if TYPE_CHECKING:
+    from cadenza.rl.config import TrainConfig
 
 KEYS = ("probe_teacher_hinted", "probe_teacher_unhinted", "probe_student_hinted", "probe_student_unhinted")
 
@@ -170,7 +173,7 @@ class ProbeSchedule:
 
 
 def schedule_for_run(
-    cfg: Any, source: Any, tokenizer: Any, history: Sequence[dict[str, Any]]
+    cfg: TrainConfig, source: Any, tokenizer: Any, history: Sequence[dict[str, Any]]
 ) -> ProbeSchedule:
     """The trainer's probe from ``[probe]``: items from ``probe.path`` or the env source, else switched
     off."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cadenza.agent.env import NoToolsView
 from cadenza.agent.trajectory import Trajectory
@@ -20,6 +20,9 @@ from cadenza.feedback.hints import Hint
 from cadenza.rl.rollout.curriculum import drop_zero_variance
 from cadenza.rl.rollout.loop import Rollout, RolloutTask, rollout
 from cadenza.rl.rollout.monitor_hook import episode_outcome
+
+if TYPE_CHECKING:
+    from cadenza.rl.config import TrainConfig
 
 
 @dataclass(kw_only=True)
@@ -42,11 +45,11 @@ class TrainEpisode:
         return int(self.trajectory.meta.get("policy_version", 0))
 
 
-def step_seed(cfg: Any, step: int) -> int:
+def step_seed(cfg: TrainConfig, step: int) -> int:
     return cfg.run.seed * 1_000_003 + step
 
 
-def sample_step_tasks(source: Any, cfg: Any, step: int) -> list[Any]:
+def sample_step_tasks(source: Any, cfg: TrainConfig, step: int) -> list[Any]:
     """The tasks of step ``step`` (trainer thread: a pool source reads its records)."""
     n = cfg.rollout.tasks_per_step
     return source.sample_tasks(random.Random(step_seed(cfg, step)), n, (step - 1) * n)
@@ -56,7 +59,7 @@ def collect_episodes(
     engine: Any,
     tokenizer: Any,
     source: Any,
-    cfg: Any,
+    cfg: TrainConfig,
     step: int,
     tasks: list[Any],
     *,

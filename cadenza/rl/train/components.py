@@ -14,12 +14,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import torch
 
 from cadenza.rl.learn.step import rl_losses
 from cadenza.rl.rollout.envs import EnvSource, load_source
+
+if TYPE_CHECKING:
+    from cadenza.rl.config import TrainConfig
 
 
 class MetricSink(Protocol):
@@ -44,7 +47,7 @@ class Components:
     optimizer: OptimizerBuilder | None = None  # default: ``[optim]`` (AdamW, or Muon + AdamW)
     logger: MetricSink | None = None  # gets every metrics row too (JSONL, TensorBoard, wandb stay)
 
-    def build_source(self, cfg: Any) -> EnvSource:
+    def build_source(self, cfg: TrainConfig) -> EnvSource:
         return self.source if self.source is not None else load_source(cfg.env.name, cfg.env.options)
 
     @property

@@ -11,9 +11,12 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cadenza.errors import ConfigError
+
+if TYPE_CHECKING:
+    from cadenza.rl.config import TrainConfig
 
 #: Metric keys this module adds (each prefixed with ``eval/``).
 KEYS = ("reward", "resolved_rate", "valid_call_rate", "flagged_rate", "episodes")
@@ -41,7 +44,7 @@ class _TaskDirs:
         return env
 
 
-def due(cfg: Any, step: int) -> bool:
+def due(cfg: TrainConfig, step: int) -> bool:
     """Is step ``step`` evaluated (every rank answers alike; only rank 0 plays the episodes)?"""
     every = cfg.eval.every
     return bool(every) and (step % every == 0 or step == cfg.run.steps)
@@ -50,7 +53,7 @@ def due(cfg: Any, step: int) -> bool:
 class HeldOut:
     """The held-out tasks of a run and the rollout settings they are played with."""
 
-    def __init__(self, cfg: Any, source: Any) -> None:
+    def __init__(self, cfg: TrainConfig, source: Any) -> None:
         ev = cfg.eval
         self.source = _TaskDirs(Path(ev.tasks), cfg.rollout.max_turns) if ev.tasks else source
         if not callable(getattr(self.source, "heldout_tasks", None)):

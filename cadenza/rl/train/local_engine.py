@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.multiprocessing as mp
@@ -27,6 +27,9 @@ import torch.multiprocessing as mp
 from cadenza.errors import ConfigError, EngineError
 from cadenza.rl.engines.hf import HFEngine, WeightTable
 from cadenza.rl.engines.policy import HFPolicy, Sample, SampleRequest
+
+if TYPE_CHECKING:
+    from cadenza.rl.config import TrainConfig
 
 
 def _serve(conn: Any, model: torch.nn.Module, device: str, threads: int) -> None:
@@ -136,7 +139,7 @@ class ProcessHFEngine:
         self._conn.close()
 
 
-def build_engine(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) -> Any:
+def build_engine(cfg: TrainConfig, policy: HFPolicy, tokenizer: Any, *, version: int) -> Any:
     """The engine named by ``[rollout] engine`` (a :class:`RolloutEngine`), at ``version``.
 
     ``hf`` shares the trainer's module when training is synchronous (``max_staleness = 0``: the old
@@ -170,7 +173,7 @@ def build_engine(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) ->
     return Router(engines)
 
 
-def served_engines(cfg: Any, policy: HFPolicy, tokenizer: Any, *, version: int) -> list[Any]:
+def served_engines(cfg: TrainConfig, policy: HFPolicy, tokenizer: Any, *, version: int) -> list[Any]:
     """Start ``rollout.engines`` vLLM servers (one at a time; all stopped again if one fails).
 
     A server loads ``model.path`` (or the initial weights written beside the run), i.e. version 0,

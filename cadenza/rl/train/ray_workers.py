@@ -12,7 +12,7 @@ import dataclasses
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +20,9 @@ from cadenza.errors import CadenzaError, EngineError
 from cadenza.executor import ExecutorConfig
 from cadenza.rl.rollout.episodes import TrainEpisode
 from cadenza.rl.train.workers import RolloutWorker, Served, Unit, WorkerCounts, _state
+
+if TYPE_CHECKING:
+    from cadenza.rl.config import TrainConfig
 
 
 @dataclass(kw_only=True)
@@ -47,7 +50,7 @@ class RayWorkers:
 
     def __init__(
         self,
-        cfg: Any,
+        cfg: TrainConfig,
         n: int,
         executor: ExecutorConfig,
         *,

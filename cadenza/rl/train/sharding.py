@@ -28,7 +28,7 @@ import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -39,10 +39,13 @@ from cadenza.rl.engines.policy import HFPolicy
 from cadenza.rl.engines.weights import named_full_tensors
 from cadenza.rl.train.data_parallel import DataParallel
 
+if TYPE_CHECKING:
+    from cadenza.rl.config import TrainConfig
+
 _NO_LOGITS = torch.zeros(0, dtype=torch.long)
 
 
-def check_parallel(cfg: Any, world: int, model: torch.nn.Module) -> ParallelDims:
+def check_parallel(cfg: TrainConfig, world: int, model: torch.nn.Module) -> ParallelDims:
     """``[parallel]`` against the world size and the model, before any collective (one-line errors)."""
     dims = cfg.parallel.resolve(world)
     if dims.cp > 1:
@@ -167,7 +170,9 @@ def _gather_into(target: torch.nn.Module | None, sharded: torch.nn.Module) -> No
                 params[name].copy_(full)
 
 
-def shard(cfg: Any, dp: DataParallel, policy: HFPolicy, copies: dict[str, torch.nn.Module]) -> ShardedPolicy:
+def shard(
+    cfg: TrainConfig, dp: DataParallel, policy: HFPolicy, copies: dict[str, torch.nn.Module]
+) -> ShardedPolicy:
     """Wrap ``policy.model`` and the unsharded ``copies`` (teacher, reference) in place on the dual mesh."""
     dims = check_parallel(cfg, dp.world, policy.model)
     rollout = probe_teacher = None

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -23,6 +23,9 @@ from cadenza.rl.learn.teacher import Teacher, build_hinted_turns
 from cadenza.rl.rollout.episodes import TrainEpisode, signal_rows
 from cadenza.rl.text.tokens import collate
 from cadenza.rl.train.data_parallel import DataParallel
+
+if TYPE_CHECKING:
+    from cadenza.rl.config import TrainConfig
 
 
 @dataclass(kw_only=True)
@@ -44,7 +47,7 @@ class UpdateResult:
 class Learner:
     """The trainer's weights and how to update them (policy, optimizer, teacher, KL reference)."""
 
-    cfg: Any  # TrainConfig
+    cfg: TrainConfig
     policy: Any  # HFPolicy
     tokenizer: Any
     optimizer: torch.optim.Optimizer

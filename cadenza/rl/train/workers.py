@@ -20,12 +20,15 @@ import os
 import socket
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from cadenza.errors import CadenzaError, EngineError
 from cadenza.rl.rollout.episodes import TrainEpisode, collect_episodes, step_seed
+
+if TYPE_CHECKING:
+    from cadenza.rl.config import TrainConfig
 
 
 @dataclass(kw_only=True)
@@ -36,7 +39,7 @@ class Unit:
     engine: int | None = None  # served engines: the one the driver chose for this unit's new sessions
 
 
-def unit_seed(cfg: Any, step: int, index: int) -> int:
+def unit_seed(cfg: TrainConfig, step: int, index: int) -> int:
     return step_seed(cfg, step) * 10_007 + index
 
 
@@ -64,7 +67,7 @@ class RolloutWorker:
     With ``endpoints`` the engine is a :class:`~cadenza.rl.rollout.router.Router` over HTTP clients of the
     served engines (least-loaded placement, session affinity per episode); :meth:`connect` reaches them."""
 
-    def __init__(self, cfg: Any, endpoints: Endpoints | None = None, *, threads: int = 1) -> None:
+    def __init__(self, cfg: TrainConfig, endpoints: Endpoints | None = None, *, threads: int = 1) -> None:
         from cadenza.rl.rollout.envs import load_source
 
         torch.set_num_threads(threads)
@@ -181,7 +184,12 @@ class LocalWorkers:
     name = "local"
 
     def __init__(
-        self, cfg: Any, *, engines: Sequence[Any] = (), own_engines: bool = False, tokenizer: Any = None
+        self,
+        cfg: TrainConfig,
+        *,
+        engines: Sequence[Any] = (),
+        own_engines: bool = False,
+        tokenizer: Any = None,
     ) -> None:
         timeout = cfg.rollout.engine_timeout_s
         self.served = (
