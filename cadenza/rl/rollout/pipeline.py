@@ -35,7 +35,10 @@ class WatchedEngine:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.name = str(getattr(engine, "name", type(engine).__name__))
-        self.busy: tuple[str, float] | None = None  # (what, monotonic start) of the call in flight
+        # (what, monotonic start) of each call in flight: the per-episode loop may have several batches
+        # out at once (served engines), and the watchdog must see the oldest, not the last to start
+        self._calls: dict[int, tuple[str, float]] = {}
+        self._calls_lock = threading.Lock()
         self.stopped = False  # set when training stops: the rollout in progress ends at its next call
         # partial rollouts: a sync waits for the generation calls in flight and holds new ones back, so
         # weights never change under a batch (each batch, so each turn, has one policy version)
@@ -59,7 +62,9 @@ class WatchedEngine:
     def _watch(self, what: str):  # type: ignore[no-untyped-def]
         if self.stopped:
             raise EngineError(f"{self.describe()}: training stopped")
-        self.busy = (what, time.monotonic())
+        key = object()
+        with self._calls_lock:
+            self._calls[id(key)] = (what, time.monotonic())
         try:
             yield
         except ContextLengthExceeded:
@@ -75,7 +80,8 @@ class WatchedEngine:
                 f"{self.describe()} failed during {what}: {type(exc).__name__}: {first}"
             ) from None
         finally:
-            self.busy = None
+            with self._calls_lock:
+                self._calls.pop(id(key), None)
 
     def sample(self, request: Any) -> list[Any]:
         with self._gate:
@@ -122,6 +128,12 @@ class WatchedEngine:
         if busy is not None and time.monotonic() - busy[1] > timeout_s:
             return busy[0]
         return None
+
+    @property
+    def busy(self) -> tuple[str, float] | None:
+        """The oldest call in flight, as ``(what, monotonic start)``; ``None`` when idle."""
+        with self._calls_lock:
+            return min(self._calls.values(), key=lambda c: c[1], default=None)
 
 
 class RolloutPipeline:

@@ -101,3 +101,22 @@ def _request(tok):
     from cadenza.rl.engines.policy import SampleRequest, SamplingParams
 
     return SampleRequest([[1, 2, 3]], SamplingParams(max_new_tokens=4), None, [7])
+
+
+def test_the_watchdog_sees_the_oldest_of_several_batches_in_flight():
+    """Served engines take several batches at once: a batch that finished must not hide an older one
+    still hung (the watchdog reads the oldest call in flight)."""
+    tok = make_tokenizer()
+    engine = VersionedEcho(tok, 0.0)
+    watched = WatchedEngine(engine)
+    slow = threading.Event()
+    engine.sample = lambda request: slow.wait(5) or []  # a batch that hangs until released
+    t = threading.Thread(target=lambda: watched.sample(_request(tok)), daemon=True)
+    t.start()
+    time.sleep(0.3)
+    with watched._watch("generation"):  # a second, quick call starts and ends meanwhile
+        pass
+    assert watched.overdue(0.2) == "generation"
+    slow.set()
+    t.join(5)
+    assert watched.busy is None and watched.overdue(0.0) is None
