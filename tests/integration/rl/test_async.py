@@ -247,7 +247,8 @@ def test_killed_engine_process_stops_training_with_one_line(sft_model, tmp_path,
 
     monkeypatch.setattr(trainer_mod, "build_engine", build)
     with pytest.raises(CadenzaError) as err:  # the engine's own one-line error
-        Trainer(run_config(sft_model, tmp_path / "run", steps=4, k=1, engine_timeout_s=20.0)).train()
+        # engine_timeout_s well above a loaded machine's batch time: the death is seen at once anyway
+        Trainer(run_config(sft_model, tmp_path / "run", steps=4, k=1, engine_timeout_s=120.0)).train()
     msg = str(err.value)
     assert "\n" not in msg and "engine 'hf' process" in msg and "exited with code -9" in msg, msg
     assert not engines[0]._proc.is_alive() and not rollout_threads()
