@@ -65,15 +65,16 @@ def trl_python(venv: Path) -> str:
 def install(venv: Path) -> None:
     """Create the TRL venv: the CPU torch wheel first (so no CUDA build is pulled in), then TRL."""
     py = venv / "bin" / "python"
-    if not py.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
-    for spec in (TORCH, TRL):
-        subprocess.run([str(py), "-m", "pip", "install", "-q", spec], check=True, timeout=1800)
-    subprocess.run(
-        [str(py), "-c", "import trl, torch; print(trl.__version__, torch.__version__)"],
-        check=True,
-        timeout=300,
+    steps = [] if py.exists() else [[sys.executable, "-m", "venv", str(venv)]]
+    steps += [[str(py), "-m", "pip", "install", "-q", spec] for spec in (TORCH, TRL)]
+    steps.append(
+        [str(py), "-c", "import trl, torch; print('trl', trl.__version__, 'torch', torch.__version__)"]
     )
+    for cmd in steps:
+        try:
+            subprocess.run(cmd, check=True, timeout=1800)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+            raise SystemExit(f"bench/peers.py --install: {' '.join(cmd[-3:])} failed ({exc})") from None
 
 
 def tiny_model(out: Path, args: argparse.Namespace) -> dict[str, Any]:
