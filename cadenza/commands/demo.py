@@ -71,6 +71,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.Exit(1)
             return
 
+        from cadenza.rl.config import RolloutConfig, engine_checks
         from cadenza.rl.train.demo import DemoConfig, report_table, run_demo
         from cadenza.tasks.records.pool import TaskPool
         from cadenza.tasks.records.pool_report import stats_table
@@ -91,6 +92,7 @@ def register(app: typer.Typer) -> None:
             max_staleness=max_staleness,
             **({"max_tasks": max_tasks} if max_tasks else {}),
         )
+        preflight.run_checks(engine_checks(RolloutConfig(engine=engine)))  # e.g. --engine vllm, not installed
         result = run_demo(cfg, console=err, log=lambda m: err.print(f"[dim]{m}"))
         console.print(report_table(result.rows))
         with TaskPool(result.task_set) as pool:

@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
         from cadenza import preflight
 
         preflight.check_train_extra()  # the config holds torch-side sections ([parallel]), as pretrain's
-        from cadenza.rl.config import load_config
+        from cadenza.rl.config import load_config, machine_checks
         from cadenza.rl.rollout.envs import SANDBOXED_ENVS
 
         overrides: dict[str, object] = {}
@@ -59,6 +59,7 @@ def register(app: typer.Typer) -> None:
                 overrides[f"rollout.{key}"] = value
         cfg = load_config(config, overrides)  # every config error surfaces here, before torch is imported
         preflight.for_train(Path(cfg.run.out_dir), sandboxed=cfg.env.name in SANDBOXED_ENVS)
+        preflight.run_checks(machine_checks(cfg))  # what the config asks of the machine: vLLM, Ray, wandb
 
         from cadenza.rl.train.trainer import Trainer
 

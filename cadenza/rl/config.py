@@ -7,6 +7,7 @@ Every mistake (unknown key, wrong type, impossible value, missing model path) is
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -226,15 +227,15 @@ class TrainConfig:
 
 
 def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
-    """Value checks that need no compute: ranges, cross-field rules, paths that must exist."""
+    """Value checks that need no compute: ranges, cross-field rules, paths that must exist.
+
+    It looks at the config alone: what the machine has (vLLM, Ray, wandb) is :func:`machine_checks`,
+    which the commands run in their preflight. A validated config is marked, so that the trainer
+    (:func:`ensure_valid`) does not check it a second time."""
     need(cfg.run.steps >= 1, "run.steps must be >= 1")
     need(cfg.run.checkpoint_every >= 0, "run.checkpoint_every must be >= 0 (0 = only at the end)")
     need(cfg.run.threads >= 0, "run.threads must be >= 0 (0 = torch's default)")
     need(cfg.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1")
-    if cfg.run.wandb:
-        from cadenza.metrics import require_wandb
-
-        require_wandb()
     need(cfg.rollout.group_size >= 2, "rollout.group_size must be >= 2 (GRPO normalises within a group)")
     need(cfg.rollout.tasks_per_step >= 1, "rollout.tasks_per_step must be >= 1")
     need(
@@ -315,6 +316,16 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     need(m.num_heads % m.num_kv_heads == 0, "model.num_heads must be divisible by model.num_kv_heads")
     need(m.experts_per_token <= m.num_experts, "model.experts_per_token must be <= model.num_experts")
     need(m.trainable_layers >= 0, "model.trainable_layers must be >= 0 (0 = every layer trains)")
+    vars(cfg)[_VALIDATED] = True
+
+
+_VALIDATED = "_validated"  # set on a config instance by validate(); not a field, so never serialised
+
+
+def ensure_valid(cfg: TrainConfig) -> None:
+    """Validate a config that :func:`validate` (or :func:`load_config`) has not seen yet (library use)."""
+    if not vars(cfg).get(_VALIDATED):
+        validate(cfg)
 
 
 def validate_engine(r: RolloutConfig) -> None:
@@ -333,14 +344,6 @@ def validate_engine(r: RolloutConfig) -> None:
         )
     if not r.unit_timeout_s > 0:
         raise ConfigError("rollout.unit_timeout_s must be > 0 (seconds)")
-    if r.engine == "vllm":
-        from cadenza.rl.engines.vllm_server import vllm_installed
-
-        if not vllm_installed(r.engine_options.get("python")):
-            raise ConfigError(
-                "rollout.engine = 'vllm' needs vLLM, which is not installed; run: "
-                "python -m cadenza.rl.engines.install (or make test, which runs it)"
-            )
     if r.engines < 1:
         raise ConfigError(f"rollout.engines must be >= 1, got {r.engines}")
     if r.sync_probe_tol < 0 or (r.sync_probe_tol > 0 and r.engine != "vllm"):
@@ -354,21 +357,54 @@ def validate_engine(r: RolloutConfig) -> None:
         )
     if r.executor not in ("local", "ray"):
         raise ConfigError(f"rollout.executor = {r.executor!r} is not allowed; use 'local' or 'ray'")
-    if r.executor == "ray":
-        if r.workers < 1:
-            raise ConfigError(f"rollout.workers must be >= 1 with executor = 'ray', got {r.workers}")
-        from cadenza.executor import ExecutorConfig, preflight
-
-        try:
-            preflight(ExecutorConfig(kind="ray", ray_address=r.ray_address))
-        except CadenzaError as exc:  # the same one line, as a config error
-            raise ConfigError(str(exc)) from None
+    if r.executor == "ray" and r.workers < 1:
+        raise ConfigError(f"rollout.workers must be >= 1 with executor = 'ray', got {r.workers}")
     if r.engine == "openai":
         raise ConfigError(
             "rollout.engine = 'openai' is an external server cadenza cannot load new weights into, so it "
             "cannot train; use 'vllm' (started and synced by cadenza) or 'hf'; openai servers serve cadenza "
             "eval"
         )
+
+
+def engine_checks(r: RolloutConfig) -> list[Callable[[], None]]:
+    """What the machine must have for these rollouts (vLLM installed, Ray reachable): preflight checks,
+    each raising one line; probes of the machine, so never part of :func:`validate`."""
+    checks: list[Callable[[], None]] = []
+    if r.engine == "vllm":
+        checks.append(lambda: _check_vllm(r.engine_options.get("python")))
+    if r.executor == "ray":
+        checks.append(lambda: _check_ray(r.ray_address))
+    return checks
+
+
+def machine_checks(cfg: TrainConfig) -> list[Callable[[], None]]:
+    """:func:`engine_checks` plus the run's optional loggers (wandb)."""
+    checks = engine_checks(cfg.rollout)
+    if cfg.run.wandb:
+        from cadenza.metrics import require_wandb
+
+        checks.append(require_wandb)
+    return checks
+
+
+def _check_vllm(python: str | None) -> None:
+    from cadenza.rl.engines.vllm_server import vllm_installed
+
+    if not vllm_installed(python):
+        raise ConfigError(
+            "rollout.engine = 'vllm' needs vLLM, which is not installed; run: "
+            "python -m cadenza.rl.engines.install (or make test, which runs it)"
+        )
+
+
+def _check_ray(address: str | None) -> None:
+    from cadenza.executor import ExecutorConfig, preflight
+
+    try:
+        preflight(ExecutorConfig(kind="ray", ray_address=address))
+    except CadenzaError as exc:  # the same one line, as a config error
+        raise ConfigError(str(exc)) from None
 
 
 def _resolve(path: str, base: Path) -> Path:

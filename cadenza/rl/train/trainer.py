@@ -34,7 +34,7 @@ import torch
 from cadenza.errors import CadenzaError
 from cadenza.jsonio import atomic_write_json
 from cadenza.metrics import MetricsLogger, read_metrics
-from cadenza.rl.config import TrainConfig, validate
+from cadenza.rl.config import TrainConfig, ensure_valid
 from cadenza.rl.engines.gpu_sync import ModuleWeights
 from cadenza.rl.engines.sync_check import ParityProbe
 from cadenza.rl.learn.probe import HintFollowingEroded, ProbeSchedule, schedule_for_run
@@ -74,7 +74,7 @@ class Trainer:
         dp: DataParallel | None = None,
         components: Components | None = None,
     ):
-        validate(cfg)
+        ensure_valid(cfg)  # once: load_config has already checked a config read from TOML
         self.cfg = cfg
         self.components = parts = components or Components()
         self.dp = dp or DataParallel.join()

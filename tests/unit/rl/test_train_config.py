@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from cadenza.errors import ConfigError
-from cadenza.rl.config import TrainConfig, load_config
+from cadenza.preflight import run_checks
+from cadenza.rl.config import TrainConfig, load_config, machine_checks
 
 
 def write(tmp_path, text: str):
@@ -135,10 +136,32 @@ def test_vllm_engine_without_vllm_is_one_line_before_work(tmp_path):
         '[model]\ntokenizer = "tok"\n[rollout]\nengine = "vllm"\nengine_options = '
         f'{{python = "{sys.executable}"}}'
     )
+    cfg = load_config(write(tmp_path, text))  # the config is valid: what the machine lacks is preflight's
     with pytest.raises(
         ConfigError, match=r"needs vLLM, which is not installed; run: python -m cadenza.rl.engines"
     ):
-        load_config(write(tmp_path, text))
+        run_checks(machine_checks(cfg))
+
+
+def test_validation_probes_nothing_and_runs_once(tmp_path, monkeypatch):
+    """Config validation reads the config alone (vLLM, Ray and wandb are probed by machine_checks, in the
+    commands' preflight), and the trainer does not validate a loaded config a second time."""
+    import cadenza.rl.config as rc
+    from cadenza.rl.engines import vllm_server
+
+    def probe(*_a, **_k):
+        raise AssertionError("config validation probed the machine")
+
+    monkeypatch.setattr(vllm_server, "vllm_installed", probe)
+    text = '[model]\ntokenizer = "tok"\n[run]\nwandb = true\n[rollout]\nengine = "vllm"\nexecutor = "ray"\n'
+    cfg = load_config(write(tmp_path, text))
+    assert len(rc.machine_checks(cfg)) == 3  # vLLM, Ray, wandb: each a preflight check
+    calls = []
+    monkeypatch.setattr(rc, "validate", lambda c, *a: calls.append(c))
+    rc.ensure_valid(cfg)
+    assert calls == []  # load_config validated it: not again
+    rc.ensure_valid(rc.TrainConfig())
+    assert len(calls) == 1  # a config built in code is validated on first use
 
 
 @pytest.mark.parametrize("rollout", [{"max_staleness": 0}, {"max_staleness": 1, "executor": "ray"}])
