@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from cadenza.experiments.smol_tools import SmolConfig
+    from cadenza.experiments.tool_hints import ExperimentConfig
 
 OUT = typer.Option(
     ..., "--out", help="Output directory (results.json, summary.md, curves.png); rerun to resume."
@@ -28,7 +33,14 @@ ALLOW_CODE_CHANGE = typer.Option(
 )
 
 
-def _run(run: Any, out: Path, exp: Any, workers: int, quick: bool, allow_code_change: bool = False) -> None:
+def _run(
+    run: Callable[..., Any],
+    out: Path,
+    exp: ExperimentConfig | SmolConfig,
+    workers: int,
+    quick: bool,
+    allow_code_change: bool = False,
+) -> None:
     """Check the worker count, run the study, name what it wrote."""
     from cadenza.experiments.study import check_workers
 

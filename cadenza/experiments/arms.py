@@ -17,7 +17,14 @@ from statistics import mean
 from typing import Any
 
 from cadenza.errors import CadenzaError
-from cadenza.experiments.heldout import evaluate, heldout_tasks, rates, run_episodes, supervised_examples
+from cadenza.experiments.heldout import (
+    ArmExperiment,
+    evaluate,
+    heldout_tasks,
+    rates,
+    run_episodes,
+    supervised_examples,
+)
 from cadenza.experiments.toolworld import ToolworldSource
 from cadenza.jsonio import atomic_write_json, atomic_write_text
 
@@ -35,7 +42,7 @@ def _read_jsonl(path: Path) -> list[dict[str, Any]]:
 
 
 class _TrainerArm:
-    def __init__(self, exp: Any, arm: str, seed: int, model_dir: Path, run_dir: Path):
+    def __init__(self, exp: ArmExperiment, arm: str, seed: int, model_dir: Path, run_dir: Path):
         self.exp, self.arm, self.seed, self.model_dir, self.run_dir = exp, arm, seed, model_dir, run_dir
         self.episodes = 0
 
@@ -51,7 +58,7 @@ class _TrainerArm:
 class _SupervisedArm:
     """The positive control: CE on (context up to an erring turn, the valid call), AdamW at the RL lr."""
 
-    def __init__(self, exp: Any, seed: int, model_dir: Path, run_dir: Path):
+    def __init__(self, exp: ArmExperiment, seed: int, model_dir: Path, run_dir: Path):
         self.exp, self.seed, self.model_dir, self.run_dir = exp, seed, model_dir, run_dir
         self.episodes = 0
 
@@ -134,7 +141,14 @@ class _SupervisedArm:
 
 
 def run_arm(
-    exp: Any, arm: str, seed: int, model_dir: Path, run_dir: Path, *, steps: int, stop_at_target: bool = False
+    exp: ArmExperiment,
+    arm: str,
+    seed: int,
+    model_dir: Path,
+    run_dir: Path,
+    *,
+    steps: int,
+    stop_at_target: bool = False,
 ) -> dict[str, Any]:
     """Run (or resume) one (arm, seed) for ``steps`` steps; ``stop_at_target``: end early once reached."""
     import dataclasses
@@ -198,7 +212,7 @@ def run_arm(
     return summary
 
 
-def summarise(exp: Any, seed: int, evals: list[dict[str, Any]], run_dir: Path) -> dict[str, Any]:
+def summarise(exp: ArmExperiment, seed: int, evals: list[dict[str, Any]], run_dir: Path) -> dict[str, Any]:
     """The run's numbers (definitions in docs/experiments.md, section 4)."""
     from cadenza.experiments.report import summarise_run
     from cadenza.metrics import read_metrics

@@ -9,7 +9,8 @@
 from __future__ import annotations
 
 import random
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from cadenza.agent.env import NoToolsView
 from cadenza.experiments.corpus import call_message
@@ -22,8 +23,40 @@ def heldout_tasks(n: int, seed: int, config: ToolworldConfig | None = None) -> l
     return [sample_task(rng, config or ToolworldConfig(), i) for i in range(n)]
 
 
+class ArmExperiment(Protocol):
+    """What the shared runner (this module and :mod:`.arms`) asks of an experiment's config: study 1 and
+    2's :class:`~cadenza.experiments.tool_hints.ExperimentConfig` and the real model's
+    :class:`~cadenza.experiments.smol_tools.SmolConfig` both provide it."""
+
+    seeds: list[int]
+    arms: list[str]
+    tasks_per_step: int
+    group_size: int
+    rl_lr: float
+    temperature: float
+    max_new_tokens: int
+    eval_every: int
+    heldout_tasks: int
+    heldout_seed: int
+    target: float
+    probe_items: int
+    threads: int
+    window: int
+
+    @property
+    def episodes_per_step(self) -> int: ...
+
+    @property
+    def toolworld(self) -> ToolworldConfig: ...
+
+    @property
+    def response_prefix(self) -> str: ...
+
+    def train_config(self, arm: str, seed: int, model_dir: Path, out_dir: Path, steps: int) -> Any: ...
+
+
 def run_episodes(
-    policy: Any, tokenizer: Any, tasks: list[ToolworldTask], *, group_size: int, seed: int, exp: Any
+    policy: Any, tokenizer: Any, tasks: list[ToolworldTask], *, group_size: int, seed: int, exp: ArmExperiment
 ) -> tuple[list[Any], list[ToolworldEnv]]:
     """Roll out ``group_size`` episodes per task; also return the envs (in the same order)."""
     from cadenza.rl.rollout.loop import RolloutParams, RolloutTask, rollout
@@ -65,7 +98,7 @@ def rates(results: list[Any]) -> dict[str, float]:
 
 
 def evaluate(
-    policy: Any, tokenizer: Any, tasks: list[ToolworldTask], seed: int, exp: Any, start: Any = None
+    policy: Any, tokenizer: Any, tasks: list[ToolworldTask], seed: int, exp: ArmExperiment, start: Any = None
 ) -> dict[str, Any]:
     """Held-out rates of ``policy`` (no gradient; the same sampling seed for every arm); with ``start``
     (the run's initial policy) also the targeted measures (:mod:`cadenza.experiments.targeted`)."""

@@ -12,17 +12,20 @@ import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cadenza.errors import CadenzaError
 from cadenza.jsonio import atomic_write_json, atomic_write_text
+
+if TYPE_CHECKING:
+    from cadenza.experiments.tool_hints import ExperimentConfig
 
 
 def _latest_mtime(out: Path) -> float:
     return max((p.stat().st_mtime for p in out.rglob("*") if p.is_file()), default=0.0)
 
 
-def report_only(out: str | Path, exp: Any, log: Any = print) -> dict[str, Any]:
+def report_only(out: str | Path, exp: ExperimentConfig, log: Any = print) -> dict[str, Any]:
     """``results.json``, ``summary.md`` and ``curves.png`` of what ``out`` holds, without training."""
     from cadenza.experiments import report
     from cadenza.experiments.provenance import check_results, code_version, settings_digest

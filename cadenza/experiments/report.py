@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from pathlib import Path
 from statistics import mean, stdev
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from cadenza.experiments.tool_hints import ExperimentConfig
 
 ARM_LABELS = {
     "supervised": "supervised (positive control)",
@@ -169,7 +172,7 @@ def plot_curves(results: dict[str, Any], path: str | Path) -> None:
     plt.close(fig)
 
 
-def protocol(exp: Any) -> dict[str, Any]:
+def protocol(exp: ExperimentConfig) -> dict[str, Any]:
     """The pre-registered rules as data (the text is docs/experiments.md, section 4)."""
     return {
         "document": "docs/experiments.md#4-protocol-of-the-redesigned-experiment-pre-registered",

@@ -6,7 +6,10 @@ import functools
 import inspect
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from cadenza.pretrain.config import PretrainLoopConfig
 
 
 def lr_at(
@@ -39,7 +42,7 @@ def lr_at(
     raise ValueError(f"unknown schedule {schedule!r}")
 
 
-def schedule_of(config: Any) -> Callable[[int], float]:
+def schedule_of(config: PretrainLoopConfig) -> Callable[[int], float]:
     """:func:`lr_at` with every setting read from ``config``'s fields of the same names (``[train]``)."""
     names = [n for n in inspect.signature(lr_at).parameters if n != "step"]
     return functools.partial(lr_at, **{n: getattr(config, n) for n in names})
