@@ -121,7 +121,7 @@ class _SupervisedArm:
     def _update(policy: Any, tok: Any, opt: Any, examples: list[list[dict[str, Any]]]) -> float:
         import torch
 
-        from cadenza.rl.learn.sft import encode_messages, token_logprobs
+        from cadenza.rl.learn.sft import encode_messages, policy_token_logprobs
         from cadenza.rl.text.tokens import collate
 
         trajs = [encode_messages(tok, m) for m in examples]
@@ -131,7 +131,7 @@ class _SupervisedArm:
             s, e = t.turn_spans[-1]
             mask[row, s:e] = batch.loss_mask[row, s:e]
         policy.model.train()
-        lp, _ = token_logprobs(policy, batch.input_ids, batch.attention_mask)
+        lp, _ = policy_token_logprobs(policy, batch.input_ids, batch.attention_mask)
         loss = -(lp * mask).sum() / mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()

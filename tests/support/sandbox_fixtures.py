@@ -31,14 +31,16 @@ __all__ = [
 def require_protection(available: bool, what: str) -> None:
     """Guard for a protection the product promises (a process cap, a cgroup): never assert nothing.
 
-    Without it the test fails under CI (``CI`` set), so a CI machine cannot silently lose it; elsewhere
-    it skips with a visible reason.
+    Without it the test fails under CI (``CI`` set) and ``make test`` (``CADENZA_REQUIRE_ENGINES=1``), so
+    neither can silently lose it; elsewhere it skips with a visible reason.
     """
     import os
 
+    from tests.support.lanes import engines_required
+
     if available:
         return
-    if os.environ.get("CI"):
+    if os.environ.get("CI") or engines_required():  # CI, and make test on any machine
         pytest.fail(f"{what} is unavailable on this CI machine, but the sandbox promises it")
     pytest.skip(f"{what} is unavailable here (CI fails instead of skipping)")
 

@@ -57,7 +57,7 @@ def encode_messages(
     return builder.build(messages=list(messages))
 
 
-def token_logprobs(
+def policy_token_logprobs(
     policy: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob of each token given its prefix (position t scores token t; position 0 gets 0) and entropy."""
@@ -105,7 +105,7 @@ def supervised_finetune(
             batches = _length_bucketed_batches(data, config.batch_size, rng)
         batch = [data[i] for i in batches.pop()]
         tb = collate(batch, tokenizer.pad_token_id)
-        lp, _ = token_logprobs(policy, tb.input_ids, tb.attention_mask)
+        lp, _ = policy_token_logprobs(policy, tb.input_ids, tb.attention_mask)
         loss = -(lp * tb.loss_mask).sum() / tb.loss_mask.sum()
         opt.zero_grad(set_to_none=True)
         loss.backward()
