@@ -168,17 +168,13 @@ def test_no_upward_import() -> None:
 
 def test_every_module_has_a_floor_and_rl_is_split() -> None:
     """The unit of every module is a listed one (not just the catch-all root), and rl's own modules live
-    in its sub-packages (only ``config`` and ``models`` at its top)."""
+    in its sub-packages (only ``models`` at its top, beside the ``config`` package)."""
     modules = _graph()
     loose = [m for m in modules if m != "cadenza" and _unit(m) == ""]
     assert not loose, f"modules outside every listed unit (add them to LAYERS): {loose}"
     top = sorted(p.stem for p in (CADENZA / "rl").glob("*.py"))
-    assert top == ["__init__", "config", "models"], top
+    assert top == ["__init__", "models"], top
     assert [p.stem for p in (CADENZA / "tasks").glob("*.py")] == ["__init__"]
-
-
-#: folders still flat, with the issue that re-lays them (agent/: 17 modules, issue #26)
-FLAT_FOR_NOW = {"agent"}
 
 
 def test_no_folder_over_15_modules() -> None:
@@ -187,6 +183,5 @@ def test_no_folder_over_15_modules() -> None:
         str(d.relative_to(CADENZA.parent)): n
         for d in [CADENZA, *(p for p in CADENZA.rglob("*") if p.is_dir() and p.name != "__pycache__")]
         if (n := len([f for f in d.glob("*.py") if f.name != "__init__.py"])) > 15
-        and str(d.relative_to(CADENZA)) not in FLAT_FOR_NOW
     }
     assert not crowded, f"folders over 15 modules (split them into sub-packages): {crowded}"

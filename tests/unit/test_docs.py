@@ -44,3 +44,15 @@ def test_relative_links_resolve() -> None:
             if not path.exists() and rel not in PENDING:
                 broken.append(f"{page.relative_to(ROOT)} -> {target}")
     assert not broken, broken
+
+
+def test_design_tree_names_every_package() -> None:
+    """docs/design.md's layout tree lists every package of cadenza/ (the picture follows the code)."""
+    text = (ROOT / "docs" / "design.md").read_text()
+    tree = text[text.index("```\ncadenza/\n") :]
+    tree = tree[: tree.index("\n```")]
+    packages = sorted(
+        p for p in (ROOT / "cadenza").iterdir() if p.is_dir() and (p / "__init__.py").exists()
+    ) + sorted(p for p in (ROOT / "cadenza").glob("*/*") if p.is_dir() and (p / "__init__.py").exists())
+    missing = [p.name for p in packages if f"  {p.name}/" not in tree]
+    assert not missing, f"packages missing from docs/design.md's layout tree: {missing}"

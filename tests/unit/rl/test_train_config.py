@@ -146,7 +146,7 @@ def test_vllm_engine_without_vllm_is_one_line_before_work(tmp_path):
 def test_validation_probes_nothing_and_runs_once(tmp_path, monkeypatch):
     """Config validation reads the config alone (vLLM, Ray and wandb are probed by machine_checks, in the
     commands' preflight), and the trainer does not validate a loaded config a second time."""
-    import cadenza.rl.config as rc
+    import cadenza.rl.config.checks as rc
     from cadenza.rl.engines import vllm_server
 
     def probe(*_a, **_k):
