@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from cadenza.pathrel import is_within
+
 
 class PathOutsideWorkspace(ValueError):
     """The path (or what a symlink in it points at) lies outside the workspace."""
@@ -17,18 +19,14 @@ def confine(workspace: Path, path: str) -> Path:
         raise PathOutsideWorkspace(f"path {path!r} contains a NUL byte")
     raw = path if os.path.isabs(path) else os.path.join(str(workspace), path)
     lexical = os.path.normpath(raw)
-    if not _inside(lexical, os.path.normpath(str(workspace))) and not _inside(lexical, root):
+    if not is_within(lexical, os.path.normpath(str(workspace))) and not is_within(lexical, root):
         raise PathOutsideWorkspace(f"path {path!r} is outside the workspace {workspace}")
     real = os.path.realpath(lexical)
-    if not _inside(real, root):
+    if not is_within(real, root):
         raise PathOutsideWorkspace(
             f"path {path!r} resolves (through a symlink) to {real}, outside the workspace"
         )
     return Path(real)
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def display(workspace: Path, path: Path) -> str:

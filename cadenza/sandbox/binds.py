@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cadenza.errors import SandboxError
+from cadenza.pathrel import is_within
 from cadenza.sandbox.envinfo import EnvInfo
 
 SYSTEM_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc")
@@ -52,7 +53,7 @@ def _inside_a_task(path: str, hidden: list[str]) -> bool:
     this task's or another task's directory may not.
     """
     for root in hidden:
-        if not _inside(path, root):
+        if not is_within(path, root):
             continue
         probe = Path(path)
         while True:
@@ -62,10 +63,6 @@ def _inside_a_task(path: str, hidden: list[str]) -> bool:
                 break
             probe = probe.parent
     return False
-
-
-def _inside(path: str, root: str) -> bool:
-    return path == root or path.startswith(root.rstrip("/") + "/")
 
 
 def _is_site_dir(path: str) -> bool:
@@ -108,7 +105,7 @@ def plan_binds(
 
     def exposes(path: str) -> str | None:
         """The protected root that binding ``path`` would reveal (path is that root or an ancestor)."""
-        return next((h for h in protected if _inside(h, path)), None)
+        return next((h for h in protected if is_within(h, path)), None)
 
     explicit: list[str] = []
     if env is not None:
@@ -129,26 +126,26 @@ def plan_binds(
         covered = [*plan.ro]
         for entry in env.sys_path:
             rp = os.path.realpath(entry)
-            if not os.path.isdir(rp) or any(_inside(rp, r) for r in rw):
+            if not os.path.isdir(rp) or any(is_within(rp, r) for r in rw):
                 continue
-            target = next((v + rp[len(k) :] for k, v in mapped.items() if _inside(rp, k)), None)
+            target = next((v + rp[len(k) :] for k, v in mapped.items() if is_within(rp, k)), None)
             if target is not None:
                 plan.pythonpath.append(target)
                 continue
-            if any(_inside(rp, c) for c in covered) or exposes(rp) or _inside_a_task(rp, hidden_real):
+            if any(is_within(rp, c) for c in covered) or exposes(rp) or _inside_a_task(rp, hidden_real):
                 continue
-            if _inside(rp, home) and not _is_site_dir(rp):
+            if is_within(rp, home) and not _is_site_dir(rp):
                 continue  # a .pth line of some package pointing into the home directory (~/.ssh)
             plan.ro.append(rp)
             covered.append(rp)
         # a site directory may link packages from elsewhere (``pkg -> /other/site-packages/pkg``):
         # their targets are part of the environment too
         site_dirs = [os.path.realpath(e) for e in env.sys_path if os.path.isdir(e)]
-        for root in dict.fromkeys(d for d in site_dirs if not any(_inside(d, r) for r in rw)):
+        for root in dict.fromkeys(d for d in site_dirs if not any(is_within(d, r) for r in rw)):
             for target in _link_targets(root):
                 if target.startswith(("/proc/", "/sys/", "/dev/")):
                     continue
-                if any(_inside(target, c) for c in covered) or any(_inside(target, r) for r in rw):
+                if any(is_within(target, c) for c in covered) or any(is_within(target, r) for r in rw):
                     continue
                 if exposes(target) or _inside_a_task(target, hidden_real):
                     continue

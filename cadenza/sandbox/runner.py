@@ -20,6 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cadenza.errors import SandboxError
+from cadenza.pathrel import is_within_real
 from cadenza.sandbox.binds import SYSTEM_PATHS, BindPlan, plan_binds
 from cadenza.sandbox.config import SandboxConfig
 from cadenza.sandbox.envinfo import EnvInfo, env_info
@@ -65,7 +66,7 @@ class Sandbox:
         self.config = config or SandboxConfig()
         self.env: EnvInfo | None = env_info(env_dir) if env_dir is not None else None
         for h in hidden or []:
-            if _inside(self.workspace, Path(h)):
+            if is_within_real(self.workspace, h):
                 raise SandboxError(
                     f"workspace {self.workspace} lies inside hidden directory {h}; copy it elsewhere first"
                 )
@@ -370,10 +371,6 @@ def _cleanup(resources: list) -> None:
             r.close()
         elif isinstance(r, PidsCgroup):
             r.kill_all_and_remove()
-
-
-def _inside(path: Path, root: Path) -> bool:
-    return Path(os.path.realpath(path)).is_relative_to(os.path.realpath(root))
 
 
 @functools.lru_cache(maxsize=4)

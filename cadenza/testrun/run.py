@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
 
+from cadenza.pathrel import is_within
 from cadenza.sandbox.execute import kill_tree
 from cadenza.testrun.capabilities import visible_allowances
 from cadenza.testrun.channel import LEGACY_PLUGIN_MODULE, Channel, Checks
@@ -96,11 +97,6 @@ class SandboxExecutor:
         return Executed(exit_code=res.exit_code, timed_out=res.timed_out, output=res.output[-OUTPUT_TAIL:])
 
 
-def _inside(path: str, roots: list[str]) -> bool:
-    rp = os.path.realpath(path)
-    return any(rp == r or rp.startswith(r.rstrip("/") + "/") for r in roots)
-
-
 def env_plugins(sys_path: list[str] | tuple[str, ...], exclude: list[Path]) -> list[str]:
     """Modules of the ``pytest11`` entry points installed in the environment's own directories.
 
@@ -108,7 +104,9 @@ def env_plugins(sys_path: list[str] | tuple[str, ...], exclude: list[Path]) -> l
     metadata written there is the agent's, and is never a source of plugins.
     """
     roots = [os.path.realpath(p) for p in exclude]
-    path = [p for p in sys_path if os.path.isdir(p) and not _inside(p, roots)]
+    path = [
+        p for p in sys_path if os.path.isdir(p) and not any(is_within(os.path.realpath(p), r) for r in roots)
+    ]
     mods: list[str] = []
     for dist in importlib.metadata.distributions(path=path):
         for ep in dist.entry_points:

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
 
+from cadenza.pathrel import is_within
 from cadenza.tasks.records.task import Task
 from cadenza.testrun import Checks
 
@@ -108,7 +109,7 @@ class GradePolicy:
 
     def is_test(self, rel: str) -> bool:
         path = PurePosixPath(rel)
-        if any(_inside(rel, t) for t in self.test_paths):
+        if any(is_within(rel, t) for t in self.test_paths):
             return True
         if any(fnmatch.fnmatch(path.name, pat) for pat in TEST_FILE_PATTERNS):
             return True
@@ -155,10 +156,6 @@ def is_doctest(nodeid: str) -> bool:
     file."""
     _, sep, rest = nodeid.partition("::")
     return bool(sep) and "::" not in rest and "." in rest.split("[", 1)[0]
-
-
-def _inside(rel: str, root: str) -> bool:
-    return rel == root or rel.startswith(root.rstrip("/") + "/")
 
 
 def top_level_modules(
