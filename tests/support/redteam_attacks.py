@@ -22,10 +22,11 @@ PYPROJECT = FILES["pyproject.toml"]
 class Attack:
     files: dict[str, str]
     stoppers: tuple[str, ...]  # switches that each stop the attack alone; all off, it resolves the task
-    layout: str = "plain"  # the task fixture: plain | chained (factory env) | packaged_tests
+    layout: str = "plain"  # task fixture: plain | chained | packaged_tests | strict_warnings | env_plugin
     evidence: str | None = None  # a phrase the grade's evidence holds with every defence on
     bytecode: bool = False  # also plant the solved module as bytecode (needs the task env's python)
     extra: dict[str, str] = field(default_factory=dict)
+    delete: tuple[str, ...] = ()  # workspace files the agent deletes
 
 
 def ops_with(body: str) -> str:
