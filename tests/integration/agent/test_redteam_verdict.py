@@ -135,6 +135,7 @@ def test_attack_earns_nothing_and_is_flagged(request, tmp_path: Path, task_env: 
     if attack.bytecode:  # bytecode is planted, not written through a tool call
         got = grade(tdir, workspace(tdir, tmp_path, attack, task_env))
         assert got.resolved is False and got.f2p_passed == 0, got  # never copied, so never run
+        assert any("unchecked-hash bytecode" in c for c in got.capabilities), got.capabilities  # flagged
         return
     calls = [ToolCall(name="create", arguments={"path": p, "content": c}) for p, c in attack.files.items()]
     calls += [ToolCall(name="bash", arguments={"command": f"rm {p}"}) for p in attack.delete]
