@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).parent
-RUNNER_FILES = ("boot.py", "guard.py", "plugin.py")  # copied, never imported by the parent
+RUNNER_FILES = ("boot.py", "guard.py", "guard_rules.py", "plugin.py")  # copied, never imported by the parent
 PLUGIN_FILE = HERE / "plugin.py"
 GUARD_EXIT = 86  # cadenza.testrun.guard.GUARD_EXIT (the guard imports nothing, so it is repeated here)
 #: the fixed name of the old ``-p`` loading, kept only for the mutation test of ``by_path``

@@ -308,7 +308,7 @@ ATTACKS: dict[str, Attack] = {
     # patching pytest, plugins found through gc
     "patch_report_class": Attack(
         {"calc/__init__.py": PATCH_REPORT_CLASS},
-        ("capability_check", "checks.integrity", "checks.call_vs_report"),
+        ("capability_check", "checks.integrity", "checks.integrity_per_test", "checks.call_vs_report"),
     ),
     "register_hookwrapper": Attack(
         {"calc/__init__.py": REGISTER_HOOKWRAPPER},
