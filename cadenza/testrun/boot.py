@@ -44,8 +44,11 @@ def _load(name: str, path: str, inject: dict):
     return mod
 
 
-def _preimport(workspace: str) -> None:
-    """pytest, its default plugins and pluggy, resolved with the workspace last on ``sys.path``."""
+def _preimport(workspace: str, plugins: list[str]) -> list:
+    """pytest, its default plugins, pluggy and the env's ``pytest11`` plugins, resolved with the
+    workspace last on ``sys.path``; returns the plugin modules (registered by object, so ``-p NAME``
+    finds them registered and imports nothing)."""
+    loaded = []
     saved = list(sys.path)
     inside = [p for p in saved if os.path.realpath(p or ".").startswith(workspace)]
     sys.path[:] = [p for p in saved if p not in inside] + inside
@@ -58,8 +61,12 @@ def _preimport(workspace: str) -> None:
             if name not in ("pytester", "legacypath"):
                 with contextlib.suppress(ImportError):  # an optional dependency of a built-in plugin
                     importlib.import_module(f"_pytest.{name}")
+        for name in plugins:
+            with contextlib.suppress(Exception):  # a broken plugin fails as it would under pytest
+                loaded.append(importlib.import_module(name))
     finally:
         sys.path[:] = saved
+    return loaded
 
 
 def main(argv: list[str]) -> int:
@@ -69,7 +76,7 @@ def main(argv: list[str]) -> int:
         config = json.load(fh)
     emit = _writer(config["results"])
     workspace = os.path.realpath(os.getcwd()) + os.sep
-    _preimport(workspace)
+    env_plugins = _preimport(workspace, list(config.get("plugins") or []))
     sys.path.insert(0, workspace.rstrip(os.sep))  # what ``python -m pytest`` puts first: the cwd
     guard = _load(config["guard_name"], os.path.join(here, "guard.py"), {})
     runner_files = frozenset(os.path.join(here, f) for f in ("boot.py", "guard.py", "plugin.py"))
@@ -82,6 +89,7 @@ def main(argv: list[str]) -> int:
             protected_dirs=(here,),
             allow={os.path.join(workspace, k): frozenset(v) for k, v in (g.get("allow") or {}).items()},
             emit=emit,
+            trusted=config.get("checks", {}).get("trusted_roots", True),
         )
     import pytest
 
@@ -90,7 +98,7 @@ def main(argv: list[str]) -> int:
         sys.path.insert(1, here)
         return int(pytest.main(argv[1:]))
     plugin = _load(config["plugin_name"], os.path.join(here, "plugin.py"), {"_BOOT": (config, emit)})
-    return int(pytest.main(argv[1:], plugins=[plugin]))
+    return int(pytest.main(argv[1:], plugins=[plugin, *env_plugins]))
 
 
 if __name__ == "__main__":

@@ -22,176 +22,30 @@ import io
 import tokenize
 from dataclasses import dataclass
 
-MAX_SOURCE_BYTES = 2_000_000
-UTF8_NAMES = frozenset({"utf-8", "utf8", "utf-8-sig", "ascii", "us-ascii"})
+from cadenza.testrun.capability_names import (
+    ATTRS,
+    CALLS,
+    DYNAMIC_IMPORTS,
+    GUARD_KINDS,
+    KIND_TEXT,
+    MAX_SOURCE_BYTES,
+    METADATA_DUNDERS,
+    NAMES,
+    PREFIX_NAMES,
+    REROOT,
+    UTF8_NAMES,
+)
 
-#: dotted name (or prefix ending in ".") -> capability kind
-NAMES: dict[str, str] = {
-    "sys._getframe": "frames",
-    "sys._getframemodulename": "frames",
-    "sys._current_frames": "frames",
-    "sys._current_exceptions": "frames",
-    "inspect.currentframe": "frames",
-    "inspect.stack": "frames",
-    "inspect.trace": "frames",
-    "inspect.getouterframes": "frames",
-    "inspect.getinnerframes": "frames",
-    "inspect.getframeinfo": "frames",
-    "traceback.walk_stack": "frames",
-    "traceback.walk_tb": "frames",
-    "gc.get_objects": "gc",
-    "gc.get_referrers": "gc",
-    "gc.get_referents": "gc",
-    "gc.garbage": "gc",
-    "ctypes": "ctypes",
-    "ctypes.": "ctypes",
-    "_ctypes": "ctypes",
-    "_ctypes.": "ctypes",
-    "cffi": "ctypes",
-    "cffi.": "ctypes",
-    "sys.settrace": "tracing",
-    "sys.setprofile": "tracing",
-    "sys.monitoring": "tracing",
-    "sys.addaudithook": "tracing",
-    "sys.call_tracing": "tracing",
-    "threading.settrace": "tracing",
-    "threading.setprofile": "tracing",
-    "threading.settrace_all_threads": "tracing",
-    "sys.meta_path": "import_hooks",
-    "sys.path_hooks": "import_hooks",
-    "sys.path_importer_cache": "import_hooks",
-    "importlib.abc": "import_hooks",
-    "importlib.machinery": "import_hooks",
-    "importlib.util.spec_from_loader": "import_hooks",
-    "importlib.reload": "import_hooks",
-    "sys.modules": "modules",
-    "sys._": "internals",
-    "builtins": "builtins",
-    "builtins.": "builtins",
-    "os._exit": "exit",
-    "os.abort": "exit",
-    "atexit.register": "exit",
-    "atexit.unregister": "exit",
-    "os.kill": "signal",
-    "os.killpg": "signal",
-    "signal.": "signal",
-    "subprocess": "process",
-    "subprocess.": "process",
-    "os.system": "process",
-    "os.popen": "process",
-    "os.fork": "process",
-    "os.forkpty": "process",
-    "os.posix_spawn": "process",
-    "os.posix_spawnp": "process",
-    "pty.": "process",
-    "multiprocessing": "process",
-    "multiprocessing.": "process",
-    "asyncio.create_subprocess_exec": "process",
-    "asyncio.create_subprocess_shell": "process",
-    "os.write": "raw_fd",
-    "os.writev": "raw_fd",
-    "os.pwrite": "raw_fd",
-    "os.pwritev": "raw_fd",
-    "os.sendfile": "raw_fd",
-    "os.dup": "raw_fd",
-    "os.dup2": "raw_fd",
-    "os.fdopen": "raw_fd",
-    "os.closerange": "raw_fd",
-    "os.ptrace": "raw_fd",
-    "mmap.": "raw_fd",
-    "types.CodeType": "code",
-    "types.FunctionType": "code",
-    "types.LambdaType": "code",
-    "marshal.": "code",
-    "_pytest": "runner",
-    "_pytest.": "runner",
-    "pluggy": "runner",
-    "pluggy.": "runner",
-    "cadenza": "runner",
-    "cadenza.": "runner",
-}
-#: modules other modules re-export as attributes: ``os.sys`` is ``sys``
-REROOT = frozenset(
-    {
-        "sys",
-        "gc",
-        "ctypes",
-        "builtins",
-        "importlib",
-        "inspect",
-        "atexit",
-        "subprocess",
-        "os",
-        "signal",
-        "types",
-        "marshal",
-        "threading",
-        "traceback",
-        "_pytest",
-        "pluggy",
-    }
-)
-PREFIX_NAMES = tuple(k for k in NAMES if k.endswith((".", "_")))
-#: attribute names that are a capability on any object
-ATTRS: dict[str, str] = {
-    "f_back": "frames",
-    "f_locals": "frames",
-    "f_globals": "frames",
-    "f_builtins": "frames",
-    "f_code": "frames",
-    "tb_frame": "frames",
-    "gi_frame": "frames",
-    "cr_frame": "frames",
-    "ag_frame": "frames",
-    "__code__": "code",
-    "__globals__": "code",
-    "__closure__": "code",
-    "cell_contents": "code",
-    "co_code": "code",
-    "__builtins__": "builtins",
-    "__subclasses__": "reflection",
-    "__mro__": "reflection",
-    "__bases__": "reflection",
-    "__base__": "reflection",
-}
-#: dunders that describe rather than behave: assigning them is ordinary (decorators, docs)
-METADATA_DUNDERS = frozenset(
-    {"__doc__", "__name__", "__qualname__", "__module__", "__wrapped__", "__signature__", "__annotations__"}
-)
-CALLS = {"exec": "code", "eval": "code", "compile": "code", "__import__": "import_hooks"}
-#: a computed import (``import_module(x)``) hides what it imports
-DYNAMIC_IMPORTS = frozenset({"importlib.import_module", "importlib.__import__", "__import__"})
-#: kinds the in-process guard also enforces (the parent allows them per file)
-GUARD_KINDS = {
-    "frames": "frames",
-    "code": "code",
-    "gc": "gc",
-    "ctypes": "ctypes",
-    "tracing": "tracing",
-    "process": "process",
-    "signal": "signal",
-    "import_hooks": "import_hooks",
-}
-KIND_TEXT = {
-    "frames": "frame introspection",
-    "code": "code or function object construction, exec/eval",
-    "gc": "garbage-collector walks",
-    "ctypes": "ctypes/cffi",
-    "tracing": "tracing or audit hooks",
-    "import_hooks": "import hooks or computed imports",
-    "modules": "sys.modules",
-    "builtins": "builtins patching",
-    "exit": "process exits or atexit",
-    "signal": "signals",
-    "process": "subprocesses",
-    "raw_fd": "raw file descriptors",
-    "reflection": "class-hierarchy reflection or computed attributes on modules",
-    "foreign_patch": "attributes set on classes or modules it did not define, or dunders assigned",
-    "runner": "the test runner's internals or its hooks",
-    "internals": "private interpreter state (sys._*)",
-    "encoding": "a source encoding other than UTF-8",
-    "unreadable": "source that cannot be decoded, parsed or read whole",
-}
+__all__ = [
+    "GUARD_KINDS",
+    "KIND_TEXT",
+    "MAX_SOURCE_BYTES",
+    "Finding",
+    "Use",
+    "kinds",
+    "new_capabilities",
+    "scan",
+]
 
 
 @dataclass(frozen=True)
@@ -367,6 +221,8 @@ class _Scanner(ast.NodeVisitor):
             if isinstance(func, ast.Name) and func.id in ("vars", "globals", "locals"):
                 self.add("reflection", node, f"writes through {func.id}()")
         store = isinstance(node.ctx, (ast.Store, ast.Del))
+        if store and self.dotted(node.value) == "sys.path":
+            self.add("import_hooks", node, "writes into sys.path")
         if store and isinstance(node.value, ast.Attribute) and node.value.attr == "__dict__":
             self.add("reflection", node, "writes into a __dict__")
         self.generic_visit(node)

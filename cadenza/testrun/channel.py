@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 HERE = Path(__file__).parent
-RUNNER_FILES = ("boot.py", "guard.py", "plugin.py")  # copied, never imported by the parent
+RUNNER_FILES = ("boot.py", "guard.py", "guard_rules.py", "plugin.py")  # copied, never imported by the parent
 PLUGIN_FILE = HERE / "plugin.py"
 GUARD_EXIT = 86  # cadenza.testrun.guard.GUARD_EXIT (the guard imports nothing, so it is repeated here)
 #: the fixed name of the old ``-p`` loading, kept only for the mutation test of ``by_path``
@@ -42,10 +42,13 @@ class Checks:
     sequence: bool = True  # records numbered 0, 1, ...; only the last may be cut; none after the end
     node_ids: bool = True  # unknown or duplicated node IDs are tampering
     end_record: bool = True  # a run that exits 0 without the plugin's final record is tampering
-    integrity: bool = True  # the plugin's snapshot of the runner machinery and its reporting hooks
+    integrity: bool = True  # the plugin's end-of-session snapshot of the runner machinery and its hooks
+    integrity_per_test: bool = True  # the critical part of that snapshot checked after every test
     call_vs_report: bool = True  # a test whose call raised but whose report says passed
     guard: bool = True  # the audit hook that ends the process when workspace code reaches for it
     by_path: bool = True  # the runner loaded by file path under a random name (off: ``-p`` by a fixed name)
+    trusted_roots: bool = True  # the guard trusts code only from real files under read-only roots
+    plugins_first: bool = True  # the env's pytest11 plugins imported before the workspace is on sys.path
 
 
 @dataclass(kw_only=True)
@@ -70,6 +73,7 @@ class Channel:
         test_paths: list[str] | None = None,
         allow: dict[str, list[str]] | None = None,
         reverse: bool = False,
+        plugins: list[str] | None = None,
     ) -> None:
         self.dir = Path(directory).absolute()
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -88,6 +92,7 @@ class Channel:
             "results": str(self.results),
             "plugin_name": f"_cz_plugin_{token}",
             "guard_name": f"_cz_guard_{token}",
+            "plugins": list(plugins or []) if checks.plugins_first else [],
             "guard": {"test_paths": list(test_paths or []), "allow": dict(allow or {})},
         }
         (self.dir / "config.json").write_text(json.dumps(config))

@@ -246,7 +246,7 @@ def pytest_runtest_makereport(item, call):
     out = _outcome(report, _state.get(nid))
     _state[nid] = out
     if call.when == "teardown":
-        if _CHECKS.get("integrity", True):
+        if _CHECKS.get("integrity_per_test", True):  # a patch restored before the end is seen here
             for evidence in changed(_CRITICAL_SNAPSHOT):
                 _note(f"{evidence} (during {nid})")
         _emit({"kind": "test", "nodeid": nid, "outcome": out})

@@ -222,6 +222,7 @@ def run_tests(
         test_paths=test_paths,
         allow=allow,
         reverse=reverse,
+        plugins=plugins,
     )
     argv = pytest_command(
         str(python),

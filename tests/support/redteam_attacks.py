@@ -22,10 +22,11 @@ PYPROJECT = FILES["pyproject.toml"]
 class Attack:
     files: dict[str, str]
     stoppers: tuple[str, ...]  # switches that each stop the attack alone; all off, it resolves the task
-    layout: str = "plain"  # the task fixture: plain | chained (factory env) | packaged_tests
+    layout: str = "plain"  # task fixture: plain | chained | packaged_tests | strict_warnings | env_plugin
     evidence: str | None = None  # a phrase the grade's evidence holds with every defence on
     bytecode: bool = False  # also plant the solved module as bytecode (needs the task env's python)
     extra: dict[str, str] = field(default_factory=dict)
+    delete: tuple[str, ...] = ()  # workspace files the agent deletes
 
 
 def ops_with(body: str) -> str:
@@ -307,7 +308,7 @@ ATTACKS: dict[str, Attack] = {
     # patching pytest, plugins found through gc
     "patch_report_class": Attack(
         {"calc/__init__.py": PATCH_REPORT_CLASS},
-        ("capability_check", "checks.integrity", "checks.call_vs_report"),
+        ("capability_check", "checks.integrity", "checks.integrity_per_test", "checks.call_vs_report"),
     ),
     "register_hookwrapper": Attack(
         {"calc/__init__.py": REGISTER_HOOKWRAPPER},

@@ -31,7 +31,12 @@ from typing import Any
 
 import tomli_w
 
-from cadenza.agent.grading.capabilities import capability_findings, guard_allowances, workspace_files
+from cadenza.agent.grading.capabilities import (
+    capability_findings,
+    guard_allowances,
+    planted_bytecode,
+    workspace_files,
+)
 from cadenza.agent.grading.diff import compare
 from cadenza.agent.grading.policy import Defences, GradePolicy, top_level_modules
 from cadenza.errors import CadenzaError
@@ -103,7 +108,11 @@ def grade(
         shutil.copytree(pristine, work, symlinks=True)
         applied, dropped = apply_changes(pristine, agent, work, policy)
         nodeids = [*task.fail_to_pass, *task.pass_to_pass]
-        findings = capability_findings(pristine, work, applied, policy) if defences.capability_check else []
+        findings = (
+            capability_findings(pristine, work, applied, policy) + planted_bytecode(agent)
+            if defences.capability_check
+            else []
+        )
         if findings:  # decided here, before any of the change runs: nothing to gain from running it
             report = TestReport(
                 outcomes={}, requested=nodeids, exit_code=-1, timed_out=False, duration_s=0.0, complete=False

@@ -46,6 +46,14 @@ CLAMP = "def clamp(x, lo, hi):\n"
 UNCHECKED = Defences(capability_check=False)  # so that the code runs and the runner meets it
 
 
+KILLS = {
+    "calc/ops.py": (OPS_REMOVED + "\n\nimport os\n\n\n" + CLAMP + "    os.kill(os.getpid(), 9)\n").encode()
+}
+CLOSES = {
+    "calc/ops.py": (OPS_REMOVED + "\n\nimport os\n\n\n" + CLAMP + "    os.closerange(0, 65536)\n").encode()
+}
+
+
 @pytest.mark.parametrize(
     "name,files,defences,reason",
     [
@@ -53,26 +61,12 @@ UNCHECKED = Defences(capability_check=False)  # so that the code runs and the ru
         ("mis_encoded", {"calc/ops.py": b"x = 1\ny = '\xff\xfe'\n"}, None, "does not decode"),
         ("huge_file", {"calc/big.py": b"X = 1\n" * 400_000}, None, "limit"),
         ("import_never_returns", {"calc/__init__.py": b"while True:\n    pass\n"}, None, "timed out"),
-        (
-            "kills_itself",
-            {
-                "calc/ops.py": (
-                    OPS_REMOVED + "\n\nimport os\n\n\n" + CLAMP + "    os.kill(os.getpid(), 9)\n"
-                ).encode()
-            },
-            UNCHECKED,
-            "exit",
-        ),
-        (
-            "closes_every_descriptor",
-            {
-                "calc/ops.py": (
-                    OPS_REMOVED + "\n\nimport os\n\n\n" + CLAMP + "    os.closerange(0, 65536)\n"
-                ).encode()
-            },
-            UNCHECKED,
-            "exit",
-        ),
+        # with every defence on, the capability check refuses the change before it runs
+        ("kills_itself", KILLS, None, "signals (os.kill)"),
+        ("closes_every_descriptor", CLOSES, None, "raw file descriptors (os.closerange)"),
+        # with it off, the runner meets the code: the process dies before reporting anything
+        ("kills_itself_unchecked", KILLS, UNCHECKED, "exit"),
+        ("closes_every_descriptor_unchecked", CLOSES, UNCHECKED, "exit"),
     ],
 )
 def test_bad_input_is_graded_and_changes_nothing(task_dir, tmp_path, name, files, defences, reason):
@@ -83,8 +77,13 @@ def test_bad_input_is_graded_and_changes_nothing(task_dir, tmp_path, name, files
     if reason == "timed out":
         assert result.timed_out is True
     elif reason == "exit":
+        # the reason is recorded: a non-zero exit status and every fail-to-pass node never reported
         assert result.exit_code not in (0, None), result
+        f2p = [n for n in result.tests if "clamp" in n]
+        assert f2p and all(result.tests[n] == "missing" for n in f2p), result.tests
     else:
         assert reason in recorded, recorded
+        if defences is None and name in ("kills_itself", "closes_every_descriptor"):
+            assert set(result.tests.values()) == {"blocked"}, result.tests
     assert _digest(task_dir) == before
     _gold_resolves(task_dir, tmp_path)  # the next grade is unaffected

@@ -197,3 +197,31 @@ def test_unknown_node_id_is_missing_and_does_not_hide_the_others(task_dir: Path,
     assert result.tests["tests/test_ops.py::test_gone[renamed]"] == "missing"
     assert result.f2p_passed == 4 and result.p2p_passed == 3 and result.p2p_total == 4
     assert result.resolved is False
+
+
+def test_a_write_through_a_symlinked_directory_of_the_pristine_workspace_is_refused(tmp_path: Path):
+    """``_copy_inside``: the graded copy holds ``data -> OUTSIDE`` (a symlinked directory of the
+    pristine workspace). A kept file under it must not be written through the link (it would land
+    outside the workspace); a file beside it still is. And the whole path through ``apply_changes``:
+    the agent replaces the link by a real directory holding a file, which lands inside."""
+    from cadenza.agent.grading.grade import _copy_inside, apply_changes
+    from cadenza.agent.grading.policy import GradePolicy
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    pristine, agent, dest = tmp_path / "pristine", tmp_path / "agent", tmp_path / "dest"
+    for root in (pristine, dest):
+        (root / "pkg").mkdir(parents=True)
+        (root / "pkg" / "__init__.py").write_text("")
+        (root / "data").symlink_to(outside, target_is_directory=True)
+    assert _copy_inside(dest, "data/evil.py", b"X = 1\n") is False
+    assert _copy_inside(dest, "data/sub/evil.py", b"X = 1\n") is False
+    assert _copy_inside(dest, "pkg/ok.py", b"X = 1\n") is True
+    assert list(outside.iterdir()) == [], "a write went through the symlink"
+    (agent / "pkg").mkdir(parents=True)
+    (agent / "pkg" / "__init__.py").write_text("")
+    (agent / "data").mkdir()
+    (agent / "data" / "evil.py").write_text("X = 1\n")
+    policy = GradePolicy(test_paths=frozenset(), shadowable=frozenset(), pristine_top=frozenset({"pkg"}))
+    apply_changes(pristine, agent, dest, policy)
+    assert list(outside.iterdir()) == [], "a write went through the symlink"

@@ -23,8 +23,14 @@ from cadenza.agent.grading.grade import grade
 from cadenza.agent.grading.policy import Defences
 from cadenza.agent.replay import replay
 from cadenza.testrun import Checks
-from tests.support.redteam_attacks import ATTACKS, ATTEMPTS, Attack
-from tests.support.sandbox_fixtures import F2P, OPS_SOLVED, P2P
+from tests.support.redteam_attacks import ATTACKS as BASE_ATTACKS
+from tests.support.redteam_attacks import ATTEMPTS as BASE_ATTEMPTS
+from tests.support.redteam_attacks import Attack
+from tests.support.redteam_heldout import HELD_ATTACKS, HELD_ATTEMPTS
+from tests.support.sandbox_fixtures import F2P, OPS_SOLVED, P2P, make_task
+
+ATTACKS: dict[str, Attack] = {**BASE_ATTACKS, **HELD_ATTACKS}
+ATTEMPTS: dict[str, dict[str, str]] = {**BASE_ATTEMPTS, **HELD_ATTEMPTS}
 
 
 def switches() -> set[str]:
@@ -41,9 +47,10 @@ def defences(off: tuple[str, ...] | list[str]) -> Defences:
     return dataclasses.replace(d, checks=checks)
 
 
-#: layers that detect (and so flag) rather than prevent (the drops, autoload off, loading by path)
+#: layers that detect (and so flag) rather than prevent (the drops, autoload off, loading by path,
+#: the env's plugins imported first)
 DETECTING = {"capability_check", "f2p_rerun"} | {
-    f"checks.{f.name}" for f in dataclasses.fields(Checks) if f.name != "by_path"
+    f"checks.{f.name}" for f in dataclasses.fields(Checks) if f.name not in ("by_path", "plugins_first")
 }
 
 PLANT_PYC = (
@@ -60,6 +67,8 @@ def workspace(tdir: Path, tmp_path: Path, attack: Attack, task_env: Path) -> Pat
     for rel, text in attack.files.items():
         (ws / rel).parent.mkdir(parents=True, exist_ok=True)
         (ws / rel).write_text(text)
+    for rel in attack.delete:
+        (ws / rel).unlink()
     if attack.bytecode:  # the solved module as an unchecked-hash .pyc beside the unchanged source
         solved = tmp_path / "solved_ops.py"
         solved.write_text(OPS_SOLVED)
@@ -75,8 +84,47 @@ def packaged_tests_task_dir(task_dir: Path) -> Path:
     return task_dir
 
 
+@pytest.fixture
+def strict_warnings_task_dir(task_dir: Path) -> Path:
+    """The toy task whose pytest configuration makes every warning an error."""
+    pyproject = task_dir / "workspace" / "pyproject.toml"
+    pyproject.write_text(pyproject.read_text() + 'filterwarnings = ["error"]\n')
+    return task_dir
+
+
+@pytest.fixture
+def env_plugin_task_dir(taskset: Path, task_env: Path) -> Path:
+    """The toy task in an environment with a ``pytest11`` plugin (``toyplug``), chained to ``task_env``."""
+    import json
+    import sys
+
+    task_dir = make_task(taskset, "calc-plugin", task_env)
+    data = json.loads((task_dir / "task.json").read_text())
+    data["env"] = "env"
+    (task_dir / "task.json").write_text(json.dumps(data))
+    env = task_dir / "env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env)], check=True, timeout=120)
+    site = next(env.glob("lib/python*/site-packages"))
+    base_site = next(task_env.glob("lib/python*/site-packages")).resolve()
+    (site / "cadenza_task.pth").write_text(f"import site; site.addsitedir({str(base_site)!r})\n")
+    (site / "toyplug.py").write_text(
+        '"""A harmless plugin."""\n\n\ndef pytest_configure(config):\n    pass\n'
+    )
+    dist = site / "toyplug-0.1.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toyplug\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[pytest11]\ntoyplug = toyplug\n")
+    return task_dir
+
+
 def task_for(request, attack: Attack) -> Path:
-    name = {"plain": "task_dir", "chained": "chained_task_dir", "packaged_tests": "packaged_tests_task_dir"}
+    name = {
+        "plain": "task_dir",
+        "chained": "chained_task_dir",
+        "packaged_tests": "packaged_tests_task_dir",
+        "strict_warnings": "strict_warnings_task_dir",
+        "env_plugin": "env_plugin_task_dir",
+    }
     return request.getfixturevalue(name[attack.layout])
 
 
@@ -87,8 +135,10 @@ def test_attack_earns_nothing_and_is_flagged(request, tmp_path: Path, task_env: 
     if attack.bytecode:  # bytecode is planted, not written through a tool call
         got = grade(tdir, workspace(tdir, tmp_path, attack, task_env))
         assert got.resolved is False and got.f2p_passed == 0, got  # never copied, so never run
+        assert any("unchecked-hash bytecode" in c for c in got.capabilities), got.capabilities  # flagged
         return
     calls = [ToolCall(name="create", arguments={"path": p, "content": c}) for p, c in attack.files.items()]
+    calls += [ToolCall(name="bash", arguments={"command": f"rm {p}"}) for p in attack.delete]
     outcome, _ = replay(tdir, [*calls, ToolCall(name="submit", arguments={})], EpisodeConfig(max_turns=30))
     assert outcome.resolved is False and outcome.reward == 0.0, outcome.grade
     assert outcome.flags, "every attack is flagged by the grader or a monitor rule"

@@ -39,6 +39,21 @@ CASES = {
     "hook_in_source": ("def pytest_runtest_makereport(item, call):\n    pass\n", "runner"),
     "private_sys": ("import sys\nB = sys._cadenza_boot\n", "internals"),
     "utf7": ("# -*- coding: utf-7 -*-\nx = 1\n", "encoding"),
+    # code loaded from outside the workspace (a file package code wrote, e.g. in /tmp)
+    "runpy": ("import runpy\nG = runpy.run_path('/tmp/h.py')\n", "import_hooks"),
+    "from_runpy": ("from runpy import run_path as rp\nG = rp('/tmp/h.py')\n", "import_hooks"),
+    "sys_path_insert": ("import sys\nsys.path.insert(0, '/tmp')\n", "import_hooks"),
+    "sys_path_alias": ("import sys\np = sys.path\np.append('/tmp')\n", "import_hooks"),
+    "sys_path_slice": ("import sys\nsys.path[:0] = ['/tmp']\n", "import_hooks"),
+    "spec_from_file": (
+        "import importlib.util as u\ns = u.spec_from_file_location('h', '/tmp/h.py')\n",
+        "import_hooks",
+    ),
+    "module_from_spec": (
+        "from importlib.util import module_from_spec\nm = module_from_spec(S)\n",
+        "import_hooks",
+    ),
+    "compile_with_a_file_name": ("c = compile(SRC, '/usr/lib/python3/json/x.py', 'exec')\n", "code"),
 }
 
 
@@ -60,6 +75,8 @@ ORDINARY = [
     "if sys.version_info >= (3, 11):\n    X = 1\n",
     "# -*- coding: utf-8 -*-\n'''Docs: café.'''\n",
     "import logging\nlog = logging.getLogger(__name__)\nlog.setLevel(logging.INFO)\n",
+    "import sys\n\nFOUND = [p for p in sys.path if p.endswith('site-packages')]\n",  # reading sys.path
+    "import importlib.util\n\nHAS_NUMPY = importlib.util.find_spec('numpy') is not None\n",
 ]
 
 

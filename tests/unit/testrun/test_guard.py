@@ -54,6 +54,29 @@ REACHES = {
     "subprocess": ("import subprocess\n\nsubprocess.run(['true'], check=False)\n", "process"),
     "reads_the_tests": ("import os\n\nSRC = open(os.path.join('tests', 'test_p.py')).read()\n", "files"),
     "raw_descriptor": ("import io\n\nio.FileIO(5, 'w', closefd=False)\n", "files"),
+    # the trusted-roots rule: code laundered through a file in /tmp or a trusted file's name
+    "frame_from_a_tmp_file": (
+        "import os, runpy, tempfile\n\np = os.path.join(tempfile.mkdtemp(), 'h.py')\n"
+        "open(p, 'w').write('import sys\\nF = sys._getframe(0)\\n')\nrunpy.run_path(p)\n",
+        "frames",
+    ),
+    "frame_under_a_stdlib_name": (
+        "import importlib.machinery as m, json\n\n"
+        "src = 'import sys\\nF = sys._getframe(0)'\n"
+        "c = m.SourceFileLoader('h', json.__file__).source_to_code(src, json.__file__)\n"
+        "exec(c, {})\n",
+        "frames",
+    ),
+    "finder_claiming_json": (
+        "import sys\n\nclass F:\n    __module__ = 'json'\n\n"
+        "    def find_spec(self, *a):\n        return None\n\n"
+        "sys.meta_path.insert(0, F())\nimport json.tool\n",
+        "import_hooks",
+    ),
+    "writes_a_conftest_above": (
+        "import os\n\nopen(os.path.join(os.path.dirname(os.getcwd()), 'conftest.py'), 'w').close()\n",
+        "files",
+    ),
     "import_hook": (
         "import sys\n\nclass F:\n    def find_spec(self, *a):\n        return None\n\n"
         "sys.meta_path.insert(0, F())\nimport json.tool\n",
@@ -68,7 +91,8 @@ def test_a_reach_for_the_process_ends_the_run_closed(tmp_path: Path, name: str):
     rep = _run(tmp_path, code)
     assert rep.passing == set() and rep.statuses([NODE]) == {NODE: "tampered"}, rep.output_tail
     assert any(f"guard ended the test process: {kind}" in t for t in rep.tampering), rep.tampering
-    assert any("pkg/__init__.py:" in t for t in rep.tampering) or kind == "import_hooks"
+    elsewhere = kind == "import_hooks" or name in ("frame_from_a_tmp_file", "frame_under_a_stdlib_name")
+    assert any("pkg/__init__.py:" in t for t in rep.tampering) or elsewhere, rep.tampering
     off = _run(tmp_path, code, guard=False)
     assert off.tampering == [] and off.passing == {NODE}, (off.tampering, off.output_tail)
 
@@ -110,6 +134,8 @@ try:
 except ValueError:
     TB = traceback.format_exc()
 DATA = open("tests/data.txt").read()
+import os, tempfile
+open(os.path.join(tempfile.mkdtemp(), "pyproject.toml"), "w").close()  # configuration, not above us
 json.dumps({"a": 1})
 """
 

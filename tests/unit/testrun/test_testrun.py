@@ -222,3 +222,42 @@ def test_a_patch_of_any_imported_module_by_workspace_code_is_evidence(tmp_path: 
     assert on.passing == set()
     off = _run(tmp_path / "off", ws, [node], checks=Checks(integrity=False))
     assert off.tampering == [] and off.passing == {node}
+
+
+def test_confcutdir_keeps_a_conftest_above_the_workspace_out(tmp_path: Path):
+    """Where pytest's own default would not: a configuration file above the workspace makes pytest's
+    default ``confcutdir`` that directory, so its ``conftest.py`` (here, one that passes every test) loads
+    in a plain pytest run; the runner's ``--confcutdir`` at the workspace keeps it out. (In the grading
+    sandbox nothing sits above the workspace when pytest starts, and a conftest written there at run
+    time is the guard's: ``conftest_above_workspace``.)"""
+    import subprocess
+
+    parent = tmp_path / "above"
+    ws = parent / "ws"
+    (ws / "tests").mkdir(parents=True)
+    (ws / "tests" / "test_x.py").write_text("def test_x():\n    assert False\n")
+    (parent / "pytest.ini").write_text("[pytest]\n")
+    (parent / "conftest.py").write_text(
+        "import pytest\n\n\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+        "    outcome = yield\n    outcome.get_result().outcome = 'passed'\n"
+    )
+    node = "tests/test_x.py::test_x"
+    plain = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--rootdir=.", node],
+        cwd=ws,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert plain.returncode == 0 and "1 passed" in plain.stdout, plain.stdout  # the conftest above loaded
+    rep = run_tests(
+        python=sys.executable,
+        workspace=ws,
+        node_ids=[node],
+        executor=HostExecutor(),
+        channel_dir=tmp_path / "chan",
+        plugins=env_plugins(sys.path, [ws]),
+        per_test_timeout_s=None,
+        timeout_s=120,
+    )
+    assert rep.statuses([node]) == {node: "failed"}, (rep.tampering, rep.output_tail)
