@@ -54,6 +54,31 @@ def wait_popen(proc: subprocess.Popen, deadline: float | None) -> int | None:
         return None
 
 
+def popen_launcher(
+    argv: list[str], env: dict[str, str], cwd: str, preexec: Callable[[], None], cgroup: PidsCgroup | None
+) -> Callable[[list[int]], Handle]:
+    """Start ``argv`` directly in a session of its own, ``preexec`` (rlimits, joining ``cgroup``) run
+    between fork and exec; its kill takes the process group and every member of ``cgroup``."""
+
+    def launch(fds: list[int]) -> Handle:
+        proc = subprocess.Popen(
+            argv,
+            stdin=subprocess.DEVNULL,
+            stdout=fds[0],
+            stderr=fds[-1],
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            preexec_fn=preexec,
+            close_fds=True,
+        )
+        return Handle(
+            proc.pid, lambda deadline: wait_popen(proc, deadline), lambda: kill_tree(proc.pid, cgroup)
+        )
+
+    return launch
+
+
 def kill_tree(pid: int, cgroup: PidsCgroup | None = None, spare: int | None = None) -> None:
     """Kill a process tree: the process group led by ``pid`` (every process cadenza starts leads its own
     session) and, with a cgroup, every other member but ``spare``, waiting until they are gone.
@@ -189,3 +214,12 @@ def _pump(
             else:
                 sel.unregister(key.fd)
     return "eof"
+
+
+def either(
+    a: Callable[[], str | None] | None, b: Callable[[], str | None] | None
+) -> Callable[[], str | None] | None:
+    """One watch that stops for either reason."""
+    if a is None or b is None:
+        return a or b
+    return lambda: a() or b()

@@ -21,7 +21,6 @@ import contextlib
 import os
 import shutil
 import tempfile
-import threading
 import time
 import tomllib
 from collections.abc import Callable
@@ -31,13 +30,14 @@ from typing import Any
 
 import tomli_w
 
+from cadenza.agent.grading.beside import Beside, Phases
 from cadenza.agent.grading.capabilities import (
     capability_findings,
     guard_allowances,
     planted_bytecode,
     workspace_files,
 )
-from cadenza.agent.grading.diff import compare
+from cadenza.agent.grading.diff import Changes, compare
 from cadenza.agent.grading.policy import Defences, GradePolicy, top_level_modules
 from cadenza.errors import CadenzaError
 from cadenza.sandbox import Sandbox, SandboxConfig, env_info, hidden_roots
@@ -62,6 +62,7 @@ class GradeResult:
     sandboxed: bool = True
     tampering: list[str] = field(default_factory=list)  # evidence that the verdict was interfered with
     capabilities: list[str] = field(default_factory=list)  # process-level capabilities the change brought in
+    phases: dict[str, float] = field(default_factory=dict)  # wall seconds per phase (beside.Phases)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -87,7 +88,7 @@ def grade(
     ``defences`` exists for the mutation tests; graders leave it at its default (all on).
     """
     defences = defences or Defences()
-    start = time.monotonic()
+    clock = Phases()
     task_dir = Path(task_dir).absolute()
     task = task or load_task(task_dir)
     pristine = task_dir / WORKSPACE
@@ -103,16 +104,20 @@ def grade(
         pristine_files=frozenset(workspace_files(pristine)),
         defences=defences,
     )
+    clock.mark("prep")
     with tempfile.TemporaryDirectory(prefix="cadenza-grade-") as tmp:
         work = Path(tmp) / "workspace"
         shutil.copytree(pristine, work, symlinks=True)
-        applied, dropped = apply_changes(pristine, agent, work, policy)
+        changes = compare(pristine, agent, ignore_bytecode=policy.defences.drop_bytecode)
+        applied, dropped = apply_changes(pristine, agent, work, policy, changes=changes)
         nodeids = [*task.fail_to_pass, *task.pass_to_pass]
+        clock.mark("copy")
         findings = (
             capability_findings(pristine, work, applied, policy) + planted_bytecode(agent)
             if defences.capability_check
             else []
         )
+        clock.mark("capability")
         if findings:  # decided here, before any of the change runs: nothing to gain from running it
             report = TestReport(
                 outcomes={}, requested=nodeids, exit_code=-1, timed_out=False, duration_s=0.0, complete=False
@@ -121,16 +126,23 @@ def grade(
             sandboxed = True
         else:
             run = _Runner(task_dir, task, info, env, pristine, work, Path(tmp), sandbox, policy)
+            clock.mark("run_setup")
             timeout = run_timeout_s if run_timeout_s is not None else max(600.0, task.test_timeout_s)
             alone_run = None
             if defences.f2p_rerun and task.fail_to_pass:
                 # the F2P ids again, alone, in reverse order, in a fresh process over its own copy (the
                 # same name: a root package keeps it), beside the main run: neither sandbox sees the
-                # other's copy, so no run can leave anything for the other; a failing main run stops it
+                # other's copy, so no run can leave anything for the other; a failing main run stops it.
+                # Its copy is made on its own thread (from the pristine files and the changes already
+                # compared, never from the main copy, which the main run may be writing)
                 alone_ws = Path(tmp) / "alone" / "workspace"
-                shutil.copytree(pristine, alone_ws, symlinks=True)
-                apply_changes(pristine, agent, alone_ws, policy)
-                alone_run = _Beside(lambda stop: run(list(task.fail_to_pass), timeout, True, alone_ws, stop))
+
+                def alone(stop: Callable[[], str | None]) -> tuple[TestReport, bool]:
+                    shutil.copytree(pristine, alone_ws, symlinks=True)
+                    apply_changes(pristine, agent, alone_ws, policy, changes=changes)
+                    return run(list(task.fail_to_pass), timeout, True, alone_ws, stop)
+
+                alone_run = Beside(alone)
             try:
                 report, sandboxed = run(nodeids, timeout)
             except BaseException:
@@ -138,10 +150,13 @@ def grade(
                     with contextlib.suppress(BaseException):
                         alone_run.result(stop=True)
                 raise
+            clock.mark("main_run")
             statuses = report.statuses(nodeids)
             f2p_ok = bool(task.fail_to_pass) and all(statuses[n] == "passed" for n in task.fail_to_pass)
             if alone_run is not None:
                 alone = alone_run.result(stop=not f2p_ok)  # only a run that passes needs the second look
+                clock.mark("join")
+                clock.phases["alone_run"] = alone_run.duration_s
                 differ = [n for n in task.fail_to_pass if alone.outcome(n) != "passed"] if f2p_ok else []
                 if differ:
                     report.tampering.append(
@@ -151,6 +166,8 @@ def grade(
                     )
                     report.tampering.extend(t for t in alone.tampering if t not in report.tampering)
                     statuses = report.statuses(nodeids)
+            clock.phases.update(run.timings)
+    clock.mark("cleanup")
     f2p = sum(statuses[n] == "passed" for n in task.fail_to_pass)
     p2p = sum(statuses[n] == "passed" for n in task.pass_to_pass)
     all_pass = f2p == len(task.fail_to_pass) and p2p == len(task.pass_to_pass)
@@ -160,7 +177,8 @@ def grade(
         f2p_total=len(task.fail_to_pass),
         p2p_passed=p2p,
         p2p_total=len(task.pass_to_pass),
-        duration_s=time.monotonic() - start,
+        duration_s=clock.total(),
+        phases=clock.rounded(),
         tests=statuses,
         applied=applied,
         dropped=dropped,
@@ -174,11 +192,17 @@ def grade(
 
 
 class _Runner:
-    """Runs node ids in a fresh one-shot sandbox over the graded copy, each call with its own channel."""
+    """Runs node ids in a fresh one-shot sandbox over a graded copy, each call with its own channel.
+
+    What both runs share is worked out once, here, before either starts: the environment's plugins and
+    the guard's allowances (both copies hold the same files, so the same relative paths)."""
 
     def __init__(self, task_dir, task, info, env, pristine, work, tmp, sandbox, policy) -> None:
         self.task_dir, self.task, self.info, self.env = task_dir, task, info, env
         self.pristine, self.work, self.tmp, self.sandbox, self.policy = pristine, work, tmp, sandbox, policy
+        self.plugins = _env_plugins(info.sys_path, (pristine, work))
+        self.allow = guard_allowances(pristine, work, policy) if policy.defences.checks.guard else None
+        self.timings: dict[str, float] = {}  # "main_sandbox", "main_exec", ... seconds
 
     def __call__(
         self,
@@ -189,7 +213,9 @@ class _Runner:
         stop: Callable[[], str | None] | None = None,
     ) -> tuple[TestReport, bool]:
         work = work or self.work
-        results = self.tmp / f"results-{'alone' if reverse else 'main'}-{len(nodeids)}"
+        name = "alone" if reverse else "main"
+        start = time.monotonic()
+        results = self.tmp / f"results-{name}-{len(nodeids)}"
         results.mkdir()
         # one command per run: a fresh per-call bubblewrap, never an episode's long-lived instance
         one_shot = replace(self.sandbox or SandboxConfig(), persistent=False)
@@ -200,8 +226,10 @@ class _Runner:
             hidden=hidden_roots(self.task_dir),
             path_map={self.pristine: work},
             rw_extra=[results],
+            single_call=True,
         )
         d = self.policy.defences
+        self.timings[f"{name}_sandbox"] = round(time.monotonic() - start, 3)
         try:
             report = run_tests(
                 python=self.info.python,
@@ -209,7 +237,7 @@ class _Runner:
                 node_ids=nodeids,
                 executor=SandboxExecutor(box, stop),
                 channel_dir=results,
-                plugins=env_plugins(self.info.sys_path, [self.pristine, work]),
+                plugins=list(self.plugins),
                 extra_args=list(self.task.pytest_args),
                 pythonpath=box.plan.pythonpath,
                 timeout_s=timeout,
@@ -218,19 +246,41 @@ class _Runner:
                 autoload_off=d.autoload_off,
                 clear_addopts=d.clear_addopts,
                 test_paths=sorted(self.policy.test_paths),
-                allow=guard_allowances(self.pristine, work, self.policy),
+                allow=self.allow,
                 reverse=reverse,
             )
         finally:
             box.close()
+        self.timings[f"{name}_exec"] = round(report.duration_s, 3)
         return report, box.sandboxed
 
 
+_PLUGIN_CACHE: dict[tuple, list[str]] = {}
+
+
+def _env_plugins(sys_path: tuple[str, ...] | list[str], exclude: tuple[Path, ...]) -> list[str]:
+    """:func:`env_plugins`, cached per environment state: the same directories, none changed since (a
+    directory's mtime moves when a distribution is installed or removed in it). The workspaces are
+    left out before the key is made, so their (fresh per grade) paths never miss the cache."""
+    roots = [os.path.realpath(p) for p in exclude]
+    path = [p for p in sys_path if os.path.isdir(p) and not _under(os.path.realpath(p), roots)]
+    key = tuple((p, os.stat(p).st_mtime_ns) for p in path)
+    if key not in _PLUGIN_CACHE:
+        _PLUGIN_CACHE[key] = env_plugins(path, list(exclude))
+    return list(_PLUGIN_CACHE[key])
+
+
+def _under(path: str, roots: list[str]) -> bool:
+    return any(path == r or path.startswith(r.rstrip("/") + "/") for r in roots)
+
+
 def apply_changes(
-    pristine: Path, agent: Path, dest: Path, policy: GradePolicy
+    pristine: Path, agent: Path, dest: Path, policy: GradePolicy, *, changes: Changes | None = None
 ) -> tuple[list[str], dict[str, str]]:
-    """Apply the agent's kept changes to ``dest`` (a fresh copy of ``pristine``)."""
-    changes = compare(pristine, agent, ignore_bytecode=policy.defences.drop_bytecode)
+    """Apply the agent's kept changes to ``dest`` (a fresh copy of ``pristine``); ``changes``: the
+    comparison of the two, when the caller has made it already."""
+    if changes is None:
+        changes = compare(pristine, agent, ignore_bytecode=policy.defences.drop_bytecode)
     applied: list[str] = []
     dropped: dict[str, str] = {}
     agent_kinds = {rel: _kind(agent / rel) for rel in changes.added + changes.modified}
@@ -312,33 +362,3 @@ def _merge_pyproject(pristine: Path, agent: Path) -> bytes | None:
     if not tool:
         del mine["tool"]
     return tomli_w.dumps(mine).encode("utf-8")
-
-
-class _Beside:
-    """A run on its own thread beside the main one; ``result(stop=True)`` kills it first (within one
-    sandbox watch interval) when its outcome is no longer needed."""
-
-    def __init__(self, start: Callable[[Callable[[], str | None]], tuple[TestReport, bool]]) -> None:
-        self._stop = threading.Event()
-        self._out: list[TestReport] = []
-        self._error: list[BaseException] = []
-        self._thread = threading.Thread(
-            target=self._run, args=(start,), daemon=True, name="cadenza-grade-alone"
-        )
-        self._thread.start()
-
-    def _run(self, start: Callable[[Callable[[], str | None]], tuple[TestReport, bool]]) -> None:
-        try:
-            self._out.append(
-                start(lambda: "not needed: the main run failed" if self._stop.is_set() else None)[0]
-            )
-        except BaseException as exc:  # re-raised in the grading thread
-            self._error.append(exc)
-
-    def result(self, *, stop: bool) -> TestReport:
-        if stop:
-            self._stop.set()
-        self._thread.join()  # bounded: the run has its own timeout and the sandbox kills at it
-        if self._error:
-            raise self._error[0]
-        return self._out[0]

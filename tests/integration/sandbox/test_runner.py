@@ -130,3 +130,40 @@ def test_stop_callback_kills_a_running_command(tmp_path: Path, persistent: bool)
         assert box.run("echo ok", stop=lambda: None).stdout == "ok\n"
     finally:
         box.close()
+
+
+def test_single_call_sandbox_is_capped_by_its_pids_cgroup(tmp_path: Path):
+    """Grading's one-shot sandboxes start the command directly (no spawner): it must still join the
+    sandbox's pids cgroup, so its process count is capped, and nothing of it outlives the call."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    box = Sandbox(
+        ws,
+        env_dir=sys.prefix,
+        config=SandboxConfig(timeout_s=30, persistent=False, max_procs=24),
+        hidden=[tmp_path / "hidden"],
+        single_call=True,
+    )
+    require_protection(box._cgroup_root is not None, "a writable pids cgroup")
+    script = (
+        "import os, time\n"
+        "n = 0\n"
+        "try:\n"
+        "    while n < 200:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(60); os._exit(0)\n"
+        "        n += 1\n"
+        "except OSError:\n"
+        "    pass\n"
+        "print('forked', n, flush=True)\n"
+    )
+    try:
+        res = box.run(["python", "-c", script])
+        assert box._spawner is None and box._cgroup is not None
+        assert res.stdout.startswith("forked ") and int(res.stdout.split()[1]) < 24, res
+        assert box._cgroup.pids() == []  # the sleeping children were killed with the call
+        assert box.run(["bash", "-c", "yes | head -n 1; echo ${PIPESTATUS[0]}"]).stdout == "y\n141\n"
+        cgroup = box._cgroup
+    finally:
+        box.close()
+    assert not cgroup.path.exists()
