@@ -71,11 +71,13 @@ def _launch(cfg: TrainConfig, world: int, tmp: Path, *, check: bool = True) -> l
     return [(p.returncode, out) for p, out in zip(procs, outs, strict=True)]
 
 
-def _same(got: dict, want: dict) -> None:
+def _same(got: dict, want: dict) -> float:
+    """Assert one step's metrics agree; the largest relative gap (printed by the CP tests, ``-s``)."""
     for key in COUNTS:
         assert got[key] == want[key], key
     for key in COMPARED:
         assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-7), (got["step"], key)
+    return max(abs(got[k] - want[k]) / max(abs(want[k]), 1e-12) for k in COMPARED)
 
 
 def _single(cfg: TrainConfig) -> list[dict]:
@@ -138,8 +140,8 @@ def test_four_ranks_with_cp_2_and_top_k_sd_train_like_one_process(sft_moe, tmp_p
     _launch(_config(sft_moe, out, ep=2, cp=2, top_k=8), 4, tmp_path)
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
-    for got, ref in zip(rows, want, strict=True):
-        _same(got, ref)
+    gaps = [_same(got, ref) for got, ref in zip(rows, want, strict=True)]
+    print(f"world 4, cp 2, ep 2, top-k 8: largest relative gap per step {gaps}")
 
 
 @pytest.mark.slow
@@ -149,8 +151,8 @@ def test_eight_ranks_with_cp_2_and_ep_8_train_like_one_process(reference, sft_mo
     _launch(_config(sft_moe, out, ep=8, cp=2), 8, tmp_path)
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
-    for got, want in zip(rows, reference, strict=True):
-        _same(got, want)
+    gaps = [_same(got, want) for got, want in zip(rows, reference, strict=True)]
+    print(f"world 8, cp 2, ep 8: largest relative gap per step {gaps}")
 
 
 def test_cp_that_cannot_split_the_sequences_is_one_line(sft_moe, tmp_path):
