@@ -64,3 +64,24 @@ def all_gather(x: torch.Tensor, group, dim: int = 0) -> torch.Tensor:
         return _AllGather.apply(x, group)
     moved = x.movedim(dim, 0)
     return _AllGather.apply(moved, group).movedim(0, dim)
+
+
+class _SumShares(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group) -> torch.Tensor:
+        out = x.clone()
+        dist.all_reduce(out, group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+def sum_shares(x: torch.Tensor, group) -> torch.Tensor:
+    """The whole of a tensor every rank holds a share of (zeros outside it), on every rank.
+
+    Every rank then computes the same loss from the whole, so each rank's gradient is already the
+    loss's gradient: the backward keeps it (no reduction) and it flows into this rank's share only.
+    """
+    return _SumShares.apply(x, group)

@@ -8,15 +8,22 @@ Attention runs through a function registered in transformers' ``AttentionInterfa
 :data:`CP_ATTENTION`: it all-gathers K and V over the CP group (the backward reduce-scatters
 their gradients), and masks causally using the *global* positions of the local queries and of the
 gathered keys. Queries stay local, so the output has the local sequence length.
+
+:class:`ContextShare` is the same split for sequences of any length (RL microbatches are padded per
+batch): right-pad to a multiple of ``2·cp``, keep this rank's positions, gather hidden states back,
+and sum per-token values whose shares live on different ranks (:func:`cadenza.parallel.comm.sum_shares`).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 from cadenza.errors import ConfigError
-from cadenza.parallel.comm import all_gather
+from cadenza.parallel.comm import all_gather, sum_shares
 
 CP_ATTENTION = "cadenza_cp"
 
@@ -46,6 +53,48 @@ def gathered_positions(local_len: int, cp: int) -> torch.Tensor:
 def shard_sequence(x: torch.Tensor, cp: int, rank: int, dim: int = 1) -> torch.Tensor:
     """This rank's head–tail share of ``x`` along ``dim``."""
     return x.index_select(dim, head_tail_positions(x.shape[dim], cp, rank).to(x.device))
+
+
+@dataclass(frozen=True)
+class ContextShare:
+    """This rank's share of the sequence dim in its CP group, for sequences of any length.
+
+    A length ``T`` is right-padded to :meth:`padded_len` (a multiple of ``2·cp``); the padding sits after
+    every real token, so causal attention never lets a real token see it, and no target lies in it.
+    """
+
+    group: Any  # the CP process group
+    size: int  # cp
+    rank: int  # this rank's place in the CP group
+
+    def padded_len(self, seq_len: int) -> int:
+        n = 2 * self.size
+        return -(-seq_len // n) * n
+
+    def positions(self, seq_len: int, device: Any = None) -> torch.Tensor:
+        """Global positions (into the padded length) this rank holds: its head chunk, then its tail chunk."""
+        return head_tail_positions(self.padded_len(seq_len), self.size, self.rank).to(device)
+
+    def split(self, x: torch.Tensor, pad_value: float = 0, dim: int = 1) -> torch.Tensor:
+        """This rank's share of ``x`` along ``dim``, after padding ``x`` there with ``pad_value``."""
+        n = x.shape[dim]
+        pad = self.padded_len(n) - n
+        if pad:
+            shape = list(x.shape)
+            shape[dim] = pad
+            x = torch.cat([x, x.new_full(shape, pad_value)], dim=dim)
+        return x.index_select(dim, self.positions(n, x.device))
+
+    @torch.no_grad()
+    def gather(self, local: torch.Tensor, seq_len: int, dim: int = 1) -> torch.Tensor:
+        """Every rank's share of a sequence (no gradient), back in global order and cut to ``seq_len``."""
+        full = all_gather(local.contiguous(), self.group, dim=dim)
+        order = gathered_positions(local.shape[dim], self.size).to(local.device).argsort()
+        return full.index_select(dim, order).narrow(dim, 0, seq_len)
+
+    def sum(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole tensor from every rank's share (zeros elsewhere); gradients stay with the shares."""
+        return sum_shares(x, self.group)
 
 
 def cp_attention_forward(

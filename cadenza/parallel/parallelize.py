@@ -21,7 +21,12 @@ import torch.distributed as dist
 from torch import nn
 
 from cadenza.errors import ConfigError
-from cadenza.parallel.context import check_seq_len, head_tail_positions, register_cp_attention
+from cadenza.parallel.context import (
+    ContextShare,
+    check_seq_len,
+    head_tail_positions,
+    register_cp_attention,
+)
 from cadenza.parallel.dims import Meshes, ParallelDims, build_meshes
 from cadenza.parallel.expert import apply_expert_parallel, find_routed_experts
 
@@ -103,6 +108,13 @@ class ParallelCausalLM(nn.Module):
         self.dims = meshes.dims
         self.cp_rank = meshes.cp.get_local_rank()
         self.cp_group = meshes.cp.get_group() if self.dims.cp > 1 else None
+
+    @property
+    def context(self) -> ContextShare | None:
+        """This rank's share of a sequence under context parallelism (``None`` when ``cp == 1``)."""
+        if self.cp_group is None:
+            return None
+        return ContextShare(group=self.cp_group, size=self.dims.cp, rank=self.cp_rank)
 
     def forward(
         self,

@@ -113,6 +113,9 @@ class HFPolicy:
     #: its samples depend on the batch they run in (padding, matmul blocking): the rollout gives it the
     #: same batches whatever the timing (:mod:`cadenza.rl.rollout.turn_batcher`)
     fixed_batches = True
+    #: context parallelism (:class:`cadenza.parallel.context.ContextShare`): :meth:`hidden_states` covers
+    #: only this rank's positions of the sequence; ``None``: whole sequences
+    context: Any = None
 
     def __init__(self, model: torch.nn.Module, *, device: str | torch.device = "cpu") -> None:
         if model.get_output_embeddings() is None:

@@ -9,6 +9,7 @@ tests and the memory benchmark.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -66,6 +67,7 @@ def sequence_logprobs(
     *,
     chunk_size: int | None = 1024,
     temperature: float = 1.0,
+    context: Any = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-prob and entropy of each token of ``input_ids`` given its prefix, aligned to ``input_ids``.
 
@@ -74,7 +76,13 @@ def sequence_logprobs(
     ``TokenTrajectory.behaviour_logprobs``. With ``mask`` (``[B, T]``), only masked positions are computed
     (the rest are 0), which skips the LM head on prompt and observation tokens. The entropy (nats, of
     the temperature-scaled distribution) carries no gradient.
+
+    ``context`` (a :class:`cadenza.parallel.context.ContextShare`, context parallelism): ``hidden`` holds
+    only this rank's positions of the padded batch; each rank computes the tokens its hidden states
+    predict and every rank gets the whole ``[B, T]`` (gradients flow back to each rank's share only).
     """
+    if context is not None:
+        return _shared_logprobs(hidden, lm_head, input_ids, mask, context, chunk_size, temperature)
     if hidden.shape[:2] != input_ids.shape:
         raise CadenzaError(f"hidden {tuple(hidden.shape)} does not match input_ids {tuple(input_ids.shape)}")
     B, T = input_ids.shape
@@ -94,6 +102,37 @@ def sequence_logprobs(
     logprobs = logprobs.index_put((b_idx, t_idx), lp)
     entropy = entropy.index_put((b_idx, t_idx), ent)
     return logprobs, entropy
+
+
+def _shared_logprobs(
+    hidden: torch.Tensor,
+    lm_head: torch.nn.Module,
+    input_ids: torch.Tensor,
+    mask: torch.Tensor | None,
+    context: Any,
+    chunk_size: int | None,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`sequence_logprobs` when ``hidden`` ``[B, Tl, D]`` sits at ``context.positions(T)``."""
+    B, T = input_ids.shape
+    src = context.positions(T, input_ids.device)  # hidden row j sits at global position src[j] ...
+    if hidden.shape[:2] != (B, src.numel()):
+        raise CadenzaError(
+            f"hidden {tuple(hidden.shape)} is not this rank's share of {tuple(input_ids.shape)}"
+        )
+    tgt = src + 1  # ... and predicts the token at src[j] + 1
+    inside = tgt < T
+    select = torch.ones((B, T), dtype=torch.bool, device=input_ids.device) if mask is None else mask.bool()
+    sel = torch.zeros((B, src.numel()), dtype=torch.bool, device=input_ids.device)
+    sel[:, inside] = select[:, tgt[inside]]
+    b_idx, j_idx = sel.nonzero(as_tuple=True)
+    t_idx = tgt[j_idx]
+    lp, ent = token_logprobs(
+        hidden[b_idx, j_idx], lm_head, input_ids[b_idx, t_idx], chunk_size=chunk_size, temperature=temperature
+    )
+    logprobs = torch.zeros((B, T), dtype=lp.dtype, device=hidden.device).index_put((b_idx, t_idx), lp)
+    entropy = torch.zeros((B, T), dtype=ent.dtype, device=hidden.device).index_put((b_idx, t_idx), ent)
+    return context.sum(logprobs), context.sum(entropy)
 
 
 def hidden_divergence(

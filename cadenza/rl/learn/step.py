@@ -75,6 +75,7 @@ def rl_losses(
         )
     use_sd = bool(items) and cfg.lambda_sd > 0
     want_cache = use_sd and teacher is not None and teacher.reuses_student_cache
+    context = getattr(policy, "context", None)  # context parallelism: hidden states of this rank's share
     hidden, cache = policy.hidden_states(batch.input_ids, batch.attention_mask, use_cache=want_cache)
     logprobs, entropy = sequence_logprobs(
         hidden,
@@ -83,6 +84,7 @@ def rl_losses(
         batch.loss_mask,
         chunk_size=chunk_size,
         temperature=temperature,
+        context=context,
     )
     behaviour, is_weights, truncated = batch.behaviour_logprobs, None, None
     if off_policy and cfg.is_cap > 0:  # the trainer's weights are the proximal policy; IS weights the rest
@@ -104,7 +106,7 @@ def rl_losses(
         # the sampled SD estimator is importance-weighted when its tokens came from another distribution
         resampled = off_policy or cfg.sd_temperature != temperature
         mu = batch.behaviour_logprobs if resampled else None
-        sd = teacher.loss(hidden, policy.lm_head, items, cache, behaviour_logprobs=mu)
+        sd = teacher.loss(hidden, policy.lm_head, items, cache, behaviour_logprobs=mu, context=context)
         loss = grpo + cfg.lambda_sd * sd.loss
     else:
         sd = SDResult(loss=torch.zeros((), device=hidden.device), num_tokens=0)

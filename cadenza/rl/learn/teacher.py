@@ -273,6 +273,7 @@ class Teacher:
         items: Sequence[HintedTurn],
         student_cache: Any = None,
         behaviour_logprobs: torch.Tensor | None = None,
+        context: Any = None,
     ) -> SDResult:
         """Mean per-token divergence over all hinted target tokens (student gets gradient, teacher none).
 
@@ -281,25 +282,30 @@ class Teacher:
         the batch's): the sampler's log-probs when it was not the student at ``sd_temperature`` (stale
         or other-kernel engine, other temperature); the ``sampled`` estimator is then importance-weighted
         by ``min(p_s / mu, is_cap)`` per token (``is_cap`` 0: uncapped), the ``full`` one needs no
-        correction (it sums over the vocabulary).
+        correction (it sums over the vocabulary). ``context`` (context parallelism): ``student_hidden``
+        holds this rank's positions only; each rank scores the target tokens its positions predict and
+        the per-token divergences are summed over the CP group (the teacher's decoder gathers its own).
         """
         cfg, lc = self.config, self.loss_config
         if not items:
             return SDResult(loss=student_hidden.sum() * 0.0, num_tokens=0)
         teacher = torch.cat(self.target_hidden(items, student_cache))
-        student = torch.cat([student_hidden[it.row, it.turn_start - 1 : it.turn_end - 1] for it in items])
+        student, keep = _student_rows(student_hidden, items, context)
         t_head = self.lm_head if cfg.weights != "live" else student_head
+        if keep is not None:
+            teacher = teacher[keep]
         if lc.sd_estimator == "sampled":
             targets = torch.tensor(
                 [t for it in items for t in it.teacher_ids[it.teacher_turn_start :]], device=student.device
             )
             kw = dict(chunk_size=cfg.chunk_size, temperature=lc.sd_temperature)
-            s_lp, _ = token_logprobs(student, student_head, targets, **kw)
+            s_lp, _ = token_logprobs(student, student_head, _kept(targets, keep), **kw)
             with torch.no_grad():
-                t_lp, _ = token_logprobs(teacher, t_head, targets, **kw)
+                t_lp, _ = token_logprobs(teacher, t_head, _kept(targets, keep), **kw)
             mu = None
             if behaviour_logprobs is not None:
                 mu = torch.cat([behaviour_logprobs[it.row, it.turn_start : it.turn_end] for it in items])
+                mu = _kept(mu, keep)
             per_token = sampled_token_surrogate(s_lp, t_lp, mu, lc.is_cap)
         else:
             per_token = hidden_divergence(
@@ -310,10 +316,34 @@ class Teacher:
                 spec=self.spec,
                 chunk_size=cfg.chunk_size,
             )
+        if keep is not None:  # this rank's tokens in place, the others' from their ranks
+            whole = per_token.new_zeros(keep.shape).index_put((keep.nonzero()[:, 0],), per_token)
+            per_token = context.sum(whole)
         if lc.token_clip > 0:  # clipped tokens pass no gradient: one noisy token cannot dominate
             per_token = per_token.clamp(max=lc.token_clip)
         per_turn = [float(x.mean()) for x in per_token.detach().split([it.num_tokens for it in items])]
         return SDResult(loss=per_token.mean(), num_tokens=per_token.numel(), per_turn=per_turn)
+
+
+def _kept(x: torch.Tensor, keep: torch.Tensor | None) -> torch.Tensor:
+    return x if keep is None else x[keep.to(x.device)]
+
+
+def _student_rows(
+    hidden: torch.Tensor, items: Sequence[HintedTurn], context: Any
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The student's hidden states predicting the items' target tokens, concatenated; under context
+    parallelism only those this rank holds, with ``keep`` marking which of all target tokens they are."""
+    if context is None:
+        return torch.cat([hidden[it.row, it.turn_start - 1 : it.turn_end - 1] for it in items]), None
+    padded = hidden.shape[1] * context.size
+    positions = context.positions(padded, hidden.device)
+    local = torch.full((padded,), -1, dtype=torch.long, device=hidden.device)  # global -> local row
+    local[positions] = torch.arange(positions.numel(), device=hidden.device)
+    rows = torch.cat([torch.full((it.num_tokens,), it.row, device=hidden.device) for it in items])
+    at = torch.cat([local[it.turn_start - 1 : it.turn_end - 1] for it in items])
+    keep = at >= 0
+    return hidden[rows[keep], at[keep]], keep
 
 
 def _gather_prefix_cache(student_cache: Any, items: Sequence[HintedTurn], starts: list[int], P: int) -> Any:

@@ -69,6 +69,11 @@ class DataParallel:
         return [(k, False) for k in self.mine(n)]
 
     @property
+    def per_round(self) -> int:
+        """Distinct microbatches computed at once, one per rank (a round of :meth:`schedule`)."""
+        return self.world
+
+    @property
     def lockstep(self) -> bool:
         """Whether every rank must run the same forwards (sharded weights); replicas need not."""
         return False

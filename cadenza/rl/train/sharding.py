@@ -7,9 +7,18 @@ policy, the teacher and the reference are wrapped by :func:`cadenza.parallel.par
 (granular sharded Muon or AdamW) is built over the shards, as ``cadenza pretrain`` does.
 
 * **Lockstep.** FSDP2 all-gathers and EP all-to-alls are collectives, so every rank runs the same
-  sequence of forwards: microbatch ``k`` of a step goes to rank ``k % world`` in rounds, and a rank
-  with nothing left in a round runs a *ghost* (the round's first microbatch with loss weight 0); a
-  rank whose microbatch has no hinted turn while another's has runs the teacher once on that one.
+  sequence of forwards: microbatch ``k`` of a step goes to data-parallel batch ``k % dp`` in rounds
+  (every rank of a CP group takes the same one), and a rank with nothing left in a round runs a
+  *ghost* (the round's first microbatch with loss weight 0); a rank whose microbatch has no hinted
+  turn while another's has runs the teacher once on that one.
+* **Context parallelism** (``cp > 1``). Each rank of a CP group right-pads the microbatch to a multiple
+  of ``2·cp`` and runs the decoder on its head–tail share (pretraining's chunks and K/V all-gather
+  attention, :mod:`cadenza.parallel.context`). It computes the log-probs and SD divergences of the
+  tokens its positions predict; the per-token values are summed over the CP group with a backward that
+  keeps each rank's gradient on its share, so every rank computes the whole microbatch's losses and
+  metrics while back-propagating its share only, and FSDP2's sum is the unsplit gradient. The
+  teacher's hidden states are gathered (no gradient) to meet the student's positions; the reference
+  scores its share like the policy. Metrics are summed over one rank per CP group.
 * **Entering through the root.** The losses need the decoder's hidden states and apply the LM head
   in chunks; FSDP2 requires the root module's forward to run first, so :func:`decoder_through_root`
   runs the root with ``logits_to_keep`` empty and captures the decoder's output. The root stays
@@ -25,7 +34,7 @@ policy, the teacher and the reference are wrapped by :func:`cadenza.parallel.par
 from __future__ import annotations
 
 import copy
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -34,6 +43,8 @@ import torch
 
 from cadenza.errors import ConfigError
 from cadenza.parallel import ParallelDims, ParallelOptions, parallelize
+from cadenza.parallel.context import ContextShare
+from cadenza.parallel.dims import build_meshes
 from cadenza.parallel.parallelize import check_model
 from cadenza.rl.engines.policy import HFPolicy
 from cadenza.rl.engines.weights import named_full_tensors
@@ -48,15 +59,30 @@ _NO_LOGITS = torch.zeros(0, dtype=torch.long)
 def check_parallel(cfg: TrainConfig, world: int, model: torch.nn.Module) -> ParallelDims:
     """``[parallel]`` against the world size and the model, before any collective (one-line errors)."""
     dims = cfg.parallel.resolve(world)
-    if dims.cp > 1:
-        raise ConfigError(
-            f"parallel.cp = {dims.cp}: context parallelism is not wired into cadenza train yet (RL sequences "
-            "are padded per microbatch); use cp = 1 and dp_shard/ep for memory"
-        )
     check_model(model, dims)
+    if dims.cp > 1:
+        check_context(cfg.rollout.max_context_tokens, dims.cp, model)
     if cfg.model.trainable_layers:
         raise ConfigError("model.trainable_layers needs one process; set it to 0 for a sharded run")
     return dims
+
+
+def check_context(max_tokens: int, cp: int, model: torch.nn.Module) -> None:
+    """Whether trajectories of up to ``max_tokens`` split into ``2·cp`` chunks inside the model's window."""
+    if max_tokens < 2 * cp:
+        raise ConfigError(
+            f"parallel.cp = {cp} splits every sequence into 2·cp = {2 * cp} chunks but "
+            f"rollout.max_context_tokens = {max_tokens} is shorter; lower parallel.cp or raise "
+            "rollout.max_context_tokens"
+        )
+    window = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    padded = -(-max_tokens // (2 * cp)) * 2 * cp
+    if isinstance(window, int) and max_tokens <= window < padded:
+        raise ConfigError(
+            f"parallel.cp = {cp} pads sequences to a multiple of {2 * cp}: rollout.max_context_tokens = "
+            f"{max_tokens} becomes {padded}, past the model's max_position_embeddings = {window}; set "
+            f"rollout.max_context_tokens <= {window // (2 * cp) * 2 * cp}"
+        )
 
 
 def decoder_through_root(model: torch.nn.Module, **kwargs: Any) -> Any:
@@ -71,14 +97,55 @@ def decoder_through_root(model: torch.nn.Module, **kwargs: Any) -> Any:
     return captured[-1]
 
 
+def decoder_share(
+    model: torch.nn.Module,
+    context: ContextShare,
+    *,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+    gather: bool = False,
+    **_: Any,
+) -> Any:
+    """The decoder over this rank's share of right-padded sequences (context parallelism, no KV cache).
+
+    The padding of the batch and of the CP split comes after every real token, so causal attention
+    keeps it out of the real tokens' states and the attention mask can go. ``gather``: the whole
+    ``[B, T, D]`` hidden states (no gradient: the teacher's), else this rank's share.
+    """
+    B, T = input_ids.shape
+    if attention_mask is not None and bool((attention_mask.cummin(-1).values != attention_mask).any()):
+        raise ConfigError("context parallelism needs right-padded sequences (an attention mask 1…1 0…0)")
+    if position_ids is None:
+        position_ids = torch.arange(T, device=input_ids.device)[None].expand(B, -1)
+    pad = context.padded_len(T) - T
+    if pad:
+        tail = position_ids[:, -1:] + torch.arange(1, pad + 1, device=input_ids.device)[None]
+        position_ids = torch.cat([position_ids, tail], dim=1)
+    out = decoder_through_root(
+        model, input_ids=context.split(input_ids), position_ids=position_ids[:, context.positions(T)],
+        use_cache=False,
+    )  # fmt: skip
+    if gather:
+        out.last_hidden_state = context.gather(out.last_hidden_state, T)
+    return out
+
+
 class ThroughRoot:
     """An FSDP2-wrapped HF causal LM whose ``get_decoder()`` enters through the root (for the teacher
-    and the KL reference, which call the decoder themselves); everything else is the model's."""
+    and the KL reference, which call the decoder themselves); everything else is the model's.
+    Under context parallelism the decoder runs on this rank's share of the sequence and returns the
+    whole sequence's hidden states (``gather``: the teacher's) or the share (the reference's)."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
+    def __init__(
+        self, model: torch.nn.Module, context: ContextShare | None = None, gather: bool = True
+    ) -> None:
         self.module = model
+        self.context, self.gather = context, gather
 
     def get_decoder(self) -> Callable[..., Any]:
+        if self.context is not None:
+            return lambda **kw: decoder_share(self.module, self.context, gather=self.gather, **kw)
         return lambda **kw: decoder_through_root(self.module, **kw)
 
     def __getattr__(self, name: str) -> Any:
@@ -86,10 +153,25 @@ class ThroughRoot:
 
 
 class ShardedHFPolicy(HFPolicy):
-    """:class:`HFPolicy` over the sharded model: hidden states through the root, no sampling here."""
+    """:class:`HFPolicy` over the sharded model: hidden states through the root (of this rank's share of
+    the sequence under context parallelism, :attr:`context`), no sampling here."""
+
+    def __init__(self, model: torch.nn.Module, *, device: Any, context: ContextShare | None = None) -> None:
+        super().__init__(model, device=device)
+        self.context = context
 
     def decoder(self) -> Callable[..., Any]:
-        return ThroughRoot(self.model).get_decoder()
+        return ThroughRoot(self.model, self.context, gather=False).get_decoder()
+
+    def hidden_states(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, **kw: Any):
+        """As :meth:`HFPolicy.hidden_states`; under context parallelism this rank's share and no cache
+        (a live teacher recomputes the shared prefix instead of reading it from the student's cache)."""
+        if self.context is None:
+            return super().hidden_states(input_ids, attention_mask, **kw)
+        out = self.decoder()(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=kw.get("position_ids")
+        )
+        return out.last_hidden_state, None
 
     def sample(self, request: Any) -> Any:
         raise ConfigError("a sharded policy samples through the rollout copy on rank 0")
@@ -109,13 +191,24 @@ class ShardedGroup(DataParallel):
     def loss_scale(self) -> float:
         return float(self.dims.dp)
 
+    @property
+    def per_round(self) -> int:
+        """One microbatch per data-parallel batch: the ranks of a CP group share theirs."""
+        return self.dims.dp
+
     def schedule(self, n: int) -> list[tuple[int, bool]]:
         """``(microbatch, ghost)`` for each round; a ghost repeats the round's first microbatch."""
-        rounds = -(-n // self.world)
+        rounds, dp_rank = -(-n // self.per_round), self.dims.dp_rank(self.rank)
         return [
-            (k, False) if (k := r * self.world + self.rank) < n else (r * self.world, True)
+            (k, False) if (k := r * self.per_round + dp_rank) < n else (r * self.per_round, True)
             for r in range(rounds)
         ]
+
+    def sum_floats(self, values: Sequence[float]) -> list[float]:
+        """As :meth:`DataParallel.sum_floats`, counting each CP group once: its ranks computed the same
+        microbatches, and their metrics are of the whole sequences."""
+        keep = self.dims.cp_rank(self.rank) == 0
+        return super().sum_floats([v if keep else 0.0 for v in values])
 
     def sum_grads(self, params: Any) -> None:
         """FSDP2 already reduce-scattered every gradient in backward."""
@@ -136,6 +229,8 @@ class ShardedPolicy:
     """Rank 0's unsharded teacher for the hint-following probe (``probe.every > 0``, teacher not live)."""
     probe_every: int = 0
     teacher_kind: str = "frozen"
+    context: ContextShare | None = None
+    """This rank's share of every sequence (``parallel.cp > 1``)."""
 
     def load_checkpoint(
         self, path: Path, model: torch.nn.Module, optimizer: Any, *, modules: dict[str, torch.nn.Module]
@@ -182,14 +277,14 @@ def shard(
         if cfg.probe.every > 0 and "teacher" in copies:
             probe_teacher = copy.deepcopy(copies["teacher"])
     options = ParallelOptions(param_dtype=cfg.model.dtype, reduce_dtype="float32")
-    device = policy.device.type
-    parallelize(policy.model, dims, options, device_type=device)
+    meshes = build_meshes(dims, policy.device.type)  # one set of meshes (process groups) for all three
+    wrapped = parallelize(policy.model, meshes, options)
     for module in copies.values():
-        parallelize(module, dims, options, device_type=device)
+        parallelize(module, meshes, options)
     group = ShardedGroup(rank=dp.rank, world=dp.world, device=dp.device, owns_group=dp.owns_group, dims=dims)
     return ShardedPolicy(
         dims=dims, group=group, rollout=rollout, modules=dict(copies), probe_teacher=probe_teacher,
-        probe_every=cfg.probe.every, teacher_kind=cfg.teacher.weights,
+        probe_every=cfg.probe.every, teacher_kind=cfg.teacher.weights, context=wrapped.context,
     )  # fmt: skip
 
 
@@ -201,10 +296,10 @@ def shard_trainer(trainer: Any) -> ShardedPolicy:
     shards = shard(trainer.cfg, trainer.dp, trainer.policy, copies)
     trainer.dp = shards.group
     trainer.rollout_policy = shards.rollout
-    trainer.policy = ShardedHFPolicy(trainer.model, device=trainer.policy.device)
-    trainer.teacher.model = ThroughRoot(trainer.teacher.model)
-    if trainer.ref_model is not None:
-        trainer.ref_model = ThroughRoot(trainer.ref_model)
+    trainer.policy = ShardedHFPolicy(trainer.model, device=trainer.policy.device, context=shards.context)
+    trainer.teacher.model = ThroughRoot(trainer.teacher.model, shards.context, gather=True)
+    if trainer.ref_model is not None:  # its log-probs are computed per share, like the policy's
+        trainer.ref_model = ThroughRoot(trainer.ref_model, shards.context, gather=False)
     return shards
 
 

@@ -159,8 +159,8 @@ class Learner:
 
     def _teacher_in_lockstep(self, items: list[list[Any]], k: int) -> None:
         """Another rank of this round runs the teacher: run it too (on one of its items), unused."""
-        lo = k - k % self.dp.world
-        other = next((c for c in items[lo : lo + self.dp.world] if c), None)
+        lo = k - k % self.dp.per_round
+        other = next((c for c in items[lo : lo + self.dp.per_round] if c), None)
         if other is not None:
             self.teacher.target_hidden(other[:1])
 
@@ -177,6 +177,7 @@ class Learner:
             batch.loss_mask,
             chunk_size=self.cfg.teacher.chunk_size,
             temperature=self.cfg.rollout.temperature,
+            context=getattr(self.policy, "context", None),  # the reference's decoder splits like the policy's
         )
         return lp
 
@@ -198,6 +199,7 @@ class Learner:
                 batch.loss_mask,
                 chunk_size=self.cfg.teacher.chunk_size,
                 temperature=self.cfg.rollout.temperature,
+                context=getattr(self.policy, "context", None),
             )
             mask = batch.loss_mask.clone()
             for row, i in enumerate(idx):

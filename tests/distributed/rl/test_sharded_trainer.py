@@ -30,12 +30,12 @@ COMPARED = ("reward", "grpo_loss", "sd_loss", "grad_norm", "kl_unhinted", "clip_
 COUNTS = ("model_tokens", "sd_tokens", "episodes", "hinted_turns")
 
 
-def _config(model: Path, out: Path, ep: int = 1) -> TrainConfig:
-    cfg = config(model, out, steps=STEPS, lambda_sd=1.0, kl_ref=0.05, drop_zero_variance=False)
+def _config(model: Path, out: Path, ep: int = 1, cp: int = 1, top_k: int = 0) -> TrainConfig:
+    cfg = config(model, out, steps=STEPS, lambda_sd=1.0, kl_ref=0.05, drop_zero_variance=False, top_k=top_k)
     cfg.env.options = {"min_steps": 1, "max_steps": 1, "extra_turns": 1}
     cfg.optim.name, cfg.optim.muon_ns_dtype, cfg.optim.microbatch = "muon", "float32", 3  # 8 episodes: 3+3+2
     cfg.run.checkpoint_every, cfg.run.keep_checkpoints = 2, 3
-    cfg.parallel = ParallelDims(ep=ep)
+    cfg.parallel = ParallelDims(ep=ep, cp=cp)
     return cfg
 
 
@@ -71,26 +71,32 @@ def _launch(cfg: TrainConfig, world: int, tmp: Path, *, check: bool = True) -> l
     return [(p.returncode, out) for p, out in zip(procs, outs, strict=True)]
 
 
-def _same(got: dict, want: dict) -> None:
+def _same(got: dict, want: dict) -> float:
+    """Assert one step's metrics agree; the largest relative gap (printed by the CP tests, ``-s``)."""
     for key in COUNTS:
         assert got[key] == want[key], key
     for key in COMPARED:
         assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-7), (got["step"], key)
+    return max(abs(got[k] - want[k]) / max(abs(want[k]), 1e-12) for k in COMPARED)
 
 
-@pytest.fixture(scope="module")
-def reference(sft_moe, tmp_path_factory) -> list[dict]:
-    """The single-process run of the same config (no ``[parallel]`` sharding at world 1)."""
+def _single(cfg: TrainConfig) -> list[dict]:
+    """The single-process run of ``cfg`` (no ``[parallel]`` sharding at world 1)."""
     import torch
 
     from cadenza.rl.train.trainer import Trainer
 
     torch.set_num_threads(1)
-    rows = Trainer(_config(sft_moe, tmp_path_factory.mktemp("single") / "run", ep=2), resume=False).train()
+    rows = Trainer(cfg, resume=False).train()
     # the comparison means something only if every term of the loss moved the weights
     assert len(rows) == STEPS and not any(r["skipped_update"] for r in rows)
     assert all(r["sd_tokens"] > 0 for r in rows) and any(r["grpo_loss"] != 0 for r in rows)
     return rows
+
+
+@pytest.fixture(scope="module")
+def reference(sft_moe, tmp_path_factory) -> list[dict]:
+    return _single(_config(sft_moe, tmp_path_factory.mktemp("single") / "run", ep=2))
 
 
 def test_four_ranks_with_ep_2_train_like_one_process_and_resume_at_world_2(reference, sft_moe, tmp_path):
@@ -124,6 +130,39 @@ def test_eight_ranks_with_ep_8_train_like_one_process(reference, sft_moe, tmp_pa
     assert [r["step"] for r in rows] == [1, 2, 3]
     for got, want in zip(rows, reference, strict=True):
         _same(got, want)
+
+
+def test_four_ranks_with_cp_2_and_top_k_sd_train_like_one_process(sft_moe, tmp_path):
+    """cp = 2, ep = 2 on 4 ranks (two CP pairs, each splitting every sequence of its microbatches) with the
+    SD divergence over the teacher's top-k tokens: the same metrics as one process."""
+    want = _single(_config(sft_moe, tmp_path / "single", top_k=8))
+    out = tmp_path / "run"
+    _launch(_config(sft_moe, out, ep=2, cp=2, top_k=8), 4, tmp_path)
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    gaps = [_same(got, ref) for got, ref in zip(rows, want, strict=True)]
+    print(f"world 4, cp 2, ep 2, top-k 8: largest relative gap per step {gaps}")
+
+
+@pytest.mark.slow
+def test_eight_ranks_with_cp_2_and_ep_8_train_like_one_process(reference, sft_moe, tmp_path):
+    """The recipe's layout: CP pairs and one expert per rank on the same 8 ranks (ep = dp_shard·cp)."""
+    out = tmp_path / "run"
+    _launch(_config(sft_moe, out, ep=8, cp=2), 8, tmp_path)
+    rows = read_metrics(out / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    gaps = [_same(got, want) for got, want in zip(rows, reference, strict=True)]
+    print(f"world 8, cp 2, ep 8: largest relative gap per step {gaps}")
+
+
+def test_cp_that_cannot_split_the_sequences_is_one_line(sft_moe, tmp_path):
+    """cp = 2 needs 4 chunks; rollout.max_context_tokens = 3 cannot give each a token."""
+    cfg = _config(sft_moe, tmp_path / "bad", cp=2)
+    cfg.rollout.max_context_tokens = 3
+    for code, out in _launch(cfg, 2, tmp_path, check=False):
+        assert code == 2 and "Traceback" not in out, out[-2000:]
+        last = out.strip().splitlines()[-1]
+        assert "rollout.max_context_tokens = 3 is shorter" in last and "lower parallel.cp" in last, last
 
 
 def test_parallel_mistakes_are_one_line_before_any_rank_works(sft_moe, tmp_path):

@@ -14,7 +14,7 @@ import torch
 
 from cadenza.errors import ConfigError
 from cadenza.parallel import ParallelDims
-from cadenza.parallel.context import gathered_positions, head_tail_positions, shard_sequence
+from cadenza.parallel.context import ContextShare, gathered_positions, head_tail_positions, shard_sequence
 from cadenza.parallel.parallelize import check_model
 from cadenza.pretrain.data import PackedDataset, read_documents
 from cadenza.pretrain.schedule import lr_at
@@ -87,6 +87,19 @@ def test_head_tail_chunks_cover_the_sequence_and_balance_work() -> None:
     assert torch.equal(shard_sequence(x, cp, 1)[0], parts[1])
     with pytest.raises(ConfigError, match="not divisible by 2·cp = 8"):
         head_tail_positions(36, cp, 0)
+
+
+def test_context_share_pads_any_length_after_the_real_tokens() -> None:
+    """RL microbatches have any length: 13 tokens at cp = 2 become 16, the 3 pads at the end; the shares
+    of the two ranks cover every real token once and keep pretraining's head–tail chunks."""
+    x = torch.arange(1, 14)[None].expand(2, -1)  # [2, 13]
+    shares = [ContextShare(group=None, size=2, rank=r) for r in range(2)]
+    assert shares[0].padded_len(13) == 16 and shares[0].padded_len(16) == 16
+    parts = [s.split(x, pad_value=0) for s in shares]
+    assert [p.shape for p in parts] == [(2, 8), (2, 8)]
+    assert torch.equal(parts[0][0], torch.tensor([1, 2, 3, 4, 13, 0, 0, 0]))
+    assert sorted(torch.cat(parts, 1)[0].tolist()) == [0, 0, 0, *range(1, 14)]
+    assert torch.equal(shares[1].positions(13), head_tail_positions(16, 2, 1))
 
 
 def test_schedules() -> None:
