@@ -126,6 +126,11 @@ class RolloutConfig(RolloutParams):
     # actor; past it the actor is killed and the unit re-run (up to the executor's retries), then the
     # run stops with one line
     unit_timeout_s: float = 1800.0
+    # long-tail control (docs/async.md): groups drawn per step beyond tasks_per_step; the step ends once
+    # min_finished_groups groups have finished, and the others are cut whole (logged: groups_cut,
+    # episodes_cut). 0 = off
+    oversample_groups: int = 0
+    min_finished_groups: int = 0  # groups a step waits for (0 = tasks_per_step); fewer than drawn = cut
 
 
 @dataclass(kw_only=True)
@@ -333,6 +338,7 @@ def validate_engine(r: RolloutConfig) -> None:
         )
     if not r.unit_timeout_s > 0:
         raise ConfigError("rollout.unit_timeout_s must be > 0 (seconds)")
+    validate_long_tail(r)
     if r.engine == "vllm":
         from cadenza.rl.engines.vllm_server import vllm_installed
 
@@ -368,6 +374,23 @@ def validate_engine(r: RolloutConfig) -> None:
             "rollout.engine = 'openai' is an external server cadenza cannot load new weights into, so it "
             "cannot train; use 'vllm' (started and synced by cadenza) or 'hf'; openai servers serve cadenza "
             "eval"
+        )
+
+
+def validate_long_tail(r: RolloutConfig) -> None:
+    """``oversample_groups`` / ``min_finished_groups``: in range, and only where the cut is built."""
+    drawn = r.tasks_per_step + r.oversample_groups
+    if r.oversample_groups < 0:
+        raise ConfigError(f"rollout.oversample_groups must be >= 0 (0 = off), got {r.oversample_groups}")
+    if not 0 <= r.min_finished_groups <= drawn:
+        raise ConfigError(
+            f"rollout.min_finished_groups = {r.min_finished_groups} must be in [0, {drawn}] "
+            "(tasks_per_step + oversample_groups; 0 = tasks_per_step)"
+        )
+    if (r.min_finished_groups or r.tasks_per_step) < drawn and r.executor != "local":
+        raise ConfigError(
+            "rollout.oversample_groups / min_finished_groups (long-tail control) need executor = 'local'; "
+            f"got {r.executor!r} (set oversample_groups = 0 and min_finished_groups = 0)"
         )
 
 
