@@ -119,9 +119,16 @@ def main() -> None:
         policy = HFPolicy.from_pretrained(path, device=args.device)
         engine = make_engine("hf", policy=policy)
     else:
-        engine = make_engine("vllm", model=str(path), max_model_len=4096, log_path=str(work / "vllm.log"))
+        engine = make_engine(
+            "vllm",
+            model=str(path),
+            max_model_len=4096,
+            log_path=str(work / "vllm.log"),
+            startup_timeout_s=900,
+        )  # a loaded machine starts it slowly
     batchers = _busy_probe()
-    lengths = [random.Random(args.seed).randint(1, args.turns) for _ in range(args.episodes)]
+    rng = random.Random(args.seed)
+    lengths = [rng.randint(1, args.turns) for _ in range(args.episodes)]
     times: list[float] = []
 
     def make():

@@ -120,7 +120,14 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> dict:
     log = Path(args.log_dir or work) / f"{name}-vllm.log"
     t0 = time.perf_counter()
     env = dict(kv.split("=", 1) for kv in args.vllm_env)
-    vllm = make_engine("vllm", model=str(path), max_model_len=2048, log_path=str(log), extra_env=env)
+    vllm = make_engine(
+        "vllm",
+        model=str(path),
+        max_model_len=2048,
+        log_path=str(log),
+        extra_env=env,
+        startup_timeout_s=args.vllm_start_timeout,
+    )
     res: dict = {"vllm_start_s": time.perf_counter() - t0, "hf": 0.0, "vllm": 0.0}
     try:
         if args.background_load:
@@ -171,6 +178,7 @@ def main() -> None:
         default=0,
         help="N > 0: tokens/s idle and beside N busy processes, interleaved (no sync, no steps)",
     )
+    ap.add_argument("--vllm-start-timeout", type=float, default=900.0, help="seconds (a loaded machine)")
     ap.add_argument("--background-nice", type=int, default=0, help="niceness of the busy processes")
     ap.add_argument("--vllm-env", action="append", default=[], metavar="KEY=VALUE",
                     help="added to the vLLM engine's environment (e.g. OMP_NUM_THREADS=1)")  # fmt: skip
