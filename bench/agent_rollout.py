@@ -10,7 +10,19 @@ rollout, independent of whether a 135M model writes useful calls.
 
     python bench/agent_rollout.py                      # SmolLM2-135M, vllm engine, CPU
     python bench/agent_rollout.py --engine hf          # the in-process engine
+    python bench/agent_rollout.py --tool-latency-ms 2000   # + 2 s per tool call (a remote sandbox)
     python bench/agent_rollout.py --device cuda        # on a GPU machine
+
+Episodes have mixed lengths: each one ends after a seeded number of tool calls in [1, --turns] (the
+env says done), as real episodes do. The JSON reports, beside the observed speedup, what it is made
+of (generation seconds per batch, mean tool seconds) and the ceiling those allow:
+
+    lockstep     ~ B * g + C * t         (B turn batches of g s, then the C tool calls one by one)
+    per-episode >= max(B * g, L * (g + t))  (the engine's work, and the longest episode's own chain)
+    ceiling      = lockstep / per-episode bound
+
+so with the hf engine (whose batches stay lockstep) and tools far faster than generation the ceiling
+is near 1 whatever the loop does.
 
 Target (issue 25): per-episode >= 1.5x lockstep episodes/min. The machine is shared: the load
 average is recorded next to the figures.
@@ -21,6 +33,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +61,32 @@ def _busy_probe():
     return seen
 
 
+class Capped:
+    """An env that ends after ``calls`` tool calls (mixed episode lengths), each delayed by ``latency_s``
+    (a remote sandbox); it times its calls. Everything else goes to the wrapped env."""
+
+    def __init__(self, env, calls: int, latency_s: float, times: list[float]) -> None:
+        self.env, self.calls, self.latency_s, self.times = env, calls, latency_s, times
+
+    def step(self, call):
+        t0 = time.perf_counter()
+        time.sleep(self.latency_s)
+        res = self.env.step(call)
+        self.calls -= 1
+        res.done = res.done or self.calls <= 0
+        self.times.append(time.perf_counter() - t0)
+        return res
+
+    def __getattr__(self, name):
+        return getattr(self.env, name)
+
+
+def _ceiling(lock: dict, calls_max: int) -> float:
+    """lockstep wall / the per-episode loop's lower bound, from lockstep's measured parts."""
+    g, t, b, c = lock["generation_s_per_batch"], lock["tool_s_mean"], lock["batches"], lock["sandboxed_calls"]
+    return (b * g + c * t) / max(b * g, calls_max * (g + t))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", default="vllm", choices=["vllm", "hf"])
@@ -58,6 +98,8 @@ def main() -> None:
         "--rounds", type=int, default=1, help="alternating lockstep/per-episode rounds (best kept)"
     )
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--tool-latency-ms", type=float, default=0.0, help="added to every tool call")
+    ap.add_argument("--seed", type=int, default=0, help="seeds each episode's number of tool calls")
     ap.add_argument("--out", default=str(Path(__file__).with_name("results") / "agent_rollout.json"))
     args = ap.parse_args()
 
@@ -77,18 +119,36 @@ def main() -> None:
         policy = HFPolicy.from_pretrained(path, device=args.device)
         engine = make_engine("hf", policy=policy)
     else:
-        engine = make_engine("vllm", model=str(path), max_model_len=4096, log_path=str(work / "vllm.log"))
+        engine = make_engine(
+            "vllm",
+            model=str(path),
+            max_model_len=4096,
+            log_path=str(work / "vllm.log"),
+            startup_timeout_s=900,
+        )  # a loaded machine starts it slowly
     batchers = _busy_probe()
-    tasks = [
-        RolloutTask(task_id=f"minipkg-{i}", make_env=lambda: Episode(task_dir, EpisodeConfig(max_turns=50)))
-        for i in range(2)
-    ]
+    rng = random.Random(args.seed)
+    lengths = [rng.randint(1, args.turns) for _ in range(args.episodes)]
+    times: list[float] = []
+
+    def make():
+        env = Episode(task_dir, EpisodeConfig(max_turns=50))
+        return Capped(env, lengths[next(made) % len(lengths)], args.tool_latency_ms / 1000, times)
+
+    made = iter(range(10**6))
+
+    tasks = [RolloutTask(task_id=f"minipkg-{i}", make_env=make) for i in range(2)]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     res: dict = {"engine": args.engine, "device": args.device, "episodes": args.episodes,
-                 "turns": args.turns, "tokens_per_turn": args.tokens, "tool_workers": args.tool_workers,
-                 "staleness": 0}  # fmt: skip
+                 "turns": args.turns, "calls_per_episode": lengths, "tokens_per_turn": args.tokens,
+                 "tool_workers": args.tool_workers, "tool_latency_ms": args.tool_latency_ms,
+                 "staleness": 0, "commit": commit.stdout.strip(),
+                 "load_average_start": list(os.getloadavg())}  # fmt: skip
     try:
         for _ in range(args.rounds):
             for schedule in ("lockstep", "per_episode"):
+                made = iter(range(10**6))  # the k-th env of a rollout gets lengths[k]: same per schedule
+                times.clear()
                 cfg = RolloutParams(group_size=args.episodes // 2, max_turns=args.turns,
                                     max_new_tokens=args.tokens, temperature=1.0, response_prefix=PREFIX,
                                     schedule=schedule,
@@ -101,13 +161,17 @@ def main() -> None:
                 sandboxed = sum(1 for r in out for t in r.trajectory.turns if t.tool == "run_tests")
                 row = {"episodes_per_min": 60 * len(out) / wall, "wall_s": wall, "turns": turns,
                        "sandboxed_calls": sandboxed, "batches": b.batches,
-                       "engine_busy_fraction": b.busy_s / wall}  # fmt: skip
+                       "engine_busy_fraction": b.busy_s / wall,
+                       "generation_s_per_batch": b.busy_s / max(1, b.batches),
+                       "tool_s_mean": sum(times) / max(1, len(times))}  # fmt: skip
+                print(json.dumps({schedule: row}), file=sys.stderr, flush=True)
                 best = res.get(schedule)
                 if best is None or row["episodes_per_min"] > best["episodes_per_min"]:
                     res[schedule] = row
     finally:
         engine.close()
     res["speedup"] = res["per_episode"]["episodes_per_min"] / res["lockstep"]["episodes_per_min"]
+    res["ceiling"] = _ceiling(res["lockstep"], max(lengths))
     res["load_average"] = list(os.getloadavg())
     res["cpus"] = os.cpu_count()
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

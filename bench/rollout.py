@@ -4,6 +4,8 @@ seconds one in-place weight sync takes. Prints ONE JSON object.
     python bench/rollout.py                        # tiny Qwen3 + SmolLM2-135M, CPU
     python bench/rollout.py --device cuda          # on a GPU machine (see bench/gpu.sh)
     python bench/rollout.py --steps-per-min        # also RL steps/min by staleness (bench/async_steps.py)
+    python bench/rollout.py --background-load 2    # each engine idle and beside 2 busy processes
+    python bench/rollout.py --background-load 2 --vllm-env OMP_NUM_THREADS=1   # engine env to try
 
 Targets (issue 11): vLLM >= 1.5x HF on SmolLM2-135M on this CPU; sync < 1 s (tiny), < 5 s (135M).
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -68,6 +71,42 @@ def _tokens_per_s(engine, prompts: list[list[int]], new_tokens: int) -> float:
     return sum(len(s.token_ids) for s in out) / (time.perf_counter() - t0)
 
 
+class BusyLoad:
+    """A fixed competing CPU job: ``n`` single-threaded busy-loop processes (started and stopped here)."""
+
+    def __init__(self, n: int, nice: int = 0) -> None:
+        self.n, self.nice, self.procs = n, nice, []
+
+    def __enter__(self) -> BusyLoad:
+        code = f"import os; os.nice({self.nice})\nwhile True: pass"
+        self.procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(self.n)]
+        time.sleep(1.0)  # let the scheduler see them
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for p in self.procs:
+            p.kill()
+        for p in self.procs:
+            p.wait(timeout=10)
+
+
+def _under_load(engines: dict, prompts: list[list[int]], args: argparse.Namespace) -> dict:
+    """Each engine's tokens/s idle and beside the busy job, rounds interleaved (best of each kept)."""
+    res = {e: {"idle": 0.0, "load": 0.0} for e in engines}
+    loadavg = []
+    for _ in range(args.rounds):
+        loadavg.append(os.getloadavg()[0])
+        for name, engine in engines.items():
+            res[name]["idle"] = max(res[name]["idle"], _tokens_per_s(engine, prompts, args.tokens))
+        with BusyLoad(args.background_load, args.background_nice):
+            for name, engine in engines.items():
+                res[name]["load"] = max(res[name]["load"], _tokens_per_s(engine, prompts, args.tokens))
+            loadavg.append(os.getloadavg()[0])
+    for r in res.values():
+        r["kept"] = r["load"] / r["idle"] if r["idle"] else 0.0
+    return {**res, "loadavg_1m": [round(x, 2) for x in loadavg]}
+
+
 def bench_model(name: str, args: argparse.Namespace, work: Path) -> dict:
     if name == "tiny":
         policy, prompts = _tiny(work / name)
@@ -80,9 +119,19 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> dict:
     hf = make_engine("hf", policy=policy)
     log = Path(args.log_dir or work) / f"{name}-vllm.log"
     t0 = time.perf_counter()
-    vllm = make_engine("vllm", model=str(path), max_model_len=2048, log_path=str(log))
+    env = dict(kv.split("=", 1) for kv in args.vllm_env)
+    vllm = make_engine(
+        "vllm",
+        model=str(path),
+        max_model_len=2048,
+        log_path=str(log),
+        extra_env=env,
+        startup_timeout_s=args.vllm_start_timeout,
+    )
     res: dict = {"vllm_start_s": time.perf_counter() - t0, "hf": 0.0, "vllm": 0.0}
     try:
+        if args.background_load:
+            return {**res, "under_load": _under_load({"hf": hf, "vllm": vllm}, prompts, args)}
         # alternate the engines and keep each one's best round: the machine is shared, so a slow round
         # says more about the neighbours than about the engine
         for _ in range(args.rounds):
@@ -123,7 +172,19 @@ def main() -> None:
     ap.add_argument(
         "--no-steps-per-min", dest="steps_per_min", action="store_false", help="skip bench/async_steps.py"
     )
+    ap.add_argument(
+        "--background-load",
+        type=int,
+        default=0,
+        help="N > 0: tokens/s idle and beside N busy processes, interleaved (no sync, no steps)",
+    )
+    ap.add_argument("--vllm-start-timeout", type=float, default=900.0, help="seconds (a loaded machine)")
+    ap.add_argument("--background-nice", type=int, default=0, help="niceness of the busy processes")
+    ap.add_argument("--vllm-env", action="append", default=[], metavar="KEY=VALUE",
+                    help="added to the vLLM engine's environment (e.g. OMP_NUM_THREADS=1)")  # fmt: skip
     args = ap.parse_args()
+    if args.background_load:
+        return main_load(args)
     results: dict = {"tokens_per_s": {}, "weight_sync_s": {}, "vllm_over_hf": {}, "detail": {}}
     with tempfile.TemporaryDirectory(prefix="cadenza-bench-") as tmp:
         for name in args.models.split(","):
@@ -142,6 +203,26 @@ def main() -> None:
         "torch_threads": torch.get_num_threads(),
         "rounds": args.rounds,
     }
+    print(json.dumps(results))
+
+
+def main_load(args: argparse.Namespace) -> None:
+    """``--background-load N``: both engines idle and beside the competing job, and the fraction kept."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    results: dict = {"commit": commit.stdout.strip(), "background_load": args.background_load,
+                     "background_nice": args.background_nice}  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="cadenza-bench-") as tmp:
+        for name in args.models.split(","):
+            r = bench_model(name, args, Path(tmp))
+            load = r.pop("under_load")
+            results[name] = {
+                e: {k: round(v, 3 if k == "kept" else 1) for k, v in load[e].items()} for e in ("hf", "vllm")
+            }
+            results[name]["loadavg_1m"] = load["loadavg_1m"]
+            results[name]["vllm_start_s"] = round(r["vllm_start_s"], 1)
+    results["setup"] = {"samples": args.samples, "new_tokens": args.tokens, "rounds": args.rounds,
+                        "torch_threads": torch.get_num_threads(), "vllm_env": dict(
+                            kv.split("=", 1) for kv in args.vllm_env), "cores": os.cpu_count()}  # fmt: skip
     print(json.dumps(results))
 
 

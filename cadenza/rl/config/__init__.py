@@ -7,6 +7,7 @@ from cadenza.rl.config.checks import (
     machine_checks,
     validate,
     validate_engine,
+    validate_long_tail,
 )
 from cadenza.rl.config.sections import (
     EnvConfig,
@@ -40,4 +41,5 @@ __all__ = [
     "machine_checks",
     "validate",
     "validate_engine",
+    "validate_long_tail",
 ]

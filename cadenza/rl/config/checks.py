@@ -134,6 +134,7 @@ def validate_engine(r: RolloutConfig) -> None:
         )
     if not r.unit_timeout_s > 0:
         raise ConfigError("rollout.unit_timeout_s must be > 0 (seconds)")
+    validate_long_tail(r)
     if r.engines < 1:
         raise ConfigError(f"rollout.engines must be >= 1, got {r.engines}")
     if r.sync_probe_tol < 0 or (r.sync_probe_tol > 0 and r.engine != "vllm"):
@@ -154,6 +155,23 @@ def validate_engine(r: RolloutConfig) -> None:
             "rollout.engine = 'openai' is an external server cadenza cannot load new weights into, so it "
             "cannot train; use 'vllm' (started and synced by cadenza) or 'hf'; openai servers serve cadenza "
             "eval"
+        )
+
+
+def validate_long_tail(r: RolloutConfig) -> None:
+    """``oversample_groups`` / ``min_finished_groups``: in range, and only where the cut is built."""
+    drawn = r.tasks_per_step + r.oversample_groups
+    if r.oversample_groups < 0:
+        raise ConfigError(f"rollout.oversample_groups must be >= 0 (0 = off), got {r.oversample_groups}")
+    if not 0 <= r.min_finished_groups <= drawn:
+        raise ConfigError(
+            f"rollout.min_finished_groups = {r.min_finished_groups} must be in [0, {drawn}] "
+            "(tasks_per_step + oversample_groups; 0 = tasks_per_step)"
+        )
+    if (r.min_finished_groups or r.tasks_per_step) < drawn and r.executor != "local":
+        raise ConfigError(
+            "rollout.oversample_groups / min_finished_groups (long-tail control) need executor = 'local'; "
+            f"got {r.executor!r} (set oversample_groups = 0 and min_finished_groups = 0)"
         )
 
 

@@ -120,6 +120,11 @@ class RolloutConfig(RolloutParams):
     # actor; past it the actor is killed and the unit re-run (up to the executor's retries), then the
     # run stops with one line
     unit_timeout_s: float = 1800.0
+    # long-tail control (docs/async.md): groups drawn per step beyond tasks_per_step; the step ends once
+    # min_finished_groups groups have finished, and the others are cut whole (logged: groups_cut,
+    # episodes_cut). 0 = off
+    oversample_groups: int = 0
+    min_finished_groups: int = 0  # groups a step waits for (0 = tasks_per_step); fewer than drawn = cut
 
 
 @dataclass(kw_only=True)

@@ -18,6 +18,7 @@ from cadenza.errors import CadenzaError
 from cadenza.feedback.generate import generate_hints
 from cadenza.feedback.hints import Hint
 from cadenza.rl.rollout.curriculum import drop_zero_variance
+from cadenza.rl.rollout.longtail import CutCounts, step_groups
 from cadenza.rl.rollout.loop import Rollout, RolloutTask, rollout
 from cadenza.rl.rollout.monitor_hook import episode_outcome
 
@@ -51,7 +52,10 @@ def step_seed(cfg: TrainConfig, step: int) -> int:
 
 def sample_step_tasks(source: Any, cfg: TrainConfig, step: int) -> list[Any]:
     """The tasks of step ``step`` (trainer thread: a pool source reads its records)."""
-    n = cfg.rollout.tasks_per_step
+    r = cfg.rollout
+    n, _ = step_groups(
+        r.tasks_per_step, r.oversample_groups, r.min_finished_groups
+    )  # with the long tail's extra
     return source.sample_tasks(random.Random(step_seed(cfg, step)), n, (step - 1) * n)
 
 
@@ -65,12 +69,14 @@ def collect_episodes(
     *,
     seed: int | None = None,
     group_offset: int = 0,
+    cut: CutCounts | None = None,
 ) -> list[TrainEpisode]:
     """Roll out ``tasks`` with ``engine``; read each episode's outcome (graded and monitored once, by the
     episode itself) and annotate it with hints.
 
     ``seed`` (default: the step's) and ``group_offset`` let a rollout worker run one task of a step
-    on its own (:mod:`cadenza.rl.train.workers`)."""
+    on its own (:mod:`cadenza.rl.train.workers`). With long-tail control on (``rollout.min_finished_groups``
+    below the groups drawn) only the groups that finished first come back; ``cut`` counts the others."""
     made: list[tuple[list[dict[str, Any]], list[dict[str, Any]]]] = []
 
     def factory(task: Any):
@@ -90,13 +96,16 @@ def collect_episodes(
         cfg.rollout,
         seed=step_seed(cfg, step) if seed is None else seed,
         group_offset=group_offset,
+        finish_groups=_finish_groups(cfg, len(tasks)),
+        cut=cut,
     )
 
     def count(text: str) -> int:
         return len(tokenizer.encode(text, add_special_tokens=False))
 
     episodes = []
-    for res, (real, shown, named) in zip(results, made, strict=True):
+    for res in results:
+        real, shown, named = made[res.episode]
         ep = TrainEpisode(rollout=res, tools=real, render_tools=shown)
         verdict = episode_outcome(res.trajectory)  # graded and monitored once, by the episode
         ep.flags = len(verdict.flags)
@@ -108,6 +117,13 @@ def collect_episodes(
                 res.trajectory.turns[h.turn].hints.append(h.to_dict())
         episodes.append(ep)
     return episodes
+
+
+def _finish_groups(cfg: TrainConfig, tasks: int) -> int:
+    """Groups the rollout of ``tasks`` tasks must finish (0 = all: long-tail control off)."""
+    r = cfg.rollout
+    drawn, need = step_groups(r.tasks_per_step, r.oversample_groups, r.min_finished_groups)
+    return need if need < drawn and tasks == drawn else 0
 
 
 def decoy_tools(env: Any) -> list[dict[str, Any]]:

@@ -34,13 +34,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from cadenza.agent.env import Env, StepResult
+from cadenza.agent.env import Env, NoToolsView, StepResult
 from cadenza.agent.loop import Act, LoopConfig, run_episodes, run_loop
 from cadenza.agent.trajectory import Trajectory, TurnMeta
 from cadenza.errors import CadenzaError
 from cadenza.rl.config import RolloutParams
 from cadenza.rl.engines.policy import Policy, SamplingParams
-from cadenza.rl.rollout.turn_batcher import TurnBatcher
+from cadenza.rl.rollout.longtail import CutCounts, GroupRace
+from cadenza.rl.rollout.turn_batcher import EpisodeCut, TurnBatcher
 from cadenza.rl.text.chat import (
     assistant_message,
     parse_tool_calls,
@@ -64,6 +65,7 @@ class Rollout:
     tokens: TokenTrajectory
     trajectory: Trajectory
     outcome: dict[str, Any] = field(default_factory=dict)
+    episode: int = 0  # its index among the rollout's episodes (task-major)
 
     @property
     def reward(self) -> float:
@@ -123,6 +125,8 @@ def rollout(
     seed: int = 0,
     on_episode_done: Callable[[int, int], None] | None = None,
     group_offset: int = 0,
+    finish_groups: int = 0,
+    cut: CutCounts | None = None,
 ) -> list[Rollout]:
     """Roll out ``config.group_size`` episodes per task; results are ordered task by task.
 
@@ -132,6 +136,9 @@ def rollout(
     ``group_id`` of every sample of ``tasks[i]`` is ``f"{group_offset + i}:{task_id}"`` (GRPO groups;
     the offset keeps ids unique when one step's tasks are rolled out in separate units).
     ``on_episode_done(finished, total)`` is called as episodes end (for progress bars).
+    ``finish_groups`` (long-tail control, :mod:`cadenza.rl.rollout.longtail`): return once that many
+    tasks' groups have finished, cutting the others whole (0, or all tasks: no cut); what was cut is
+    added to ``cut``.
     """
     require_chat_template(tokenizer)
     eos = tokenizer.eos_token_id
@@ -157,25 +164,49 @@ def rollout(
     count = threading.Lock()
     finished = [0]
 
-    def run(k: int) -> Rollout:
+    race = GroupRace(len(tasks), config.group_size, finish_groups) if 0 < finish_groups < len(tasks) else None
+
+    def run(k: int) -> Rollout | None:
         ep = episodes[k]
         agent = TokenAgent(tokenizer, ep, batcher, config, seed=seed, index=k)
         try:
             ep.stop_reason = run_loop(ep.env, agent, loop, tool_slots=slots).stop_reason
         finally:
             batcher.leave()
+        if race is not None and race.is_cut(k // config.group_size):
+            _close(ep.env)  # cut: not graded, not trained on
+            return None
         with slots:  # grading runs in the env's sandbox: one of the bounded tool slots
             done = _finish(ep)
+            done.episode = k
         with count:
             finished[0] += 1
             if on_episode_done is not None:
                 on_episode_done(finished[0], len(episodes))
         return done
 
+    jobs = [lambda k=k: run(k) for k in range(len(episodes))]
+    if race is None:
+        try:
+            return run_episodes(jobs, len(episodes))
+        finally:
+            batcher.close()
     try:
-        return run_episodes([lambda k=k: run(k) for k in range(len(episodes))], len(episodes))
-    finally:
-        batcher.close()
+        kept, counts = race.run(jobs, batcher.abandon)
+    finally:  # an in-process engine's batch in flight ends first: it shares the trainer's model
+        batcher.close(None if fixed else 0)
+    if cut is not None:
+        cut.groups_cut += counts.groups_cut
+        cut.episodes_cut += counts.episodes_cut
+    return kept
+
+
+def _close(env: Env) -> None:
+    """Release a cut episode's env (its sandbox) without grading it."""
+    inner = env.env if isinstance(env, NoToolsView) else env
+    close = getattr(inner, "close", None)
+    if callable(close):
+        close()
 
 
 class TokenAgent:
@@ -209,9 +240,12 @@ class TokenAgent:
             top_k=config.top_k,
             stop_token_ids=(int(tok.eos_token_id),),
         )
-        sample = self.batcher.sample(
-            ep.builder.input_ids, params, turn_seed(self.seed, self.index, len(ep.turns)), key=self.index
-        )
+        try:
+            sample = self.batcher.sample(
+                ep.builder.input_ids, params, turn_seed(self.seed, self.index, len(ep.turns)), key=self.index
+            )
+        except EpisodeCut:  # long-tail control: its step has enough finished groups
+            return Act(stop="cut")
         if sample.finish_reason == "context":  # the engine's context window is full: graded as is
             return Act(stop="context")
         ids, lps, finish = sample.token_ids, sample.logprobs, sample.finish_reason

@@ -14,6 +14,10 @@ the tools one at a time.
 
 Every ask carries its own seed, so a sample does not depend on which batch it travelled in: the same
 seeds give the same trajectories whatever the interleaving.
+
+Long-tail control (:meth:`TurnBatcher.abandon`): once a step has enough finished groups, every ask
+still waiting or in flight fails with :class:`EpisodeCut` at once, and so does every later ask; a batch
+already at the engine runs to its end and its samples are dropped.
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ from typing import Any
 
 from cadenza.errors import ContextLengthExceeded
 from cadenza.rl.engines.policy import Sample, SampleRequest, SamplingParams
+
+
+class EpisodeCut(Exception):
+    """The episode was cut (long-tail control): its step has enough finished groups without it."""
 
 
 @dataclass(kw_only=True)
@@ -56,6 +64,8 @@ class TurnBatcher:
         self._pending: list[_Ask] = []
         self._active = episodes  # live episodes (an episode leaves when its loop ends)
         self._closed = False
+        self._abandoned = False
+        self._running: dict[int, list[_Ask]] = {}  # batches at the engine, by id
         self.batches = 0
         self.busy_s = 0.0  # wall time with at least one batch in flight (the engine's busy time)
         self._inflight = 0
@@ -71,6 +81,8 @@ class TurnBatcher:
         """The next turn of episode ``key`` (blocks until its batch returns)."""
         ask = _Ask(prompt=list(prompt), params=params, seed=seed, key=key)
         with self._cond:
+            if self._abandoned:
+                raise EpisodeCut("the step has enough finished groups")
             self._pending.append(ask)
             self._cond.notify_all()
         ask.done.wait()
@@ -85,12 +97,27 @@ class TurnBatcher:
             self._active -= 1
             self._cond.notify_all()
 
-    def close(self) -> None:
+    def abandon(self) -> None:
+        """Long-tail control: every waiting or in-flight ask, and every later one, fails with
+        :class:`EpisodeCut` now (a batch at the engine runs on; its samples are dropped)."""
+        with self._cond:
+            self._abandoned = True
+            asks = self._pending + [a for b in self._running.values() for a in b]
+            self._pending = []
+            for a in asks:
+                if not a.done.is_set():
+                    a.error = EpisodeCut("the step has enough finished groups")
+                    a.done.set()
+            self._cond.notify_all()
+
+    def close(self, wait_s: float | None = 5.0) -> None:
+        """Stop the serving threads, waiting up to ``wait_s`` (``None``: until a batch at the engine
+        returns; 0: not at all) for each."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         for t in self._threads:
-            t.join(timeout=5)
+            t.join(timeout=wait_s)
 
     def _ready(self) -> bool:
         if not self._pending:
@@ -112,10 +139,12 @@ class TurnBatcher:
                 if not self._inflight:
                     self._busy_since = time.monotonic()
                 self._inflight += 1
+                self._running[id(batch)] = batch
             try:
                 self._run(batch)
             finally:
                 with self._cond:
+                    self._running.pop(id(batch), None)
                     self._inflight -= 1
                     self.batches += 1
                     if not self._inflight:
@@ -129,13 +158,14 @@ class TurnBatcher:
         try:
             samples = _sample(self.policy, request)
         except BaseException as exc:  # every ask of the batch fails with the engine's own error
-            for a in batch:
-                a.error = exc
-                a.done.set()
-            return
-        for a, s in zip(batch, samples, strict=True):
-            a.sample = s
-            a.done.set()
+            samples, error = [None] * len(batch), exc
+        else:
+            error = None
+        with self._cond:  # an ask abandoned meanwhile keeps its EpisodeCut
+            for a, s in zip(batch, samples, strict=True):
+                if not a.done.is_set():
+                    a.sample, a.error = s, error
+                    a.done.set()
 
 
 def _sample(policy: Any, request: SampleRequest) -> list[Sample]:

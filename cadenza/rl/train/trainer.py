@@ -47,6 +47,7 @@ from cadenza.rl.rollout.episodes import (
     sample_step_tasks,
     signal_rows,
 )
+from cadenza.rl.rollout.longtail import CutCounts, step_groups
 from cadenza.rl.rollout.pipeline import RolloutPipeline, WatchedEngine
 from cadenza.rl.train import checkpoint as ckpt
 from cadenza.rl.train import heldout, sharding
@@ -130,6 +131,7 @@ class Trainer:
             ))  # fmt: skip
             self.probe = schedule_for_run(cfg, self.source, self.tokenizer, read_metrics(self.logger.path))
         self._collected: list[TrainEpisode] = []  # rank 0: the step's rollouts, stale ones included
+        self._cuts: dict[int, CutCounts] = {}  # rank 0: what long-tail control cut, per step
 
     def _frozen_copy(self) -> torch.nn.Module:
         """A gradient-free copy of the current weights (the KL reference)."""
@@ -178,7 +180,8 @@ class Trainer:
         if isinstance(workers, RayWorkers):  # one unit per task, run by the actors
             units = [Unit(step=step, index=i, task=t) for i, t in enumerate(tasks)]
             return [e for eps in workers.run(units) if eps for e in eps]
-        return collect_episodes(self.engine, self.tokenizer, self.source, self.cfg, step, tasks)
+        cut = self._cuts.setdefault(step, CutCounts())  # long-tail control's counts (read by train_step)
+        return collect_episodes(self.engine, self.tokenizer, self.source, self.cfg, step, tasks, cut=cut)
 
     def _queue(self, step: int) -> None:
         """Queue step ``step``'s rollouts (tasks drawn now, on this thread: the pool is not thread-safe)."""
@@ -365,6 +368,12 @@ class Trainer:
         """Rank 0: the step's rollouts with the stale dropped, the staleness metrics, generation seconds."""
         collected, generate_s = self._rollouts(step)
         episodes, stale_row = self._fresh(step, collected)
+        r = self.cfg.rollout
+        drawn, need = step_groups(r.tasks_per_step, r.oversample_groups, r.min_finished_groups)
+        if (
+            need < drawn
+        ):  # long-tail control on: what it cut (absent otherwise: the metrics stay as they were)
+            stale_row.update(self._cuts.pop(step, CutCounts()).as_row())
         if not episodes and not any(e.rollout.tokens.turn_spans for e in collected):
             raise CadenzaError("no rollout produced a model turn; check rollout.max_new_tokens and the env")
         self._collected = collected

@@ -71,20 +71,25 @@ def _cfg(sft_model, tmp_path, **rollout):
     return cfg
 
 
-def test_units_of_one_step_spread_over_both_engines(sft_model, tmp_path):
-    """Four actors, four units, two engines: each engine gets two units' sessions in the same step (one
+@pytest.mark.parametrize("actors", [4, 8])
+def test_units_of_one_step_spread_over_both_engines(sft_model, tmp_path, actors):
+    """N actors, N units, two engines: each engine gets N / 2 units' sessions in the same step (one
     router per actor sent them all to engine 0), and a group's episodes stay on one engine."""
     eos = load_tokenizer(str(sft_model)).eos_token_id
     (a, served_a), (b, served_b) = _server(eos), _server(eos)
-    cfg = _cfg(sft_model, tmp_path, tasks_per_step=4)
+    cfg = _cfg(sft_model, tmp_path, tasks_per_step=actors)
     workers = RayWorkers(
-        cfg, 4, ExecutorConfig(kind="ray", workers=4), timeout_s=120, engines=[_engine(a), _engine(b)]
+        cfg,
+        actors,
+        ExecutorConfig(kind="ray", workers=actors),
+        timeout_s=300,  # 8 actors importing torch on 2 shared cores can take minutes to start
+        engines=[_engine(a), _engine(b)],
     )
     try:
         out = workers.run(_units(cfg, steps=(1,)))
         assert all(o is not None and len(o) == cfg.rollout.group_size for o in out)
-        g = cfg.rollout.group_size
-        assert (len(served_a), len(served_b)) == (2 * g, 2 * g), (len(served_a), len(served_b))
+        g, half = cfg.rollout.group_size, actors // 2
+        assert (len(served_a), len(served_b)) == (half * g, half * g), (len(served_a), len(served_b))
     finally:
         workers.close()
         for s in (a, b):
