@@ -185,3 +185,13 @@ def test_no_folder_over_15_modules() -> None:
         if (n := len([f for f in d.glob("*.py") if f.name != "__init__.py"])) > 15
     }
     assert not crowded, f"folders over 15 modules (split them into sub-packages): {crowded}"
+
+
+def test_no_module_over_400_lines() -> None:
+    """A module a maintainer can read in one sitting: at most 400 lines (split it by job when it grows)."""
+    long = {
+        str(f.relative_to(CADENZA.parent)): n
+        for f in CADENZA.rglob("*.py")
+        if (n := len(f.read_text().splitlines())) > 400
+    }
+    assert not long, f"modules over 400 lines: {long}"
