@@ -73,7 +73,8 @@ class ContextShare:
 
     def positions(self, seq_len: int, device: Any = None) -> torch.Tensor:
         """Global positions (into the padded length) this rank holds: its head chunk, then its tail chunk."""
-        return head_tail_positions(self.padded_len(seq_len), self.size, self.rank).to(device)
+        positions = head_tail_positions(self.padded_len(seq_len), self.size, self.rank)
+        return positions if device is None else positions.to(device)
 
     def split(self, x: torch.Tensor, pad_value: float = 0, dim: int = 1) -> torch.Tensor:
         """This rank's share of ``x`` along ``dim``, after padding ``x`` there with ``pad_value``."""

@@ -122,10 +122,10 @@ def decoder_share(
     if pad:
         tail = position_ids[:, -1:] + torch.arange(1, pad + 1, device=input_ids.device)[None]
         position_ids = torch.cat([position_ids, tail], dim=1)
+    local = context.positions(T, input_ids.device)
     out = decoder_through_root(
-        model, input_ids=context.split(input_ids), position_ids=position_ids[:, context.positions(T)],
-        use_cache=False,
-    )  # fmt: skip
+        model, input_ids=context.split(input_ids), position_ids=position_ids[:, local], use_cache=False
+    )
     if gather:
         out.last_hidden_state = context.gather(out.last_hidden_state, T)
     return out

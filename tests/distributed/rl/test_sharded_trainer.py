@@ -28,6 +28,12 @@ from tests.support.rl_fixtures import config
 STEPS = 3
 COMPARED = ("reward", "grpo_loss", "sd_loss", "grad_norm", "kl_unhinted", "clip_fraction", "entropy_unhinted")
 COUNTS = ("model_tokens", "sd_tokens", "episodes", "hinted_turns")
+# Under cp > 1 everything but the update's own KL agrees within 5e-6 (world 8, cp = 2, ep = 8); the KL of
+# the update (``kl_unhinted``: k3 between the weights before and after it) is second order in the update
+# alone, which float32 rounding of another attention kernel, amplified by Newton–Schulz, moves by up to
+# 1.4e-4 (world 1 with another microbatch size: 1.4e-5). The split itself is exact: test_context_parallel
+# matches a float64 single process on the losses and every gradient.
+CP_REL = {"kl_unhinted": 5e-4}
 
 
 def _config(model: Path, out: Path, ep: int = 1, cp: int = 1, top_k: int = 0) -> TrainConfig:
@@ -71,13 +77,18 @@ def _launch(cfg: TrainConfig, world: int, tmp: Path, *, check: bool = True) -> l
     return [(p.returncode, out) for p, out in zip(procs, outs, strict=True)]
 
 
-def _same(got: dict, want: dict) -> float:
-    """Assert one step's metrics agree; the largest relative gap (printed by the CP tests, ``-s``)."""
+def _same(got: dict, want: dict, rel: dict[str, float] | None = None) -> float:
+    """Assert one step's metrics agree (within 1e-4 relative unless ``rel`` names another tolerance);
+    returns the largest relative gap (the CP tests print theirs, ``-s``)."""
+    gaps = {k: abs(got[k] - want[k]) / max(abs(want[k]), 1e-12) for k in COMPARED}
+    shown = {k: f"{v:.1e}" for k, v in gaps.items()}
+    print(f"step {got['step']}: relative gaps {shown}")
     for key in COUNTS:
         assert got[key] == want[key], key
     for key in COMPARED:
-        assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-7), (got["step"], key)
-    return max(abs(got[k] - want[k]) / max(abs(want[k]), 1e-12) for k in COMPARED)
+        tol = (rel or {}).get(key, 1e-4)
+        assert got[key] == pytest.approx(want[key], rel=tol, abs=1e-7), (got["step"], key)
+    return max(gaps.values())
 
 
 def _single(cfg: TrainConfig) -> list[dict]:
@@ -140,7 +151,7 @@ def test_four_ranks_with_cp_2_and_top_k_sd_train_like_one_process(sft_moe, tmp_p
     _launch(_config(sft_moe, out, ep=2, cp=2, top_k=8), 4, tmp_path)
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
-    gaps = [_same(got, ref) for got, ref in zip(rows, want, strict=True)]
+    gaps = [_same(got, ref, CP_REL) for got, ref in zip(rows, want, strict=True)]
     print(f"world 4, cp 2, ep 2, top-k 8: largest relative gap per step {gaps}")
 
 
@@ -151,7 +162,7 @@ def test_eight_ranks_with_cp_2_and_ep_8_train_like_one_process(reference, sft_mo
     _launch(_config(sft_moe, out, ep=8, cp=2), 8, tmp_path)
     rows = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
-    gaps = [_same(got, want) for got, want in zip(rows, reference, strict=True)]
+    gaps = [_same(got, want, CP_REL) for got, want in zip(rows, reference, strict=True)]
     print(f"world 8, cp 2, ep 8: largest relative gap per step {gaps}")
 
 
