@@ -121,6 +121,7 @@ def register(app: typer.Typer) -> None:
                 out / "toolworld", tw_cfg, log=lambda m: err.print(f"[dim]{m}"), warm_up=warm_up
             )
             console.print(tw.toolworld_table(res))
+            console.print(tw.outcome_line(res))
             console.print(tw.cost_line(res))
         load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
         console.print(f"demo: {time.time() - t0:.0f} s wall in all, load average {load}")

@@ -283,3 +283,16 @@ def cost_line(result: ToolworldDemoResult) -> str:
         f"toolworld phase: {result.wall_s:.0f} s wall, {result.cpu_s:.0f} CPU-s (this process and its "
         f"workers), load average {load}; plot: {result.plot}"
     )
+
+
+def outcome_line(result: ToolworldDemoResult) -> str:
+    """The comparison in words, computed from the rows (whichever way it came out)."""
+    g, sd = ({r["arm"]: r for r in result.rows}[a] for a in DEMO_ARMS)
+    d = sd["final_invalid"] - g["final_invalid"]
+    who = ("lower" if d < 0 else "higher") + f" by {abs(d):.3f}" if d else "the same"
+    return (
+        f"at step {sd['steps']}: held-out invalid-call rate GRPO + SD {sd['final_invalid']:.3f} vs GRPO "
+        f"{g['final_invalid']:.3f} (SD {who}; both {g['start_invalid']:.3f} at "
+        f"step 0), success {sd['final_success']:.3f} vs {g['final_success']:.3f}. One seed at toy scale: an "
+        "illustration, not a result (docs/experiments.md, sections 6 and 9, has the multi-seed studies)."
+    )

@@ -17,6 +17,7 @@ from cadenza.errors import CadenzaError
 from cadenza.experiments.demo import (
     ARM_NAMES,
     ToolworldDemoConfig,
+    outcome_line,
     prepare,
     run_toolworld_demo,
     start_warm_up,
@@ -74,6 +75,9 @@ def test_phase_writes_plot_and_table_from_results(phase) -> None:
         ]
         assert rows[name] == want, (arm, rows[name], want)
         assert run["steps"] == TINY["steps"] and curve[-1][0] == TINY["steps"] * 32
+    line = outcome_line(result)
+    finals = [saved["arms"][a][0]["heldout_curve"][-1][1] for a in ("grpo_sd", "grpo")]
+    assert f"GRPO + SD {finals[0]:.3f} vs GRPO {finals[1]:.3f}" in line, line
     # one start for both arms: the same warm-up model scored with the same sampling seed
     g, sd = (saved["arms"][a][0]["heldout_curve"][0] for a in ("grpo", "grpo_sd"))
     assert g == sd
