@@ -194,6 +194,16 @@ def final_definition(exp: ExperimentConfig, budget: dict[str, Any]) -> str:
     return text + " and for the supervised control (it runs the whole budget)"
 
 
+def warm_up(out: Path, exp: ExperimentConfig, *, workers: int = 1) -> dict[int, dict[str, float]]:
+    """Phase 1 (resumable): the tokenizer, then each seed's SFT model and its pre-RL gap. Callers pin
+    ``out`` first (:func:`check_settings`); ``cadenza demo`` runs this ahead, beside its first phase."""
+    from cadenza.experiments.tool_hints import build_tokenizer
+
+    if not (out / "tokenizer" / "tokenizer_config.json").exists():
+        build_tokenizer(exp, _corpus(exp), out / "tokenizer")
+    return dict(zip(exp.seeds, _map(workers, _sft_job, [(exp, out, s) for s in exp.seeds]), strict=True))
+
+
 def run_experiment(
     out: str | Path,
     exp: ExperimentConfig | None = None,
@@ -208,7 +218,6 @@ def run_experiment(
     ``provenance.json`` and the results); otherwise that is refused in one line."""
     from cadenza.experiments import report
     from cadenza.experiments.provenance import Invocations, check_results, settings_digest
-    from cadenza.experiments.tool_hints import build_tokenizer
 
     exp = exp or ExperimentConfig()
     out = Path(out)
@@ -216,9 +225,7 @@ def run_experiment(
     check_settings(out, exp)
     calls = Invocations(out, allow_code_change=allow_code_change)
     t0, c0 = time.time(), time.process_time()
-    if not (out / "tokenizer" / "tokenizer_config.json").exists():
-        build_tokenizer(exp, _corpus(exp), out / "tokenizer")
-    gaps = dict(zip(exp.seeds, _map(workers, _sft_job, [(exp, out, s) for s in exp.seeds]), strict=True))
+    gaps = warm_up(out, exp, workers=workers)
     for s, g in gaps.items():
         log(
             f"seed {s}: pre-RL P(valid | hint) = {g['valid_with_hint']:.3f}, P(valid | no hint) = "

@@ -33,26 +33,29 @@ WORKSPACE = "/tmp/cadenza-ep/workspace"
 
 @dataclass(kw_only=True)
 class DemoConfig:
-    """Toy-scale defaults sized for ``make demo`` on 2 CPU cores (about 10 minutes with the task build)."""
+    """The real-task phase of ``make demo`` at toy scale on 2 CPU cores (measured times: docs/curriculum.md).
 
-    out: Path = Path("runs/demo")
+    The demo's second phase, toolworld (GRPO vs GRPO + SD), is :mod:`cadenza.experiments.demo`; the two
+    together take about 5 minutes on an idle 2-core machine with a warm environment cache."""
+
+    out: Path = Path("runs/demo")  # run directory: tasks/, policy/, train/, pass_rates.png
     source: str | None = None  # default: cadenza.tasks.builder.demo.DEMO_SOURCE
-    max_tasks: int = 12
+    max_tasks: int = 6  # tasks to build (``cadenza demo --tasks-only`` builds DEMO_MAX_TASKS = 12)
     levels: tuple[int, ...] = (1, 2)  # escalation asks the factory for level 3 when the pool goes easy
-    steps: int = 3
-    tasks_per_step: int = 2
-    group_size: int = 4
-    max_turns: int = 3
-    max_new_tokens: int = 40
-    transcripts: int = 200
-    sft_steps: int = 30
-    vocab_size: int = 600
+    steps: int = 3  # RL steps
+    tasks_per_step: int = 2  # tasks per RL step
+    group_size: int = 4  # rollouts per task (a GRPO group)
+    max_turns: int = 3  # tool calls per episode
+    max_new_tokens: int = 40  # tokens per model turn
+    transcripts: int = 200  # generated call-format transcripts of the tiny policy's SFT warm-up
+    sft_steps: int = 30  # SFT warm-up steps of the tiny policy
+    vocab_size: int = 600  # vocabulary of the tokenizer trained here
     model: str | None = (
         None  # a local HF checkpoint (with its tokenizer), or "smollm2", instead of the tiny policy
     )
-    device: str = "cpu"
-    seed: int = 0
-    escalate: bool = True
+    device: str = "cpu"  # torch device of the policy
+    seed: int = 0  # seed of the task build, the warm-up and the RL run
+    escalate: bool = True  # ask the task factory for harder tasks when the pool goes easy
     task_set: Path | None = None  # use this existing task set instead of building one
     engine: str = "hf"  # rollout engine: hf (in-process) or vllm (a served engine cadenza starts and syncs)
     max_staleness: int = 0  # rollouts of the next K steps overlap this step's update (docs/async.md)
