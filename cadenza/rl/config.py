@@ -108,6 +108,12 @@ class RolloutConfig(RolloutParams):
         "hf"  # who samples: in-process HF, a vLLM server, any OpenAI API
     )
     engines: int = 1  # engine = "vllm": servers the trainer starts and syncs (several: behind a router)
+    # engine = "vllm": "local" = servers as children of the trainer; "ray" = each server in a Ray actor
+    # placed on any node that has engine_resources (reached through Ray calls; docs/ray.md)
+    engine_placement: Literal["local", "ray"] = "local"
+    # engine_placement = "ray": Ray resources per engine ({"GPU": 1}, {"engine": 1}, ...); {} = one GPU
+    # where the cluster has GPUs, else one CPU
+    engine_resources: dict[str, float] = field(default_factory=dict)
     engine_timeout_s: float = 600.0  # longest one engine call (a generation or a weight sync) may take
     engine_options: dict[str, Any] = field(default_factory=dict)  # engine-specific knobs (see docs/async.md)
     max_staleness: int = 0  # K: rollouts of step n+1..n+K are sampled while step n trains (0 = synchronous)
@@ -352,9 +358,17 @@ def validate_engine(r: RolloutConfig) -> None:
             "rollout.engine_options.port fixes one port but rollout.engines > 1; "
             "drop it (free ports are picked)"
         )
+    if r.engine_placement not in ("local", "ray") or (r.engine_placement == "ray" and r.engine != "vllm"):
+        raise ConfigError(  # "ray" places vLLM servers
+            f"rollout.engine_placement = {r.engine_placement!r} with engine = {r.engine!r} is not allowed; "
+            "use 'local', or 'ray' with engine = 'vllm'"
+        )
+    bad = {k: v for k, v in r.engine_resources.items() if not isinstance(v, int | float) or v < 0}
+    if bad:
+        raise ConfigError(f"rollout.engine_resources {bad}: amounts must be numbers >= 0, e.g. {{GPU = 1}}")
     if r.executor not in ("local", "ray"):
         raise ConfigError(f"rollout.executor = {r.executor!r} is not allowed; use 'local' or 'ray'")
-    if r.executor == "ray":
+    if r.executor == "ray" or r.engine_placement == "ray":
         if r.workers < 1:
             raise ConfigError(f"rollout.workers must be >= 1 with executor = 'ray', got {r.workers}")
         from cadenza.executor import ExecutorConfig, preflight

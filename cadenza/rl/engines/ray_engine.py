@@ -321,3 +321,14 @@ def start_ray_engines(options: Sequence[dict[str, Any]], placement: RayEnginePla
             RayEngine(a, {}, placement, own=True).close()
         raise
     return engines
+
+
+def connect_actors(
+    handles: Sequence[tuple[Any, dict[str, Any]]], *, version: int, timeout_s: float
+) -> list[RayEngine]:
+    """Clients of engine actors another process started (a rollout actor's), each checked to answer."""
+    clients = [RayEngine(a, info, RayEnginePlacement(call_timeout_s=timeout_s)) for a, info in handles]
+    for c in clients:
+        c._get(c.actor.version.remote(), "health check", timeout_s=min(timeout_s, 60.0))
+        c.at_version(version)
+    return clients

@@ -155,6 +155,15 @@ def build_engine(cfg: TrainConfig, policy: HFPolicy, tokenizer: Any, *, version:
         ex = ExecutorConfig(kind="ray", ray_address=r.ray_address, workers=r.workers, run_dir=None)
         if r.engine == "hf":  # each actor holds its own copy; weights go through the object store
             return RayWorkers(cfg, r.workers, ex, timeout_s=r.engine_timeout_s)
+        if r.engine_placement == "ray":  # engine actors on the same cluster, started once it is up
+            from cadenza.rl.train.ray_engines import ray_engines
+
+            if not r.ray_address:  # a private cluster: a CPU per engine actor besides the rollout actors
+                ex = replace(ex, workers=r.workers + r.engines)
+            return RayWorkers(
+                cfg, r.workers, ex, timeout_s=r.engine_timeout_s, tokenizer=tokenizer,
+                engines=lambda: ray_engines(cfg, policy, tokenizer),
+            )  # fmt: skip
         engines = served_engines(cfg, policy, tokenizer, version=version)
         return RayWorkers(
             cfg, r.workers, ex, timeout_s=r.engine_timeout_s, engines=engines, tokenizer=tokenizer
@@ -165,6 +174,10 @@ def build_engine(cfg: TrainConfig, policy: HFPolicy, tokenizer: Any, *, version:
         if policy.device.type == "cpu":
             return ProcessHFEngine(policy, version=version, timeout_s=r.engine_timeout_s)
         return HFEngine(policy, share=False, version=version)
+    if r.engine_placement == "ray":
+        from cadenza.rl.train.ray_engines import EnginesOnRay
+
+        return EnginesOnRay(cfg, policy, tokenizer)
     engines = served_engines(cfg, policy, tokenizer, version=version)
     if len(engines) == 1:
         return engines[0]
@@ -183,23 +196,31 @@ def served_engines(cfg: TrainConfig, policy: HFPolicy, tokenizer: Any, *, versio
     del version  # the weights on disk are always the initial ones
     from cadenza.rl.engines import make_engine
 
-    r = cfg.rollout
-    out = Path(cfg.run.out_dir)
-    model = cfg.model.path or str(_save_initial(policy, tokenizer, out / "engine-model"))
     engines: list[Any] = []
     try:
-        for i in range(r.engines):
-            options = dict(r.engine_options)  # vllm: VLLMServerConfig / VLLMEngineConfig fields
-            options.setdefault("request_timeout_s", r.engine_timeout_s)
-            options.setdefault("sync_timeout_s", r.engine_timeout_s)
-            # named in every engine error
-            options.setdefault("log_path", str(out / ("engine.log" if i == 0 else f"engine-{i}.log")))
-            engines.append(make_engine("vllm", model=model, version=0, **options))
+        for options in engine_options(cfg, policy, tokenizer):
+            engines.append(make_engine("vllm", **options))
     except BaseException:
         for e in engines:
             e.close()
         raise
     return engines
+
+
+def engine_options(cfg: TrainConfig, policy: HFPolicy, tokenizer: Any) -> list[dict[str, Any]]:
+    """``make_engine("vllm", **options)`` for each of ``rollout.engines`` servers, at version 0."""
+    r = cfg.rollout
+    out = Path(cfg.run.out_dir)
+    model = cfg.model.path or str(_save_initial(policy, tokenizer, out / "engine-model"))
+    found = []
+    for i in range(r.engines):
+        options = dict(r.engine_options)  # vllm: VLLMServerConfig / VLLMEngineConfig fields
+        options.setdefault("request_timeout_s", r.engine_timeout_s)
+        options.setdefault("sync_timeout_s", r.engine_timeout_s)
+        # named in every engine error
+        options.setdefault("log_path", str(out / ("engine.log" if i == 0 else f"engine-{i}.log")))
+        found.append({"model": model, "version": 0, **options})
+    return found
 
 
 def _save_initial(policy: HFPolicy, tokenizer: Any, path: Path) -> Path:
