@@ -25,7 +25,7 @@ from cadenza.executor.reaper import shm_mapped
 from cadenza.rl.engines.policy import HFPolicy, SampleRequest, SamplingParams
 from cadenza.rl.engines.vllm_server import _group_pids
 from cadenza.rl.text.chat import load_tokenizer
-from cadenza.rl.train.ray_engines import ray_engines
+from cadenza.rl.train.local_engine import ray_engines
 from cadenza.rl.train.ray_workers import RayWorkers
 from cadenza.rl.train.workers import LocalWorkers
 from tests.support.engine_helpers import TOL, hf_logprobs, requires_vllm, train_step
