@@ -43,11 +43,15 @@ def loopback_cluster(head: dict[str, Any], *nodes: dict[str, Any]) -> Iterator[t
     }
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    if "ray" in sys.modules:  # imported earlier in this process: make it re-read its auth mode
+    constants = sys.modules.get("ray._private.ray_constants")
+    loopback_before = getattr(constants, "ENABLE_RAY_CLUSTER", None)
+    if "ray" in sys.modules:  # imported earlier in this process: make it re-read its auth mode ...
         with contextlib.suppress(Exception):
             from ray._private.authentication.authentication_token_setup import _enable_token_auth
 
             _enable_token_auth()
+    if constants is not None:  # ... and its loopback setting, read once at import (else the head
+        constants.ENABLE_RAY_CLUSTER = False  # advertises the routable address its GCS does not serve)
     from ray.cluster_utils import Cluster
 
     common = {"node_ip_address": "127.0.0.1", "temp_dir": str(tmp)}
@@ -75,6 +79,8 @@ def loopback_cluster(head: dict[str, Any], *nodes: dict[str, Any]) -> Iterator[t
         if cluster is not None:
             cluster.shutdown()
         reap(tmp, keep=True)  # nothing should be left; a process that is must not outlive the test
+        if constants is not None:
+            constants.ENABLE_RAY_CLUSTER = loopback_before
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -91,12 +91,12 @@ def test_engine_actor_on_a_second_node_syncs_to_parity_and_serves_rollout_actors
     tok = load_tokenizer(str(sft_model_32))
     policy = HFPolicy.from_pretrained(sft_model_32)
     policy.model.eval()
-    prompt = tok.apply_chat_template(
+    text = tok.apply_chat_template(
         [{"role": "user", "content": "Add 2 and 3 with the tools, then submit."}],
         add_generation_prompt=True,
-        tokenize=True,
+        tokenize=False,
     )
-    prompt = list(prompt["input_ids"] if isinstance(prompt, dict) else prompt)
+    prompt = list(tok.encode(text, add_special_tokens=False))
     figures: dict[str, float] = {}
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -168,3 +168,33 @@ def test_engine_actor_on_a_second_node_syncs_to_parity_and_serves_rollout_actors
         torch.set_num_threads(threads)
     figures["total_s"] = time.monotonic() - t0
     print(json.dumps({k: round(v, 6 if k == "logprob_gap" else 1) for k, v in figures.items()}))
+
+
+def test_cadenza_train_with_the_engine_on_the_second_node_trains_and_leaves_nothing(sft_model_32, tmp_path):
+    """``cadenza train`` with ``executor = "local"`` and ``engine_placement = "ray"``: the trainer joins
+    the cluster, its engine actor lands on the second node, every update is synced through Ray and
+    checked by the parity probe (``sync_probe_tol``), and the run ends with nothing left running."""
+    from cadenza.rl.train.trainer import Trainer
+
+    cfg = config(sft_model_32, tmp_path / "run", steps=2, lambda_sd=1.0)
+    with loopback_cluster({"num_cpus": 1}, {"num_cpus": 0, "resources": {"engine": 1}}) as (cluster, ids):
+        cfg.rollout = dataclasses.replace(
+            cfg.rollout, engine="vllm", engine_placement="ray", engine_resources={"engine": 1},
+            ray_address=cluster.address, engine_timeout_s=300, sync_probe_tol=1e-3,
+            engine_options={"max_model_len": 1024, "kv_cache_gib": 1, "startup_timeout_s": 900},
+        )  # fmt: skip
+        trainer = Trainer(cfg)
+        try:
+            (engine,) = trainer.engine.engine.engines  # built (and synced) on first use, as train() does
+            assert engine.node_id == ids[1], (engine.info, ids)
+            rows = trainer.train()
+        finally:
+            trainer.close()
+        assert [r["step"] for r in rows] == [1, 2]
+        assert all(r["sync_s"] > 0 and r["episodes"] > 0 for r in rows)  # the engine took every update
+        assert max(r["mismatch_kl"] for r in rows) < 1e-3  # engine and trainer hold the same weights
+        assert (tmp_path / "run" / "engine.log").is_file()  # written on the engine's node (same disk here)
+    deadline = time.monotonic() + 30
+    while _alive_children() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not _alive_children(), f"processes left behind: {_alive_children()}"
