@@ -90,3 +90,44 @@ def test_aborted_stream_reloads_nothing_and_keeps_the_version():
     assert actor._engine.version == 0 and actor._engine.weights == {}
     with pytest.raises(EngineError, match="no weight sync in progress"):
         actor.sync_end()
+
+
+class _Remote:
+    """``actor.method.remote(...)`` run in this process (the value stands in for its object ref)."""
+
+    def __init__(self, fn) -> None:
+        self.remote = fn
+
+
+class _InProcessActor:
+    def __init__(self, actor: EngineActor, *, drop: str | None = None) -> None:
+        self._actor, self._drop = actor, drop
+
+    def __getattr__(self, name: str):
+        fn = getattr(self._actor, name)
+        if name == "sync_bucket" and self._drop:  # a bucket that loses one tensor on the way
+            from safetensors.torch import load, save
+
+            def lossy(data: bytes) -> int:
+                return fn(save({k: v for k, v in load(data).items() if k != self._drop}))
+
+            return _Remote(lossy)
+        return _Remote(fn)
+
+
+@pytest.mark.parametrize("drop", [None, "w3"])
+def test_the_driver_checks_what_the_actor_passed_on(monkeypatch, drop):
+    """The trainer -> actor hop is counted like the actor -> engine hop: a lost tensor is one line."""
+    from cadenza.rl.engines.ray_engine import RayEngine, RayEnginePlacement
+
+    monkeypatch.setattr(RayEngine, "_get", lambda self, value, what, timeout_s=None: value)
+    inner = _actor()
+    client = RayEngine(_InProcessActor(inner, drop=drop), {"version": 0}, RayEnginePlacement(bucket_bytes=24))
+    sent = [(f"w{i}", torch.full((3,), float(i))) for i in range(5)]  # 12 bytes each: 2 per bucket
+    if drop is None:
+        client.sync_weights(sent, version=4)
+        assert client.version == 4 and sorted(inner._engine.weights) == [n for n, _ in sent]
+        return
+    with pytest.raises(EngineError, match=r"sent 5 tensors, the engine received 4; first mismatch: 'w3'"):
+        client.sync_weights(sent, version=4)
+    assert client.version == 0
