@@ -198,3 +198,31 @@ def test_cadenza_train_with_the_engine_on_the_second_node_trains_and_leaves_noth
     while _alive_children() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _alive_children(), f"processes left behind: {_alive_children()}"
+
+
+def test_killing_the_engine_actor_leaves_no_server_and_no_shared_memory(sft_model_32):
+    """``ray.kill`` of an actor that held a vLLM engine in its own process leaked vLLM's ``/dev/shm``
+    queues; here the server is a supervised process of the actor, which follows the actor's death."""
+    import ray
+
+    from cadenza.rl.engines.ray_engine import RayEnginePlacement, start_ray_engines
+
+    with loopback_cluster({"num_cpus": 1}, {"num_cpus": 0, "resources": {"engine": 1}}) as (cluster, ids):
+        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        try:
+            options = {"model": str(sft_model_32), "max_model_len": 512, "kv_cache_gib": 1}
+            placement = RayEnginePlacement(resources={"engine": 1}, call_timeout_s=120, startup_timeout_s=900)
+            (engine,) = start_ray_engines([{**options, "startup_timeout_s": 900}], placement)
+            assert engine.node_id == ids[1]
+            server = engine.info["server_pid"]
+            shm = shm_mapped(_group_pids(server))
+            assert _group_pids(server), "the engine's server is not running"
+            print(json.dumps({"engine_shm_segments": len(shm)}))
+            ray.kill(engine.actor, no_restart=True)  # no close(): the actor process just dies
+            deadline = time.monotonic() + 60
+            while _group_pids(server) and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert not _group_pids(server), "the engine's server outlived its actor"
+            assert not [f for f in shm if os.path.exists(f)], f"/dev/shm segments left: {shm}"
+        finally:
+            ray.shutdown()
