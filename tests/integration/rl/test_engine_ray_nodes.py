@@ -71,6 +71,23 @@ def _alive_children() -> list[str]:
     return left
 
 
+def _rss_mib(engine_group: list[int]) -> dict[str, float]:
+    """Resident memory (MiB, shared pages counted per process: an upper bound) of the engine's server
+    group and of this process with everything below it (both nodes' Ray processes, the actors)."""
+    import psutil
+
+    me = psutil.Process()
+    procs = [me, *me.children(recursive=True)]
+    rss = {}
+    for p in procs:
+        with contextlib.suppress(psutil.Error):
+            rss[p.pid] = p.memory_info().rss / 2**20
+    return {
+        "rss_mib_engine_server": sum(v for k, v in rss.items() if k in set(engine_group)),
+        "rss_mib_all": sum(rss.values()),
+    }
+
+
 def _episodes(results) -> list[tuple]:
     return [
         (e.rollout.tokens.group_id, list(e.rollout.tokens.input_ids), e.policy_version)
@@ -151,6 +168,7 @@ def test_engine_actor_on_a_second_node_syncs_to_parity_and_serves_rollout_actors
                 local = LocalWorkers(cfg, engines=[engine], tokenizer=tok)
                 assert _episodes(local.run(units)) == got
 
+                figures.update(_rss_mib(group))
                 seen = _listeners()
                 port = int(engine.base_url.rsplit(":", 1)[1])
                 assert port in {p for _, p, _ in seen}, seen  # the engine's server is among them
