@@ -15,6 +15,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import signal
 import time
 
 import pytest
@@ -219,14 +220,17 @@ def test_cadenza_train_with_the_engine_on_the_second_node_trains_and_leaves_noth
 
 
 def test_killing_the_engine_actor_leaves_no_server_and_no_shared_memory(sft_model_32):
-    """``ray.kill`` of an actor that held a vLLM engine in its own process leaked vLLM's ``/dev/shm``
-    queues; here the server is a supervised process of the actor, which follows the actor's death."""
+    """``ray.kill`` of the engine actor without ``close()``: Ray SIGKILLs the actor and its direct
+    children (the server's supervisor, which so gets no chance to stop the server); the server follows
+    its supervisor's death (``PR_SET_PDEATHSIG``) and stops cleanly. Before, it was left serving, an
+    orphan of init, with its engine core (found by this test)."""
     import ray
 
     from cadenza.rl.engines.ray_engine import RayEnginePlacement, start_ray_engines
 
     with loopback_cluster({"num_cpus": 1}, {"num_cpus": 0, "resources": {"engine": 1}}) as (cluster, ids):
         ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
+        server = None
         try:
             options = {"model": str(sft_model_32), "max_model_len": 512, "kv_cache_gib": 1}
             placement = RayEnginePlacement(resources={"engine": 1}, call_timeout_s=120, startup_timeout_s=900)
@@ -243,4 +247,7 @@ def test_killing_the_engine_actor_leaves_no_server_and_no_shared_memory(sft_mode
             assert not _group_pids(server), "the engine's server outlived its actor"
             assert not [f for f in shm if os.path.exists(f)], f"/dev/shm segments left: {shm}"
         finally:
+            if server is not None and _group_pids(server):  # a failed check must not leave it running
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(server, signal.SIGKILL)
             ray.shutdown()
