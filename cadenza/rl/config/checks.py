@@ -146,6 +146,14 @@ def validate_engine(r: RolloutConfig) -> None:
             "rollout.engine_options.port fixes one port but rollout.engines > 1; "
             "drop it (free ports are picked)"
         )
+    if r.engine_placement not in ("local", "ray") or (r.engine_placement == "ray" and r.engine != "vllm"):
+        raise ConfigError(  # "ray" places vLLM servers
+            f"rollout.engine_placement = {r.engine_placement!r} with engine = {r.engine!r} is not allowed; "
+            "use 'local', or 'ray' with engine = 'vllm'"
+        )
+    bad = {k: v for k, v in r.engine_resources.items() if not isinstance(v, int | float) or v < 0}
+    if bad:
+        raise ConfigError(f"rollout.engine_resources {bad}: amounts must be numbers >= 0, e.g. {{GPU = 1}}")
     if r.executor not in ("local", "ray"):
         raise ConfigError(f"rollout.executor = {r.executor!r} is not allowed; use 'local' or 'ray'")
     if r.executor == "ray" and r.workers < 1:
@@ -181,7 +189,7 @@ def engine_checks(r: RolloutConfig) -> list[Callable[[], None]]:
     checks: list[Callable[[], None]] = []
     if r.engine == "vllm":
         checks.append(lambda: _check_vllm(r.engine_options.get("python")))
-    if r.executor == "ray":
+    if r.executor == "ray" or r.engine_placement == "ray":
         checks.append(lambda: _check_ray(r.ray_address))
     return checks
 

@@ -102,6 +102,12 @@ class RolloutConfig(RolloutParams):
         "hf"  # who samples: in-process HF, a vLLM server, any OpenAI API
     )
     engines: int = 1  # engine = "vllm": servers the trainer starts and syncs (several: behind a router)
+    # engine = "vllm": "local" = servers as children of the trainer; "ray" = each server in a Ray actor
+    # placed on any node that has engine_resources (reached through Ray calls; docs/ray.md)
+    engine_placement: Literal["local", "ray"] = "local"
+    # engine_placement = "ray": Ray resources per engine ({"GPU": 1}, {"engine": 1}, ...); {} = one GPU
+    # where the cluster has GPUs, else one CPU
+    engine_resources: dict[str, float] = field(default_factory=dict)
     engine_timeout_s: float = 600.0  # longest one engine call (a generation or a weight sync) may take
     engine_options: dict[str, Any] = field(default_factory=dict)  # engine-specific knobs (see docs/async.md)
     max_staleness: int = 0  # K: rollouts of step n+1..n+K are sampled while step n trains (0 = synchronous)

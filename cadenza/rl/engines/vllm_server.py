@@ -329,7 +329,9 @@ def _supervise(parent: int, cmd: list[str]) -> int:
     _set_pdeathsig(signal.SIGTERM)
     if os.getppid() != parent:  # the parent died before PDEATHSIG was armed
         return 1
-    child = subprocess.Popen(cmd)
+    # the server follows this supervisor too: a supervisor killed outright (Ray SIGKILLs an actor's
+    # children when the actor dies) must not leave it serving, orphaned; SIGTERM is vLLM's clean stop
+    child = subprocess.Popen(cmd, preexec_fn=lambda: _set_pdeathsig(signal.SIGTERM))
     while child.poll() is None and not stop and os.getppid() == parent:
         time.sleep(0.2)
     if child.poll() is None:

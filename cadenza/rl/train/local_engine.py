@@ -7,7 +7,10 @@ child process from a shared-memory copy, so generation really runs beside traini
 competing for the GIL; the sampling generator's state travels with each request, so its draws are
 exactly the in-process ones.
 
-``vllm`` and ``openai`` come from :func:`cadenza.rl.engines.make_engine` (the engine package).
+``vllm`` and ``openai`` come from :func:`cadenza.rl.engines.make_engine` (the engine package); with
+``rollout.engine_placement = "ray"`` each ``vllm`` server runs in a Ray actor on any node with
+``rollout.engine_resources`` (:mod:`cadenza.rl.engines.ray_engine`), joined to the rollout actors'
+cluster (``executor = "ray"``) or to a cluster of their own behind this process's router (``local``).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ import torch.multiprocessing as mp
 from cadenza.errors import ConfigError, EngineError
 from cadenza.rl.engines.hf import HFEngine, WeightTable
 from cadenza.rl.engines.policy import HFPolicy, Sample, SampleRequest
+from cadenza.rl.engines.ray_engine import RayEngine, RayEnginePlacement, start_ray_engines
 
 if TYPE_CHECKING:
     from cadenza.rl.config import TrainConfig
@@ -155,6 +159,13 @@ def build_engine(cfg: TrainConfig, policy: HFPolicy, tokenizer: Any, *, version:
         ex = ExecutorConfig(kind="ray", ray_address=r.ray_address, workers=r.workers, run_dir=None)
         if r.engine == "hf":  # each actor holds its own copy; weights go through the object store
             return RayWorkers(cfg, r.workers, ex, timeout_s=r.engine_timeout_s)
+        if r.engine_placement == "ray":  # engine actors on the same cluster, started once it is up
+            if not r.ray_address:  # a private cluster: a CPU per engine actor besides the rollout actors
+                ex = replace(ex, workers=r.workers + r.engines)
+            return RayWorkers(
+                cfg, r.workers, ex, timeout_s=r.engine_timeout_s, tokenizer=tokenizer,
+                engines=lambda: ray_engines(cfg, policy, tokenizer),
+            )  # fmt: skip
         engines = served_engines(cfg, policy, tokenizer, version=version)
         return RayWorkers(
             cfg, r.workers, ex, timeout_s=r.engine_timeout_s, engines=engines, tokenizer=tokenizer
@@ -165,6 +176,8 @@ def build_engine(cfg: TrainConfig, policy: HFPolicy, tokenizer: Any, *, version:
         if policy.device.type == "cpu":
             return ProcessHFEngine(policy, version=version, timeout_s=r.engine_timeout_s)
         return HFEngine(policy, share=False, version=version)
+    if r.engine_placement == "ray":
+        return EnginesOnRay(cfg, policy, tokenizer)
     engines = served_engines(cfg, policy, tokenizer, version=version)
     if len(engines) == 1:
         return engines[0]
@@ -183,23 +196,31 @@ def served_engines(cfg: TrainConfig, policy: HFPolicy, tokenizer: Any, *, versio
     del version  # the weights on disk are always the initial ones
     from cadenza.rl.engines import make_engine
 
-    r = cfg.rollout
-    out = Path(cfg.run.out_dir)
-    model = cfg.model.path or str(_save_initial(policy, tokenizer, out / "engine-model"))
     engines: list[Any] = []
     try:
-        for i in range(r.engines):
-            options = dict(r.engine_options)  # vllm: VLLMServerConfig / VLLMEngineConfig fields
-            options.setdefault("request_timeout_s", r.engine_timeout_s)
-            options.setdefault("sync_timeout_s", r.engine_timeout_s)
-            # named in every engine error
-            options.setdefault("log_path", str(out / ("engine.log" if i == 0 else f"engine-{i}.log")))
-            engines.append(make_engine("vllm", model=model, version=0, **options))
+        for options in engine_options(cfg, policy, tokenizer):
+            engines.append(make_engine("vllm", **options))
     except BaseException:
         for e in engines:
             e.close()
         raise
     return engines
+
+
+def engine_options(cfg: TrainConfig, policy: HFPolicy, tokenizer: Any) -> list[dict[str, Any]]:
+    """``make_engine("vllm", **options)`` for each of ``rollout.engines`` servers, at version 0."""
+    r = cfg.rollout
+    out = Path(cfg.run.out_dir)
+    model = cfg.model.path or str(_save_initial(policy, tokenizer, out / "engine-model"))
+    found = []
+    for i in range(r.engines):
+        options = dict(r.engine_options)  # vllm: VLLMServerConfig / VLLMEngineConfig fields
+        options.setdefault("request_timeout_s", r.engine_timeout_s)
+        options.setdefault("sync_timeout_s", r.engine_timeout_s)
+        # named in every engine error
+        options.setdefault("log_path", str(out / ("engine.log" if i == 0 else f"engine-{i}.log")))
+        found.append({"model": model, "version": 0, **options})
+    return found
 
 
 def _save_initial(policy: HFPolicy, tokenizer: Any, path: Path) -> Path:
@@ -213,3 +234,71 @@ def _save_initial(policy: HFPolicy, tokenizer: Any, path: Path) -> Path:
     tokenizer.save_pretrained(str(tmp))
     tmp.rename(path)
     return path
+
+
+# ---------------------------------------------- engine_placement = "ray": engines as Ray actors
+
+
+def placement(cfg: TrainConfig) -> RayEnginePlacement:
+    """Resources and timeouts of the engine actors, from ``[rollout]``."""
+    r = cfg.rollout
+    return RayEnginePlacement(
+        resources={k: float(v) for k, v in r.engine_resources.items()},
+        call_timeout_s=r.engine_timeout_s,
+        startup_timeout_s=float(r.engine_options.get("startup_timeout_s", 300.0)) + 120.0,  # + placement
+        bucket_bytes=int(r.engine_options.get("bucket_bytes", RayEnginePlacement.bucket_bytes)),
+    )
+
+
+def ray_engines(cfg: TrainConfig, policy: HFPolicy, tokenizer: Any) -> list[RayEngine]:
+    """``rollout.engines`` engine actors on the cluster this process is connected to.
+
+    The model directory must be readable at the same path on the engine's node (a shared filesystem);
+    ``rollout.engine_options`` apply as for local servers (the log file is written on the engine's node).
+    """
+    return start_ray_engines(engine_options(cfg, policy, tokenizer), placement(cfg))
+
+
+class EnginesOnRay:
+    """``executor = "local"``: the engines on a Ray cluster, the router in this process; closing it stops
+    the engines and then this process's Ray connection (or its private cluster)."""
+
+    name = "vllm"
+
+    def __init__(self, cfg: TrainConfig, policy: HFPolicy, tokenizer: Any) -> None:
+        from cadenza.executor import ExecutorConfig
+        from cadenza.executor.ray import RayExecutor
+        from cadenza.rl.rollout.router import Router
+
+        r = cfg.rollout
+        # a private cluster gets one CPU per engine (their default resource) and one to spare
+        self._ex = RayExecutor(ExecutorConfig(kind="ray", ray_address=r.ray_address, workers=r.engines + 1))
+        try:
+            self.engines = ray_engines(cfg, policy, tokenizer)
+        except BaseException:
+            self._ex.close()
+            raise
+        self._one = self.engines[0] if len(self.engines) == 1 else Router(self.engines)
+
+    @property
+    def version(self) -> int:
+        return int(self._one.version)
+
+    @property
+    def log_path(self) -> str:
+        return "; ".join(e.log_path for e in self.engines)
+
+    def sample(self, request: SampleRequest) -> list[Sample]:
+        return self._one.sample(request)
+
+    def score(self, sequences: Any) -> list[list[float]]:
+        return self.engines[0].score(sequences)
+
+    def sync_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], *, version: int) -> None:
+        self._one.sync_weights(named_tensors, version=version)
+
+    def close(self) -> None:
+        try:
+            self._one.close()
+        finally:
+            self._ex.close()

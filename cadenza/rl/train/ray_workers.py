@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -55,7 +55,7 @@ class RayWorkers:
         executor: ExecutorConfig,
         *,
         timeout_s: float = 600.0,
-        engines: Sequence[Any] = (),
+        engines: Sequence[Any] | Callable[[], Sequence[Any]] = (),
         own_engines: bool = True,
         tokenizer: Any = None,
     ) -> None:
@@ -67,8 +67,11 @@ class RayWorkers:
         self.unit_timeout_s = float(getattr(cfg.rollout, "unit_timeout_s", 1800.0))
         self._turn = 0  # round-robin start for ties between equally loaded engines
         self.counts = WorkerCounts()
+        start = engines if callable(engines) else None  # engine actors: started once Ray is up
         self.served = (
-            Served(engines, own=own_engines, timeout_s=timeout_s, tokenizer=tokenizer) if engines else None
+            Served(engines, own=own_engines, timeout_s=timeout_s, tokenizer=tokenizer)
+            if engines and start is None
+            else None
         )
         self._weights: tuple[Any, int] | None = None
         try:
@@ -77,6 +80,8 @@ class RayWorkers:
             self.close_engines()
             raise
         try:
+            if start is not None:
+                self.served = Served(start(), own=True, timeout_s=timeout_s, tokenizer=tokenizer)
             self.slots = [self._new_slot(check=False) for _ in range(n)]
             self._get([s.actor.pid.remote() for s in self.slots], "start")
             self._check([s.actor for s in self.slots])
@@ -237,6 +242,12 @@ class RayWorkers:
             self.served.close()
 
     def close(self) -> None:
+        if self.served is not None and self.served.spec.actors:  # engine actors: stopped while Ray is up
+            try:
+                self.close_engines()
+            finally:
+                self._ex.close()
+            return
         try:
             self._ex.close()
         finally:

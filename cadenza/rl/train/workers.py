@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import socket
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -59,6 +59,9 @@ class Endpoints:
     version: int = 0  # policy version the engines hold now (the driver updates it after each sync)
     timeout_s: float = 600.0  # one generation request
     tokenizer: Any = None  # the trainer's tokenizer (workers then load no model at all)
+    # engines in Ray actors (engine_placement = "ray"): (actor handle, info) each, reached by Ray calls
+    # instead of ``urls`` (their servers listen on their own node's loopback)
+    actors: list[tuple[Any, dict[str, Any]]] = field(default_factory=list)
 
 
 class RolloutWorker:
@@ -99,10 +102,15 @@ class RolloutWorker:
 
         e = self.endpoints
         try:  # OpenAIEngine asks /v1/models for the served name: a health check with a timeout
-            clients = [
-                OpenAIEngine(OpenAIEngineConfig(base_url=u, timeout_s=e.timeout_s), version=e.version)
-                for u in e.urls
-            ]
+            if e.actors:
+                from cadenza.rl.engines.ray_engine import connect_actors
+
+                clients = connect_actors(e.actors, version=e.version, timeout_s=e.timeout_s)
+            else:
+                clients = [
+                    OpenAIEngine(OpenAIEngineConfig(base_url=u, timeout_s=e.timeout_s), version=e.version)
+                    for u in e.urls
+                ]
         except CadenzaError as exc:
             return (
                 f"rollout worker on {socket.gethostname()} (pid {os.getpid()}) cannot reach its engine: {exc}"
@@ -153,8 +161,10 @@ class Served:
 
         self.engines, self.own = list(engines), own
         self._sync = self.engines[0] if len(self.engines) == 1 else Router(self.engines)
+        handles = [e.handle() for e in self.engines if hasattr(e, "handle")]  # engines in Ray actors
         self.spec = Endpoints(
-            urls=[e.client.base_url for e in self.engines],
+            urls=[e.base_url if handles else e.client.base_url for e in self.engines],
+            actors=handles,
             version=self.version,
             timeout_s=timeout_s,
             tokenizer=tokenizer,
