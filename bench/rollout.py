@@ -44,7 +44,9 @@ def _smollm2(out: Path) -> tuple[HFPolicy, list[list[int]], Path]:
 
     from cadenza.rl.models import ensure_smollm2
 
-    path = ensure_smollm2()
+    path = (
+        Path(os.environ["CADENZA_SMOLLM2_DIR"]) if os.environ.get("CADENZA_SMOLLM2_DIR") else ensure_smollm2()
+    )
     tok = AutoTokenizer.from_pretrained(str(path))
     tasks = ["add two numbers", "reverse a list", "count vowels in a string", "parse an integer"]
     prompts = [
@@ -80,7 +82,8 @@ class BusyLoad:
     def __enter__(self) -> BusyLoad:
         code = f"import os; os.nice({self.nice})\nwhile True: pass"
         self.procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(self.n)]
-        time.sleep(1.0)  # let the scheduler see them
+        if self.n:
+            time.sleep(1.0)  # let the scheduler see them
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -93,15 +96,15 @@ class BusyLoad:
 def _under_load(engines: dict, prompts: list[list[int]], args: argparse.Namespace) -> dict:
     """Each engine's tokens/s idle and beside the busy job, rounds interleaved (best of each kept)."""
     res = {e: {"idle": 0.0, "load": 0.0} for e in engines}
-    loadavg = []
+    loadavg = [os.getloadavg()[0]]
     for _ in range(args.rounds):
-        loadavg.append(os.getloadavg()[0])
-        for name, engine in engines.items():
-            res[name]["idle"] = max(res[name]["idle"], _tokens_per_s(engine, prompts, args.tokens))
-        with BusyLoad(args.background_load, args.background_nice):
-            for name, engine in engines.items():
-                res[name]["load"] = max(res[name]["load"], _tokens_per_s(engine, prompts, args.tokens))
-            loadavg.append(os.getloadavg()[0])
+        for phase in ("idle", "load"):
+            with BusyLoad(args.background_load if phase == "load" else 0, args.background_nice):
+                for name, engine in engines.items():
+                    tps = _tokens_per_s(engine, prompts, args.tokens)
+                    res[name][phase] = max(res[name][phase], tps)
+                    print(f"{name} {phase}: {tps:.1f} tok/s", file=sys.stderr, flush=True)
+                loadavg.append(os.getloadavg()[0])
     for r in res.values():
         r["kept"] = r["load"] / r["idle"] if r["idle"] else 0.0
     return {**res, "loadavg_1m": [round(x, 2) for x in loadavg]}
