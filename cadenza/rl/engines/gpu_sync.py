@@ -65,6 +65,38 @@ class ModuleWeights:
         return engine_names(named_full_tensors(self.module, dtype=self.dtype))
 
 
+class ShardStream(ModuleWeights):
+    """One pass over a sharded module's full tensors, under the engine's names (collective per tensor).
+
+    Iterating it continues where the last iteration stopped, so :meth:`drain` after a partial read (an
+    engine error) runs the remaining collectives; :class:`ModuleWeights`' metadata (names, dtypes, global
+    shapes) lets vLLM's native NCCL / IPC transfer consume it too.
+    """
+
+    def __init__(self, module: torch.nn.Module, *, dtype: torch.dtype | None = None) -> None:
+        super().__init__(module, dtype=dtype)
+        self._source: Iterator[tuple[str, torch.Tensor]] | None = None
+        self.gathered = 0  # full tensors gathered so far (the same on every rank once drained)
+
+    def _tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self._source is None:
+            self._source = self._counted()
+        return self._source
+
+    def _counted(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for item in named_full_tensors(self.module, dtype=self.dtype):
+            self.gathered += 1
+            yield item
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return engine_names(self._tensors())
+
+    def drain(self) -> None:
+        """Gather (and drop) whatever is left: every rank ends the pass with the same collectives."""
+        for _ in self._tensors():
+            pass
+
+
 def weight_source(weights: ModuleWeights) -> Any:
     """Wrap :class:`ModuleWeights` as vLLM's ``WeightSource`` (imports vLLM: GPU trainer env only)."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource

@@ -185,7 +185,7 @@ def served_engines(cfg: TrainConfig, policy: HFPolicy, tokenizer: Any, *, versio
 
     r = cfg.rollout
     out = Path(cfg.run.out_dir)
-    model = cfg.model.path or str(_save_initial(policy, tokenizer, out / "engine-model"))
+    model = cfg.model.path or str(save_initial(policy, tokenizer, out / "engine-model"))
     engines: list[Any] = []
     try:
         for i in range(r.engines):
@@ -202,7 +202,7 @@ def served_engines(cfg: TrainConfig, policy: HFPolicy, tokenizer: Any, *, versio
     return engines
 
 
-def _save_initial(policy: HFPolicy, tokenizer: Any, path: Path) -> Path:
+def save_initial(policy: HFPolicy, tokenizer: Any, path: Path) -> Path:
     """A randomly initialised policy has no directory a served engine could load: write one (atomically;
     the first sync brings the engine to the trainer's weights anyway)."""
     if (path / "config.json").is_file():
