@@ -30,6 +30,9 @@ class RunConfig:
     progress: bool = True  # a progress bar with reward, invalid-tool rate and SD loss
     threads: int = 0  # torch intra-op threads (0 = torch's default); 1 suits tiny models on shared CPUs
     measure_kl: bool = True  # KL(before || after) of each update on un-hinted turns (one extra forward)
+    # torchrun: the longest one collective waits for the other ranks (a dead or hung rank ends the run
+    # after at most this long); it must exceed one step's rollouts, which the other ranks wait out
+    collective_timeout_s: float = 1800.0
 
 
 @dataclass(kw_only=True)
@@ -231,6 +234,7 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     need(cfg.run.checkpoint_every >= 0, "run.checkpoint_every must be >= 0 (0 = only at the end)")
     need(cfg.run.threads >= 0, "run.threads must be >= 0 (0 = torch's default)")
     need(cfg.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1")
+    need(cfg.run.collective_timeout_s > 0, "run.collective_timeout_s must be > 0 (seconds)")
     if cfg.run.wandb:
         from cadenza.metrics import require_wandb
 

@@ -39,13 +39,14 @@ class DataParallel:
     owns_group: bool = False  # joined here (not by a caller, e.g. a test harness): :meth:`leave` ends it
 
     @classmethod
-    def join(cls) -> DataParallel:
-        """The group torchrun launched (joined here if needed), or a single process when not launched."""
+    def join(cls, *, timeout_s: float | None = None) -> DataParallel:
+        """The group torchrun launched (joined here if needed, its collectives bounded by ``timeout_s``),
+        or a single process when not launched."""
         owns = False
         if not dist.is_initialized():
             if launched_ranks() <= 1:
                 return cls()
-            owns, _ = init_distributed(single_process_group=False)
+            owns, _ = init_distributed(single_process_group=False, timeout_s=timeout_s)
         device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
         return cls(rank=dist.get_rank(), world=dist.get_world_size(), device=device, owns_group=owns)
 

@@ -226,7 +226,7 @@ def save_checkpoint(trainer: Any, state: dict[str, Any]) -> Path:
     """DCP shards of the policy, optimizer, teacher and reference (every rank), plus rank 0's RNG streams
     and trainer state (``state.pt``), published atomically as ``checkpoints/step-N``."""
     from cadenza.pretrain import checkpoint as dcp_ckpt
-    from cadenza.rl.train.checkpoint import rng_state
+    from cadenza.rl.train.checkpoint import arch_of, rng_state
 
     def extra(tmp: Path) -> None:
         torch.save({"rng": rng_state(), "trainer": state}, tmp / "state.pt")
@@ -236,6 +236,7 @@ def save_checkpoint(trainer: Any, state: dict[str, Any]) -> Path:
         "fingerprint": dcp_ckpt.fingerprint(trainer.model),
         "world_size": trainer.dp.world,
         "modules": sorted(trainer.shards.modules),
+        "arch": arch_of(trainer.model),
     }
     return dcp_ckpt.save(
         trainer.out / "checkpoints", trainer.step, trainer.model, trainer.optimizer, meta,

@@ -77,7 +77,7 @@ class Trainer:
         validate(cfg)
         self.cfg = cfg
         self.components = parts = components or Components()
-        self.dp = dp or DataParallel.join()
+        self.dp = dp or DataParallel.join(timeout_s=cfg.run.collective_timeout_s)
         self.out = Path(cfg.run.out_dir)
         latest = ckpt.latest_checkpoint(self.out) if resume else None
         if latest is not None:
