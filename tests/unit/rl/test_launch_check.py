@@ -63,7 +63,7 @@ def test_only_rank_0_reports(tmp_path, monkeypatch, capsys):
         preflight(cfg, resume=True)
     assert exit_.value.code == 2 and capsys.readouterr() == ("", "")
     monkeypatch.setenv("RANK", "0")
-    with pytest.raises(ConfigError, match="parallel.ep = 3"):
+    with pytest.raises(ConfigError, match=r"parallel\.ep = 3"):
         preflight(cfg, resume=True)
 
 
@@ -74,5 +74,5 @@ def test_parallel_may_differ_on_resume(tmp_path):
     cfg.parallel = ParallelDims(dp_shard=2, ep=1)  # another world size and layout: DCP reshards
     check_same_run(path, cfg)
     cfg.optim.lr *= 2
-    with pytest.raises(Exception, match="optim.lr"):
+    with pytest.raises(Exception, match=r"optim\.lr"):
         check_same_run(path, cfg)
