@@ -58,9 +58,7 @@ def register(app: typer.Typer) -> None:
             if value:
                 overrides[f"rollout.{key}"] = value
         cfg = load_config(config, overrides)  # every config error surfaces here, before torch is imported
-        from cadenza.rl.launch_check import preflight as launch_preflight
-
-        launch_preflight(cfg, resume=resume)  # [parallel] vs world and model, the checkpoint's model
+        preflight.for_launch(cfg, resume=resume)  # [parallel] vs world and model, the checkpoint's model
         preflight.for_train(Path(cfg.run.out_dir), sandboxed=cfg.env.name in SANDBOXED_ENVS)
 
         from cadenza.rl.train.trainer import Trainer

@@ -97,16 +97,20 @@ class ShardStream(ModuleWeights):
             pass
 
 
-def weight_source(weights: ModuleWeights) -> Any:
-    """Wrap :class:`ModuleWeights` as vLLM's ``WeightSource`` (imports vLLM: GPU trainer env only)."""
+def weight_source(weights: ModuleWeights | Any) -> Any:
+    """Wrap :class:`ModuleWeights` as vLLM's ``WeightSource`` (imports vLLM: GPU trainer env only).
+    ``weights`` may be a zero-argument callable returning the current :class:`ModuleWeights`: each push
+    then reads that sync's stream (a :class:`ShardStream` is read once)."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+    current = weights if callable(weights) else (lambda: weights)
 
     class _Source(WeightSource):
         def metadata(self) -> list[Any]:
-            return [ParamMeta(n, d, s) for n, d, s in weights.metadata()]
+            return [ParamMeta(n, d, s) for n, d, s in current().metadata()]
 
         def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-            return iter(weights)
+            return iter(current())
 
     return _Source()
 
@@ -150,8 +154,9 @@ class NativeWeightSync:
                 "--same-env (or use weight_transfer='worker')"
             ) from None
         self.base_url = base_url
+        self.weights = weights  # what the next push streams (see :meth:`push`)
         client = clients.HTTPVLLMWeightSyncClient(base_url, timeout=config.timeout_s)
-        source = weight_source(weights)
+        source = weight_source(lambda: self.weights)
         try:
             if config.backend == "nccl":
                 port = config.master_port or _free_port(config.master_address)
@@ -172,7 +177,10 @@ class NativeWeightSync:
         except Exception as e:
             raise EngineError(f"engine 'vllm' native weight transfer init failed: {_one_line(e)}") from None
 
-    def push(self) -> None:
+    def push(self, weights: ModuleWeights | None = None) -> None:
+        """Send ``weights`` (this sync's stream; default: the ones given at init, read again)."""
+        if weights is not None:
+            self.weights = weights
         try:
             self.engine.send_weights()
         except Exception as e:

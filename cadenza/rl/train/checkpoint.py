@@ -68,10 +68,8 @@ def save_checkpoint(
 
 def arch_of(model: torch.nn.Module) -> dict[str, Any]:
     """The model's shape-defining config entries, recorded in ``meta.json`` (checked before a resume)."""
-    from cadenza.rl.launch_check import model_arch
-
     config = getattr(model, "config", None)
-    return model_arch(config.to_dict()) if hasattr(config, "to_dict") else {}
+    return lifecycle.model_arch(config.to_dict()) if hasattr(config, "to_dict") else {}
 
 
 def list_checkpoints(out_dir: str | Path) -> list[Path]:

@@ -196,7 +196,8 @@ def shard(
     parallelize(policy.model, dims, options, device_type=device)
     for module in copies.values():
         parallelize(module, dims, options, device_type=device)
-    group = ShardedGroup(rank=dp.rank, world=dp.world, device=dp.device, owns_group=dp.owns_group, dims=dims)
+    group = ShardedGroup(rank=dp.rank, world=dp.world, device=dp.device, owns_group=dp.owns_group, dims=dims,
+                         force_sharding=dp.force_sharding)  # fmt: skip
     return ShardedPolicy(
         dims=dims, group=group, rollout=rollout, modules=dict(copies), probe_teacher=probe_teacher,
         probe_every=cfg.probe.every, teacher_kind=cfg.teacher.weights, keep_copy=keep_copy,

@@ -99,7 +99,7 @@ class Trainer:
         self.ref_model = self._frozen_copy() if cfg.loss.kl_ref > 0 else None
         self.rollout_policy = self.policy  # what engines sample from and sync with
         # under torchrun: the policy, teacher and reference wrapped in place on the dual mesh ([parallel])
-        self.shards = sharding.shard_trainer(self) if self.dp.world > 1 else None
+        self.shards = sharding.shard_trainer(self) if self.dp.world > 1 or self.dp.force_sharding else None
         self._streams = self.shards is not None and not sharding.needs_rollout_copy(cfg)
         self._engine_version: int | None = None  # streams: the version the engine was started at
         self.optimizer = (parts.optimizer or build_optimizer)(self.model, cfg)

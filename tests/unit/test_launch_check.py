@@ -1,4 +1,4 @@
-"""The launch checks of ``cadenza train`` (cadenza/rl/launch_check.py): files only, no model, no group."""
+"""The launch checks of ``cadenza train`` (``cadenza.preflight.for_launch``): files only, no model."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import pytest
 
 from cadenza import checkpoint as lifecycle
 from cadenza.errors import ConfigError
+from cadenza.preflight import check_launch
+from cadenza.preflight import for_launch as preflight
 from cadenza.rl.config import ParallelDims, TrainConfig
-from cadenza.rl.launch_check import check_launch, preflight
 from cadenza.rl.train.build import check_same_run
 
 QWEN3_MOE = {"model_type": "qwen3_moe", "hidden_size": 64, "num_hidden_layers": 2, "num_experts": 8}
