@@ -1,7 +1,8 @@
 """The RL policy on the dual mesh: the same ``[parallel]`` table and :mod:`cadenza.parallel` as pretraining.
 
-Under torchrun (world > 1) every rank builds the same HF model, the trainer's copies of it (a frozen,
-EMA or snapshot teacher, the KL reference) and, on rank 0, one unsharded *rollout copy*; then the
+Under torchrun (world > 1, or one rank with ``CADENZA_FORCE_SHARDING=1``) every rank builds the same HF
+model, the trainer's copies of it (a frozen, EMA or snapshot teacher, the KL reference) and, on rank 0
+for the ``hf`` engine or the probe only, one unsharded *rollout copy*; then the
 policy, the teacher and the reference are wrapped by :func:`cadenza.parallel.parallelize` in place
 (FSDP2 on the dense mesh, routed experts split over ``ep`` on the expert mesh) and the optimizer
 (granular sharded Muon or AdamW) is built over the shards, as ``cadenza pretrain`` does.
