@@ -4,15 +4,24 @@ Prints ONE JSON object: for world 1, 2, 4, 8 (gloo ranks on this machine, ``[par
 ``dp_shard`` filling) the largest per-rank parameter + gradient + optimizer-state bytes of the policy
 after one Muon step, built and sharded by the trainer's own code
 (:func:`cadenza.rl.train.sharding.shard`, :func:`cadenza.rl.train.build.build_optimizer`), the ratio
-to the single-process figure, and the bytes rank 0 keeps besides: its unsharded rollout copy (the
-weights engines sample from and sync with; parameters only, no gradients or optimizer state).
+to the single-process figure; the frozen teacher's and the KL reference's parameters (sharded alike, no
+gradients or optimizer state); and rank 0's total with and without the unsharded rollout copy. The copy
+(parameters only) exists only for the ``hf`` engine or the hint-following probe; a ``vllm`` engine is synced
+straight from the shards (``stream_sync``), whose transient on rank 0 is one full tensor being gathered (at
+most ``largest_full_tensor_bytes``: a layer's stacked experts) plus the bucket being staged
+(``bucket_bytes``, 256 MiB by default; it never exceeds the model's size). The run below measures the
+rank-0 sync transient by streaming the shards once (every rank, as the trainer does). Records the commit
+and the load average.
 
 Model: Qwen3-MoE, hidden 256, 2 layers, 8 experts of 256, vocab 2048 (4.59M parameters, 18.4 MB in float32).
 """
 
 from __future__ import annotations
 
+import copy
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -42,11 +51,13 @@ def _measure(rank: int, world: int) -> dict:
     )  # fmt: skip
     policy = HFPolicy.from_config(conf, seed=0)
     cfg = TrainConfig(model=ModelConfig(), optim=OptimConfig(name="muon"), parallel=ParallelDims(ep=world))
-    cfg.probe.every = 0
-    rollout_bytes = 0
+    cfg.probe.every, cfg.rollout.engine = 0, "vllm"  # no rollout copy: the sync streams from the shards
+    copies = {name: copy.deepcopy(policy.model).requires_grad_(False) for name in ("teacher", "reference")}
+    full_params = sum(_nbytes(p) for p in policy.model.parameters())
+    largest = max(_nbytes(p) for p in policy.model.parameters())
     if world > 1:
-        shards = shard(cfg, DataParallel.join(), policy, {})
-        rollout_bytes = sum(_nbytes(p) for p in shards.rollout.model.parameters()) if shards.rollout else 0
+        shards = shard(cfg, DataParallel.join(), policy, copies)
+        assert shards.rollout is None
         policy = ShardedHFPolicy(policy.model, device="cpu")
     model = policy.model
     optimizer = build_optimizer(model, cfg)
@@ -59,7 +70,25 @@ def _measure(rank: int, world: int) -> dict:
     state = sum(
         _nbytes(v) for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)
     )
-    return {"params": params, "grads": grads, "optimizer_state": state, "rollout_copy": rollout_bytes}
+    streamed = _stream_peak(model)
+    return {
+        "params": params, "grads": grads, "optimizer_state": state, "rollout_copy": full_params,
+        "teacher": sum(_nbytes(p) for p in copies["teacher"].parameters()),
+        "reference": sum(_nbytes(p) for p in copies["reference"].parameters()),
+        "largest_full_tensor": largest, "stream_peak": streamed,
+    }  # fmt: skip
+
+
+def _stream_peak(model) -> int:
+    """Every rank gathers the shards once, as a sync does; the largest full tensor alive at once on this
+    rank (the bucketing on rank 0 adds at most ``bucket_bytes``)."""
+    from cadenza.rl.engines.gpu_sync import ShardStream
+
+    stream = ShardStream(model)
+    peak = 0
+    for _name, full in stream._tensors():
+        peak = max(peak, _nbytes(full))
+    return peak
 
 
 def _rank(rank: int, world: int) -> dict:
@@ -70,6 +99,11 @@ def main() -> None:
     from cadenza.testing import spawn
 
     out: dict = {"model": "qwen3_moe hidden 256, 2 layers, 8 experts, vocab 2048", "optimizer": "muon"}
+    root = Path(__file__).resolve().parents[1]
+    out["commit"] = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True, timeout=30
+    ).stdout.strip()
+    out["load_average"] = [round(x, 2) for x in os.getloadavg()]
     single = None
     for world in WORLDS:
         ranks = [_measure(0, 1)] if world == 1 else spawn(_rank, world, preload=("torch", "transformers"))
@@ -81,7 +115,17 @@ def main() -> None:
             "params": max(r["params"] for r in ranks),
             "grads": max(r["grads"] for r in ranks),
             "optimizer_state": max(r["optimizer_state"] for r in ranks),
-            "rank0_rollout_copy_bytes": ranks[0]["rollout_copy"],
+            "teacher_bytes": max(r["teacher"] for r in ranks),
+            "reference_bytes": max(r["reference"] for r in ranks),
+            # rank 0 in all: its trained-policy bytes plus the frozen teacher and the KL reference
+            "rank0_total_bytes": per_rank[0] + ranks[0]["teacher"] + ranks[0]["reference"],
+            # ... plus the unsharded rollout copy rank 0 keeps for the hf engine or the probe (world > 1)
+            "rank0_total_with_rollout_copy_bytes": per_rank[0]
+            + ranks[0]["teacher"]
+            + ranks[0]["reference"]
+            + (ranks[0]["rollout_copy"] if world > 1 else 0),
+            "largest_full_tensor_bytes": ranks[0]["largest_full_tensor"],
+            "rank0_stream_peak_tensor_bytes": ranks[0]["stream_peak"],
             "ratio_to_single": round(max(per_rank) / single, 4),
             "ideal_ratio": round(1 / world, 4),
         }

@@ -88,3 +88,17 @@ def prune(root: str | Path, *, keep: int) -> None:
     """Delete all but the newest ``keep`` complete checkpoints."""
     for old in list_checkpoints(root)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+# config.json keys that name a model's shape: a checkpoint records them and a resume must match them
+ARCH_KEYS = (
+    "model_type", "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+    "num_key_value_heads", "head_dim", "intermediate_size", "moe_intermediate_size", "num_experts",
+    "n_routed_experts", "num_local_experts",
+)  # fmt: skip
+
+
+def model_arch(config: dict[str, Any]) -> dict[str, Any]:
+    """The shape-defining entries of an HF ``config.json`` (nested ``text_config`` for multimodal ones)."""
+    config = config.get("text_config") or config
+    return {k: config[k] for k in ARCH_KEYS if config.get(k) is not None}

@@ -7,13 +7,17 @@ Checks are plain functions so a command composes what it needs; an engine check 
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
 import shutil
 import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from cadenza.errors import CadenzaError
+from cadenza.checkpoint import model_arch
+from cadenza.errors import CadenzaError, ConfigError
 
 MIN_PYTHON = (3, 11)
 
@@ -97,3 +101,70 @@ def for_pretrain(out: Path) -> None:
 
 DEMO_DISK_GIB = 2.0  # task venvs (~0.3 GiB), the tiny policy and its checkpoints, with a margin
 TRAIN_DISK_GIB = 1.0  # checkpoints of a small model; real models need more and say so when saving
+
+
+# ---------------------------------------------------------------- cadenza train under torchrun
+# Every rank checks the launch on the config and the files alone (the model's ``config.json``, the newest
+# checkpoint's ``meta.json``), before it joins the group or loads a model: a ``[parallel]`` table that
+# cannot fit the world, an ``ep`` that does not divide the experts, or a checkpoint written for another
+# model ends the job with one line from rank 0 (the others leave silently with the same exit code).
+# ``parallel.*`` may differ from the checkpointed run's: DCP reshards on load.
+
+_EXPERT_KEYS = ("num_experts", "n_routed_experts", "num_local_experts")
+
+
+def _model_config(path: str) -> dict[str, Any] | None:
+    file = Path(path) / "config.json" if path else None
+    if file is None or not file.is_file():
+        return None
+    return json.loads(file.read_text())
+
+
+def check_launch(cfg: Any, world: int, *, resume: bool) -> None:
+    """Raise :class:`ConfigError` (one line) when the launch cannot work; see the module docstring."""
+    dims = cfg.parallel.resolve(world) if world > 1 else None
+    model = _model_config(cfg.model.path)
+    arch = model_arch(model) if model is not None else {}
+    if dims is not None and dims.ep > 1 and model is not None:
+        experts = next((arch[k] for k in _EXPERT_KEYS if k in arch), None)
+        if experts is None:
+            raise ConfigError(
+                f"parallel.ep = {dims.ep} but {cfg.model.path}/config.json names no routed experts; "
+                "use ep = 1 for dense models"
+            )
+        if experts % dims.ep:
+            raise ConfigError(
+                f"parallel.ep = {dims.ep} does not divide the number of experts ({experts}) of "
+                f"{cfg.model.path}; choose ep among the divisors of {experts}"
+            )
+    if resume and arch:
+        _check_checkpoint_model(Path(cfg.run.out_dir), arch)
+
+
+def _check_checkpoint_model(out: Path, arch: dict[str, Any]) -> None:
+    from cadenza import checkpoint as lifecycle
+
+    newest = lifecycle.latest(out / "checkpoints")
+    meta = lifecycle.read_meta(newest) if newest is not None else None
+    if not meta:
+        return
+    saved = meta.get("arch") or {}
+    if not saved and "fingerprint" in meta:  # older checkpoints record the model type only
+        saved = {"model_type": meta["fingerprint"].get("model_type")}
+    diff = next((k for k in saved if k in arch and saved[k] != arch[k]), None)
+    if diff is not None:
+        raise ConfigError(
+            f"checkpoint {newest} was written for another model ({diff} {saved[diff]!r}, the model has "
+            f"{arch[diff]!r}); use another run.out_dir, or --no-resume to start over"
+        )
+
+
+def for_launch(cfg: Any, *, resume: bool) -> None:
+    """:func:`check_launch` on this launch's world size: rank 0 raises, the other ranks exit quietly."""
+    world = int(os.environ.get("WORLD_SIZE", "1")) if "RANK" in os.environ else 1
+    try:
+        check_launch(cfg, world, resume=resume)
+    except ConfigError:
+        if int(os.environ.get("RANK", "0")) != 0:
+            raise SystemExit(2) from None
+        raise

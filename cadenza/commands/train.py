@@ -58,16 +58,24 @@ def register(app: typer.Typer) -> None:
             if value:
                 overrides[f"rollout.{key}"] = value
         cfg = load_config(config, overrides)  # every config error surfaces here, before torch is imported
+        preflight.for_launch(cfg, resume=resume)  # [parallel] vs world and model, the checkpoint's model
         preflight.for_train(Path(cfg.run.out_dir), sandboxed=cfg.env.name in SANDBOXED_ENVS)
         preflight.run_checks(machine_checks(cfg))  # what the config asks of the machine: vLLM, Ray, wandb
 
         from cadenza.rl.train.trainer import Trainer
 
-        trainer = Trainer(cfg, resume=resume)  # under torchrun: this rank of the data-parallel group
         try:
-            rows = trainer.train()
-        finally:
-            trainer.dp.leave()
+            trainer = Trainer(cfg, resume=resume)  # under torchrun: this rank of the data-parallel group
+            try:
+                rows = trainer.train()
+            except Exception as exc:
+                _exit_if_rank_lost(cfg, exc)  # before the group's teardown, which a dead peer would stall
+                raise
+            finally:
+                trainer.dp.leave()
+        except Exception as exc:
+            _exit_if_rank_lost(cfg, exc)
+            raise
         if rows:
             last = rows[-1]
             typer.echo(
@@ -79,3 +87,30 @@ def register(app: typer.Typer) -> None:
                     f"rollout units: {last['units_retried']} retried after a worker died, "
                     f"{last['units_lost']} lost"
                 )
+
+
+def _exit_if_rank_lost(cfg: object, exc: Exception) -> None:
+    """A collective failed (another rank died or hung past ``run.collective_timeout_s``): one line naming
+    the likely cause and the newest checkpoint, then exit 1 at once (no teardown waiting on the dead)."""
+    import os
+    import sys
+
+    from cadenza.parallel.launch import collective_failure, launched_ranks
+
+    if launched_ranks() <= 1 or not collective_failure(exc):
+        return
+    from cadenza.rl.train.checkpoint import latest_checkpoint
+
+    out = Path(cfg.run.out_dir)  # type: ignore[attr-defined]
+    newest = latest_checkpoint(out)
+    first = " ".join(str(exc).split())[:160]
+    typer.echo(
+        f"error: rank {os.environ.get('RANK', '?')}: a collective failed ({type(exc).__name__}: {first}); "
+        f"another rank most likely died (see its output) or hung past run.collective_timeout_s = "
+        f"{cfg.run.collective_timeout_s:g} s; newest checkpoint: "  # type: ignore[attr-defined]
+        f"{newest if newest is not None else 'none'} (run the same command again to resume from it)",
+        err=True,
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)

@@ -10,6 +10,7 @@ CLI on several ranks without a TCP store.
 
 from __future__ import annotations
 
+import datetime
 import os
 import pickle
 from collections.abc import Callable
@@ -30,9 +31,12 @@ def launched_ranks() -> int:
     return 1
 
 
-def init_distributed(*, single_process_group: bool = True) -> tuple[bool, str]:
+def init_distributed(
+    *, single_process_group: bool = True, timeout_s: float | None = None
+) -> tuple[bool, str]:
     """Join the launched group (or, if ``single_process_group``, make a one-process one); returns
-    (created here, device)."""
+    (created here, device). ``timeout_s``: the longest a collective waits for the other ranks (torch's
+    default, 30 min, when None), so a rank that died or hangs ends the job instead of stalling it."""
     cuda = torch.cuda.is_available()
     device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}" if cuda else "cpu"
     if cuda:
@@ -43,12 +47,24 @@ def init_distributed(*, single_process_group: bool = True) -> tuple[bool, str]:
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
         init_method = os.environ.get("CADENZA_INIT_METHOD", "env://")
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world)
+        timeout = {} if timeout_s is None else {"timeout": datetime.timedelta(seconds=timeout_s)}
+        dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, **timeout)
     elif single_process_group:  # a private in-memory group (a TCPStore would listen on every interface)
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     else:
         return False, device
     return True, device
+
+
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "imed out")
+
+
+def collective_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective that failed because another rank died, hung or left."""
+    if isinstance(exc, dist.DistError):  # DistBackendError, DistNetworkError, DistStoreError
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("gloo" in text or any(m in text for m in _PEER_GONE))
 
 
 def share_from_rank0(fn: Callable[[], T], *, result_to_all: bool = True) -> T:

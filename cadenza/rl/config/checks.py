@@ -26,6 +26,7 @@ def validate(cfg: TrainConfig, base: Path = Path(".")) -> None:
     need(cfg.run.checkpoint_every >= 0, "run.checkpoint_every must be >= 0 (0 = only at the end)")
     need(cfg.run.threads >= 0, "run.threads must be >= 0 (0 = torch's default)")
     need(cfg.run.keep_checkpoints >= 1, "run.keep_checkpoints must be >= 1")
+    need(cfg.run.collective_timeout_s > 0, "run.collective_timeout_s must be > 0 (seconds)")
     need(cfg.rollout.group_size >= 2, "rollout.group_size must be >= 2 (GRPO normalises within a group)")
     need(cfg.rollout.tasks_per_step >= 1, "rollout.tasks_per_step must be >= 1")
     need(

@@ -24,6 +24,9 @@ class RunConfig:
     progress: bool = True  # a progress bar with reward, invalid-tool rate and SD loss
     threads: int = 0  # torch intra-op threads (0 = torch's default); 1 suits tiny models on shared CPUs
     measure_kl: bool = True  # KL(before || after) of each update on un-hinted turns (one extra forward)
+    # torchrun: the longest one collective waits for the other ranks (a dead or hung rank ends the run
+    # after at most this long); it must exceed one step's rollouts, which the other ranks wait out
+    collective_timeout_s: float = 1800.0
 
 
 @dataclass(kw_only=True)

@@ -65,16 +65,52 @@ class ModuleWeights:
         return engine_names(named_full_tensors(self.module, dtype=self.dtype))
 
 
-def weight_source(weights: ModuleWeights) -> Any:
-    """Wrap :class:`ModuleWeights` as vLLM's ``WeightSource`` (imports vLLM: GPU trainer env only)."""
+class ShardStream(ModuleWeights):
+    """One pass over a sharded module's full tensors, under the engine's names (collective per tensor).
+
+    Iterating it continues where the last iteration stopped, so :meth:`drain` after a partial read (an
+    engine error) runs the remaining collectives; :class:`ModuleWeights`' metadata (names, dtypes, global
+    shapes) lets vLLM's native NCCL / IPC transfer consume it too.
+    """
+
+    def __init__(self, module: torch.nn.Module, *, dtype: torch.dtype | None = None) -> None:
+        super().__init__(module, dtype=dtype)
+        self._source: Iterator[tuple[str, torch.Tensor]] | None = None
+        self.gathered = 0  # full tensors gathered so far (the same on every rank once drained)
+
+    def _tensors(self) -> Iterator[tuple[str, torch.Tensor]]:
+        if self._source is None:
+            self._source = self._counted()
+        return self._source
+
+    def _counted(self) -> Iterator[tuple[str, torch.Tensor]]:
+        for item in named_full_tensors(self.module, dtype=self.dtype):
+            self.gathered += 1
+            yield item
+
+    def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
+        return engine_names(self._tensors())
+
+    def drain(self) -> None:
+        """Gather (and drop) whatever is left: every rank ends the pass with the same collectives."""
+        for _ in self._tensors():
+            pass
+
+
+def weight_source(weights: ModuleWeights | Any) -> Any:
+    """Wrap :class:`ModuleWeights` as vLLM's ``WeightSource`` (imports vLLM: GPU trainer env only).
+    ``weights`` may be a zero-argument callable returning the current :class:`ModuleWeights`: each push
+    then reads that sync's stream (a :class:`ShardStream` is read once)."""
     from vllm.distributed.weight_transfer.base import ParamMeta, WeightSource
+
+    current = weights if callable(weights) else (lambda: weights)
 
     class _Source(WeightSource):
         def metadata(self) -> list[Any]:
-            return [ParamMeta(n, d, s) for n, d, s in weights.metadata()]
+            return [ParamMeta(n, d, s) for n, d, s in current().metadata()]
 
         def __iter__(self) -> Iterator[tuple[str, torch.Tensor]]:
-            return iter(weights)
+            return iter(current())
 
     return _Source()
 
@@ -118,8 +154,9 @@ class NativeWeightSync:
                 "--same-env (or use weight_transfer='worker')"
             ) from None
         self.base_url = base_url
+        self.weights = weights  # what the next push streams (see :meth:`push`)
         client = clients.HTTPVLLMWeightSyncClient(base_url, timeout=config.timeout_s)
-        source = weight_source(weights)
+        source = weight_source(lambda: self.weights)
         try:
             if config.backend == "nccl":
                 port = config.master_port or _free_port(config.master_address)
@@ -140,7 +177,10 @@ class NativeWeightSync:
         except Exception as e:
             raise EngineError(f"engine 'vllm' native weight transfer init failed: {_one_line(e)}") from None
 
-    def push(self) -> None:
+    def push(self, weights: ModuleWeights | None = None) -> None:
+        """Send ``weights`` (this sync's stream; default: the ones given at init, read again)."""
+        if weights is not None:
+            self.weights = weights
         try:
             self.engine.send_weights()
         except Exception as e:

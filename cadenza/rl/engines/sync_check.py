@@ -73,8 +73,11 @@ class ParityProbe:
         target = torch.tensor(self.ids[1:], device=device)[:, None]
         return logits.log_softmax(-1).gather(-1, target)[:, 0].cpu()
 
-    def check(self, engine: Any, model: torch.nn.Module, version: int) -> float:
-        """The largest log-prob gap after the sync of ``version``; :class:`EngineError` beyond ``tol``."""
+    def check(
+        self, engine: Any, model: torch.nn.Module | None, version: int, *, want: torch.Tensor | None = None
+    ) -> float:
+        """The largest log-prob gap after the sync of ``version``; :class:`EngineError` beyond ``tol``.
+        ``want``: the trainer's log-probs already computed (a sharded policy scores on every rank)."""
         score = getattr(engine, "score", None)
         if not callable(score):
             raise EngineError(
@@ -82,7 +85,9 @@ class ParityProbe:
                 "rollout.sync_probe_tol = 0 for it"
             )
         got = torch.tensor(score([self.ids])[0], dtype=torch.float64)
-        want = self.trainer_logprobs(model)
+        if want is None:
+            assert model is not None
+            want = self.trainer_logprobs(model)
         gap = float((got - want).abs().max()) if got.shape == want.shape else float("inf")
         self.last_gap = gap
         if not gap <= self.tol:

@@ -228,7 +228,7 @@ class VLLMEngine:
         if self._native is None:
             cfg = NativeSyncConfig(backend=self.config.weight_transfer, timeout_s=self._remaining(deadline))
             self._native = NativeWeightSync(self.server.base_url, weights, cfg)
-        self._native.push()
+        self._native.push(weights)  # this sync's stream (a sharded trainer's is read once)
         self._reset_prefix_cache(deadline)
 
     def _reset_prefix_cache(self, deadline: float) -> None:

@@ -201,19 +201,53 @@ class RolloutPipeline:
         version: int,
         *,
         partial: bool = False,
+        here: bool = False,
     ) -> float:
         """Load ``weights()`` into the engine after the jobs queued so far; wait; return the seconds taken.
 
         ``partial``: now instead, between two batches of the rollout in progress (its episodes go on with
         the new weights; each turn records the version that sampled it). The trainer does not touch its
         parameters until this returns, so the stream reads settled weights either way.
+        ``here``: the stream is read on the calling thread (it is a collective of a sharded trainer, which
+        every rank runs on its trainer thread), while the worker thread is held at this point of its queue.
         """
         t0 = time.perf_counter()
         if partial:
             self.engine.sync_between_batches(weights(), version=version, timeout_s=self.timeout_s)
+        elif here:
+            self._sync_here(weights, version)
         else:
             self._wait(self._submit(lambda: self.engine.sync_weights(weights(), version=version)))
         return time.perf_counter() - t0
+
+    def _sync_here(self, weights: Callable[[], Iterable[tuple[str, torch.Tensor]]], version: int) -> None:
+        """Hold the worker thread once the jobs queued so far are done; sync from this thread; release."""
+        reached, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            reached.set()
+            if not release.wait(self.timeout_s * 4):
+                raise EngineError(f"{self.engine.describe()}: the sync to version {version} never ended")
+
+        held = self._submit(hold)
+        try:
+            while not reached.wait(_POLL_S):
+                if held.done():  # cancelled, or the thread is gone: _wait raises the reason
+                    break
+                what = self.engine.overdue(self.timeout_s)
+                if what is not None:
+                    raise EngineError(
+                        f"{self.engine.describe()} did not finish a {what} within {self.timeout_s:g} s "
+                        "(rollout.engine_timeout_s); training stopped"
+                    )
+                if not self.thread.is_alive():
+                    raise EngineError(f"the rollout thread of {self.engine.describe()} died")
+            if held.done():
+                self._wait(held)
+            self.engine.sync_weights(weights(), version=version)
+        finally:
+            release.set()
+        self._wait(held)
 
     def _wait(self, fut: Future) -> Any:
         while True:

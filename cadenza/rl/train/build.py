@@ -97,6 +97,7 @@ def check_same_run(path: Path, cfg: TrainConfig) -> None:
         for k in new[sec]
         if old.get(sec, {}).get(k, default.get(sec, {}).get(k)) != new[sec][k]
         and not (sec == "run" and k in _RESUMABLE_CHANGES)
+        and sec != "parallel"  # another world size or layout: DCP reshards on load
     ]
     if diffs:
         raise CadenzaError(

@@ -62,7 +62,14 @@ def save_checkpoint(
         save_model(mod, str(tmp / f"{name}.safetensors"))
     torch.save(optimizer.state_dict(), tmp / "optimizer.pt")
     torch.save({"rng": rng_state(generators), "trainer": trainer_state or {}}, tmp / "state.pt")
-    return lifecycle.publish(tmp, step, {"modules": sorted(modules or {})}, keep=keep)
+    meta = {"modules": sorted(modules or {}), "arch": arch_of(model)}
+    return lifecycle.publish(tmp, step, meta, keep=keep)
+
+
+def arch_of(model: torch.nn.Module) -> dict[str, Any]:
+    """The model's shape-defining config entries, recorded in ``meta.json`` (checked before a resume)."""
+    config = getattr(model, "config", None)
+    return lifecycle.model_arch(config.to_dict()) if hasattr(config, "to_dict") else {}
 
 
 def list_checkpoints(out_dir: str | Path) -> list[Path]:

@@ -16,6 +16,7 @@ group refines this one.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -37,17 +38,23 @@ class DataParallel:
     world: int = 1
     device: str = "cpu"  # where collectives' small tensors live: the GPU under NCCL
     owns_group: bool = False  # joined here (not by a caller, e.g. a test harness): :meth:`leave` ends it
+    # CADENZA_FORCE_SHARDING=1: shard the policy even in one process (a one-rank group; the one-GPU
+    # check of the sharded path in bench/gpu_sharded_rl.sh and its CPU analogue)
+    force_sharding: bool = False
 
     @classmethod
-    def join(cls) -> DataParallel:
-        """The group torchrun launched (joined here if needed), or a single process when not launched."""
+    def join(cls, *, timeout_s: float | None = None) -> DataParallel:
+        """The group torchrun launched (joined here if needed, its collectives bounded by ``timeout_s``),
+        or a single process when not launched."""
         owns = False
+        force = os.environ.get("CADENZA_FORCE_SHARDING") == "1"
         if not dist.is_initialized():
-            if launched_ranks() <= 1:
+            if launched_ranks() <= 1 and not force:
                 return cls()
-            owns, _ = init_distributed(single_process_group=False)
+            owns, _ = init_distributed(single_process_group=force, timeout_s=timeout_s)
         device = f"cuda:{torch.cuda.current_device()}" if dist.get_backend() == "nccl" else "cpu"
-        return cls(rank=dist.get_rank(), world=dist.get_world_size(), device=device, owns_group=owns)
+        return cls(rank=dist.get_rank(), world=dist.get_world_size(), device=device, owns_group=owns,
+                   force_sharding=force)  # fmt: skip
 
     def leave(self) -> None:
         """End the group if :meth:`join` created it (every rank, after its last collective)."""

@@ -211,7 +211,7 @@ def engine_options(cfg: TrainConfig, policy: HFPolicy, tokenizer: Any) -> list[d
     """``make_engine("vllm", **options)`` for each of ``rollout.engines`` servers, at version 0."""
     r = cfg.rollout
     out = Path(cfg.run.out_dir)
-    model = cfg.model.path or str(_save_initial(policy, tokenizer, out / "engine-model"))
+    model = cfg.model.path or str(save_initial(policy, tokenizer, out / "engine-model"))
     found = []
     for i in range(r.engines):
         options = dict(r.engine_options)  # vllm: VLLMServerConfig / VLLMEngineConfig fields
@@ -223,7 +223,7 @@ def engine_options(cfg: TrainConfig, policy: HFPolicy, tokenizer: Any) -> list[d
     return found
 
 
-def _save_initial(policy: HFPolicy, tokenizer: Any, path: Path) -> Path:
+def save_initial(policy: HFPolicy, tokenizer: Any, path: Path) -> Path:
     """A randomly initialised policy has no directory a served engine could load: write one (atomically;
     the first sync brings the engine to the trainer's weights anyway)."""
     if (path / "config.json").is_file():

@@ -1,7 +1,8 @@
 """The RL policy on the dual mesh: the same ``[parallel]`` table and :mod:`cadenza.parallel` as pretraining.
 
-Under torchrun (world > 1) every rank builds the same HF model, the trainer's copies of it (a frozen,
-EMA or snapshot teacher, the KL reference) and, on rank 0, one unsharded *rollout copy*; then the
+Under torchrun (world > 1, or one rank with ``CADENZA_FORCE_SHARDING=1``) every rank builds the same HF
+model, the trainer's copies of it (a frozen, EMA or snapshot teacher, the KL reference) and, on rank 0
+for the ``hf`` engine or the probe only, one unsharded *rollout copy*; then the
 policy, the teacher and the reference are wrapped by :func:`cadenza.parallel.parallelize` in place
 (FSDP2 on the dense mesh, routed experts split over ``ep`` on the expert mesh) and the optimizer
 (granular sharded Muon or AdamW) is built over the shards, as ``cadenza pretrain`` does.
@@ -27,13 +28,16 @@ policy, the teacher and the reference are wrapped by :func:`cadenza.parallel.par
 * **Gradients.** parallelize divides by the number of data-parallel batches (pretraining's mean);
   the RL loss is a sum over microbatches already weighted by global token counts, so each rank scales
   its loss by ``dims.dp`` and the reduced gradient is the single-process one.
-* **Rollouts.** Rank 0 samples from its unsharded rollout copy, refreshed from the shards after every
-  update (one full tensor at a time, every rank iterating); engines are synced from that copy.
+* **Rollouts.** A ``vllm`` engine is synced straight from the shards (:mod:`.stream_sync`: every rank
+  gathers one full tensor at a time, rank 0 feeds the engine's buckets): no rank holds the whole model.
+  The ``hf`` engine (and the hint-following probe) need an unsharded *rollout copy* on rank 0, refreshed
+  from the shards after every update the same way; it exists only then (``stream_sync.needs_rollout_copy``).
 """
 
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,9 +50,11 @@ from cadenza.parallel import ParallelDims, ParallelOptions, parallelize
 from cadenza.parallel.context import ContextShare
 from cadenza.parallel.dims import build_meshes
 from cadenza.parallel.parallelize import check_model
+from cadenza.rl.engines.gpu_sync import ShardStream
 from cadenza.rl.engines.policy import HFPolicy
 from cadenza.rl.engines.weights import named_full_tensors
 from cadenza.rl.train.data_parallel import DataParallel
+from cadenza.rl.train.local_engine import save_initial
 
 if TYPE_CHECKING:
     from cadenza.rl.config import TrainConfig
@@ -242,9 +248,13 @@ class ShardedPolicy:
             _gather_into(self.probe_teacher, self.modules["teacher"])
         return out
 
+    keep_copy: bool = True
+    """Whether rank 0 holds a rollout copy (the same on every rank: refreshing it is collective)."""
+
     def refresh_rollout_copy(self, model: torch.nn.Module) -> None:
         """Every rank: gather the shards tensor by tensor; rank 0 copies them into its rollout copy."""
-        _gather_into(self.rollout.model if self.rollout is not None else None, model)
+        if self.keep_copy:
+            _gather_into(self.rollout.model if self.rollout is not None else None, model)
 
     def probe_models(self, done_steps: int, teacher: Any) -> tuple[torch.nn.Module, torch.nn.Module]:
         """Every rank (collective when the probe is due and the teacher moves): the unsharded student and
@@ -271,7 +281,8 @@ def shard(
     """Wrap ``policy.model`` and the unsharded ``copies`` (teacher, reference) in place on the dual mesh."""
     dims = check_parallel(cfg, dp.world, policy.model)
     rollout = probe_teacher = None
-    if dp.main:
+    keep_copy = needs_rollout_copy(cfg)
+    if dp.main and keep_copy:
         rollout = HFPolicy(copy.deepcopy(policy.model), device=policy.device)
         rollout.model.requires_grad_(False)
         if cfg.probe.every > 0 and "teacher" in copies:
@@ -281,16 +292,22 @@ def shard(
     wrapped = parallelize(policy.model, meshes, options)
     for module in copies.values():
         parallelize(module, meshes, options)
-    group = ShardedGroup(rank=dp.rank, world=dp.world, device=dp.device, owns_group=dp.owns_group, dims=dims)
+    group = ShardedGroup(rank=dp.rank, world=dp.world, device=dp.device, owns_group=dp.owns_group, dims=dims,
+                         force_sharding=dp.force_sharding)  # fmt: skip
     return ShardedPolicy(
         dims=dims, group=group, rollout=rollout, modules=dict(copies), probe_teacher=probe_teacher,
         probe_every=cfg.probe.every, teacher_kind=cfg.teacher.weights, context=wrapped.context,
+        keep_copy=keep_copy,
     )  # fmt: skip
 
 
 def shard_trainer(trainer: Any) -> ShardedPolicy:
     """Wrap a :class:`~cadenza.rl.train.trainer.Trainer`'s policy, teacher and reference in place."""
     copies = {} if trainer.teacher.config.weights == "live" else {"teacher": trainer.teacher.model}
+    cfg = trainer.cfg
+    if trainer.dp.main and cfg.rollout.engine == "vllm" and not cfg.model.path:
+        # a served engine starts from a directory: write the random initial weights while they are whole
+        save_initial(trainer.policy, trainer.tokenizer, Path(cfg.run.out_dir) / "engine-model")
     if trainer.ref_model is not None:
         copies["reference"] = trainer.ref_model
     shards = shard(trainer.cfg, trainer.dp, trainer.policy, copies)
@@ -307,7 +324,7 @@ def save_checkpoint(trainer: Any, state: dict[str, Any]) -> Path:
     """DCP shards of the policy, optimizer, teacher and reference (every rank), plus rank 0's RNG streams
     and trainer state (``state.pt``), published atomically as ``checkpoints/step-N``."""
     from cadenza.pretrain import checkpoint as dcp_ckpt
-    from cadenza.rl.train.checkpoint import rng_state
+    from cadenza.rl.train.checkpoint import arch_of, rng_state
 
     def extra(tmp: Path) -> None:
         torch.save({"rng": rng_state(), "trainer": state}, tmp / "state.pt")
@@ -317,6 +334,7 @@ def save_checkpoint(trainer: Any, state: dict[str, Any]) -> Path:
         "fingerprint": dcp_ckpt.fingerprint(trainer.model),
         "world_size": trainer.dp.world,
         "modules": sorted(trainer.shards.modules),
+        "arch": arch_of(trainer.model),
     }
     return dcp_ckpt.save(
         trainer.out / "checkpoints", trainer.step, trainer.model, trainer.optimizer, meta,
@@ -343,3 +361,67 @@ def load_checkpoint(
     state = torch.load(path / "state.pt", weights_only=False)
     set_rng_state(state["rng"])
     return int(meta["step"]), state["trainer"]
+
+
+# ---------------------------------------------------------------- engine syncs straight from the shards
+# A served engine (``vllm``) takes the weights as a stream of ``(name, full tensor)``. Under ``[parallel]``
+# each full tensor is a collective (``DTensor.full_tensor()``), so every rank walks the sharded model's
+# parameters in the same order, on the trainer's thread, at the same point of the step: rank 0 hands each
+# tensor to the engine's bucketed sync (``VLLMEngine`` buckets of ``bucket_bytes``), the other ranks drop
+# it. No rank holds the whole model: beyond its shard, rank 0 holds the full tensor being gathered plus
+# the bucket being staged (at most ``bucket_bytes``, plus one serialised copy of it), and the other ranks
+# one full tensor. The largest full tensor is one layer's stacked routed experts (``gate_up_proj
+# [E, 2I, H]``): that is the unit the bound is stated in, since the per-expert views the engine loads
+# keep it alive until their bucket is sent.
+#
+# The ``hf`` engine (and the hint-following probe) sample from an unsharded copy on rank 0 instead
+# (:class:`ShardedPolicy` keeps it only then: :func:`needs_rollout_copy`).
+#
+# If rank 0's engine call fails half-way, rank 0 still drains the stream, so the other ranks finish their
+# collectives, and the error reaches every rank through :func:`~cadenza.parallel.launch.share_from_rank0`.
+# With ``rollout.max_staleness > 0`` rank 0 first waits (on the trainer's thread) until the rollouts queued
+# ahead of the sync are done, then streams while the rollout thread is held (``RolloutPipeline.sync(...,
+# here=True)``): the order of syncs and rollouts is the synchronous schedule's, as without sharding.
+
+
+def needs_rollout_copy(cfg: TrainConfig) -> bool:
+    """Whether rank 0 keeps an unsharded copy of the policy: the ``hf`` engine samples from it and the
+    hint-following probe scores it; a ``vllm`` engine is synced from the shards and needs none."""
+    return cfg.rollout.engine == "hf" or cfg.probe.every > 0
+
+
+def start_engine(trainer: Any, version: int) -> None:
+    """Every rank, before the first rollouts: rank 0 builds the engine; a served engine that does not hold
+    ``version`` yet (a resumed run) is synced from the shards before it samples."""
+    behind = trainer.dp.share(lambda: trainer._engine_at(version, sync=False).version != version)
+    if behind:
+        stream_sync(trainer, version)
+
+
+def stream_sync(trainer: Any, version: int) -> float:
+    """Every rank: stream the sharded policy into rank 0's engine as ``version``; seconds (rank 0's).
+
+    With ``rollout.sync_probe_tol`` the probe's trainer log-probs are computed first, by a forward of the
+    sharded model on every rank; rank 0 compares the engine's after the sync."""
+    probe = trainer._parity_probe()
+    want = probe.trainer_logprobs(trainer.model) if probe is not None else None
+    stream = ShardStream(trainer.model)
+    if not trainer.dp.main:
+        stream.drain()
+    return trainer.dp.share(lambda: _feed(trainer, stream, version, want))
+
+
+def _feed(trainer: Any, stream: ShardStream, version: int, want: torch.Tensor | None) -> float:
+    """Rank 0: the engine reads the stream (through the rollout pipeline once it runs); always drained."""
+    try:
+        if trainer.pipeline is None:
+            start = time.perf_counter()
+            trainer._engine.sync_weights(stream, version=version)
+            seconds = time.perf_counter() - start
+        else:
+            partial = trainer.cfg.rollout.partial_rollouts
+            seconds = trainer.pipeline.sync(lambda: stream, version=version, partial=partial, here=True)
+    finally:
+        stream.drain()
+    trainer._check_parity(version, want=want)
+    return seconds

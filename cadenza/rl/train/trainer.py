@@ -78,7 +78,7 @@ class Trainer:
         ensure_valid(cfg)  # once: load_config has already checked a config read from TOML
         self.cfg = cfg
         self.components = parts = components or Components()
-        self.dp = dp or DataParallel.join()
+        self.dp = dp or DataParallel.join(timeout_s=cfg.run.collective_timeout_s)
         self.out = Path(cfg.run.out_dir)
         latest = ckpt.latest_checkpoint(self.out) if resume else None
         if latest is not None:
@@ -100,7 +100,9 @@ class Trainer:
         self.ref_model = self._frozen_copy() if cfg.loss.kl_ref > 0 else None
         self.rollout_policy = self.policy  # what engines sample from and sync with
         # under torchrun: the policy, teacher and reference wrapped in place on the dual mesh ([parallel])
-        self.shards = sharding.shard_trainer(self) if self.dp.world > 1 else None
+        self.shards = sharding.shard_trainer(self) if self.dp.world > 1 or self.dp.force_sharding else None
+        self._streams = self.shards is not None and not sharding.needs_rollout_copy(cfg)
+        self._engine_version: int | None = None  # streams: the version the engine was started at
         self.optimizer = (parts.optimizer or build_optimizer)(self.model, cfg)
         self.learner = Learner(cfg=cfg, policy=self.policy, tokenizer=self.tokenizer,
                                optimizer=self.optimizer, teacher=self.teacher, off_policy=is_off_policy(cfg),
@@ -146,24 +148,31 @@ class Trainer:
         """The rollout engine (built on first use), holding the trainer's current weights."""
         return self._engine_at(self.step)
 
-    def _engine_at(self, version: int) -> WatchedEngine:
-        """Build the engine if needed; ``version`` counts the updates the trainer's weights have had."""
+    def _engine_at(self, version: int, *, sync: bool = True) -> WatchedEngine:
+        """Build the engine if needed; ``version`` counts the updates the trainer's weights have had.
+        ``sync=False``: leave a behind engine for the caller (a sync from the shards is collective)."""
         if self._engine is None:
             make = self.components.engine or build_engine
             built = make(self.cfg, self.rollout_policy, self.tokenizer, version=version)
             engine = WatchedEngine(built)
             self._engine = engine
-            if engine.version != version:  # a served engine starts from the initial weights on disk
+            if engine.version != version and sync:  # a served engine starts from the initial weights
                 engine.sync_weights(self._weights(), version=version)
                 self._check_parity(version)
         return self._engine
 
-    def _check_parity(self, version: int) -> None:
-        """``rollout.sync_probe_tol``: the engine scores a probe like the trainer, or the run stops."""
-        if self.cfg.rollout.sync_probe_tol > 0 and self._engine is not None:
-            if self._parity is None:
-                self._parity = ParityProbe(self.tokenizer, self.cfg.rollout.sync_probe_tol)
-            self._parity.check(self._engine.engine, self.rollout_policy.model, version)
+    def _parity_probe(self) -> ParityProbe | None:
+        """The sync probe (``rollout.sync_probe_tol > 0``), built on first use."""
+        if self.cfg.rollout.sync_probe_tol > 0 and self._parity is None:
+            self._parity = ParityProbe(self.tokenizer, self.cfg.rollout.sync_probe_tol)
+        return self._parity
+
+    def _check_parity(self, version: int, *, want: torch.Tensor | None = None) -> None:
+        """``rollout.sync_probe_tol``: the engine scores a probe like the trainer, or the run stops
+        (``want``: the trainer's log-probs, computed by every rank when the policy is sharded)."""
+        if self._parity_probe() is not None and self._engine is not None:
+            model = None if want is not None else self.rollout_policy.model
+            self._parity.check(self._engine.engine, model, version, want=want)
 
     def _weights(self) -> ModuleWeights:
         """The trainer's parameters as ``(engine name, full tensor)``, streamed one at a time (DTensor
@@ -348,14 +357,21 @@ class Trainer:
     def train_step(self, step: int) -> dict[str, Any]:
         """Rollouts -> drop the stale -> update -> sync the engine -> record the pool -> queue ahead."""
         t0 = time.perf_counter()
+        if self._streams and self._engine_version is None:  # every rank: a resumed engine syncs collectively
+            sharding.start_engine(self, step - 1)
+            self._engine_version = step - 1
         episodes, stale_row, generate_s = self.dp.share(lambda: self._take(step))
         wait_s = time.perf_counter() - t0
         upd = self.learner.update(episodes, step=step) if episodes else UpdateResult()
         measure = self.cfg.run.measure_kl and not upd.skipped
         kl = self.learner.update_kl([e.rollout.tokens for e in episodes], upd.hinted) if measure else 0.0
-        if self.shards is not None:  # every rank: the new weights into rank 0's rollout copy
+        if self.shards is not None and not self._streams:  # every rank: new weights into rank 0's copy
             self.shards.refresh_rollout_copy(self.model)
-        sync_s, pool_row = self.dp.share(lambda: self._publish(step))
+        if self._streams:  # every rank streams the shards into rank 0's engine (sharding.stream_sync)
+            sync_s = sharding.stream_sync(self, step)
+            pool_row = self.dp.share(lambda: self._publish(step, synced=True))
+        else:
+            sync_s, pool_row = self.dp.share(lambda: self._publish(step))
         self.episodes += len(episodes)
         row = {"episodes": self.episodes, **metrics_row(episodes, upd, kl, pool_row), **stale_row}
         elapsed = time.perf_counter() - t0
@@ -379,12 +395,12 @@ class Trainer:
         self._collected = collected
         return episodes, stale_row, generate_s
 
-    def _publish(self, step: int) -> tuple[float, dict[str, Any]]:
+    def _publish(self, step: int, *, synced: bool = False) -> Any:
         """Rank 0, after the update: sync the engine, record the pool, queue the rollouts ahead."""
-        sync_s = self._sync_engine(step)
+        sync_s = 0.0 if synced else self._sync_engine(step)
         pool_row = self._record_pool(step, self._collected)
         self._queue(step + self.cfg.rollout.max_staleness + 1)
-        return sync_s, pool_row
+        return pool_row if synced else (sync_s, pool_row)
 
     def _signal_rows(self, tokens: list[Any]) -> tuple[set[int], int]:
         return signal_rows(tokens, self.cfg.loss.drop_zero_variance)

@@ -177,7 +177,11 @@ def test_cp_that_cannot_split_the_sequences_is_one_line(sft_moe, tmp_path):
 
 
 def test_parallel_mistakes_are_one_line_before_any_rank_works(sft_moe, tmp_path):
-    """ep = 3 does not divide 8 experts; ranks leave with the one line (no hang, no traceback)."""
-    for code, out in _launch(_config(sft_moe, tmp_path / "bad", ep=3), 3, tmp_path, check=False):
-        assert code == 2 and "Traceback" not in out, out[-2000:]
-        assert "ep=3 does not divide the number of experts (8)" in out.strip().splitlines()[-1]
+    """ep = 3 does not divide 8 experts (read from config.json): rank 0 leaves with the one line, the
+    others silently, all with exit 2, before any model is loaded (no hang, no traceback)."""
+    results = _launch(_config(sft_moe, tmp_path / "bad", ep=3), 3, tmp_path, check=False)
+    assert [code for code, _ in results] == [2, 2, 2], results
+    first = results[0][1]
+    assert "Traceback" not in first and len(first.strip().splitlines()) == 1, first[-2000:]
+    assert "parallel.ep = 3 does not divide the number of experts (8)" in first
+    assert all(not out.strip() for _, out in results[1:]), results
