@@ -3,7 +3,7 @@
 Prints ONE JSON object: for world 1, 2, 4, 8 (gloo ranks on this machine, ``[parallel] ep = world``,
 ``dp_shard`` filling) the largest per-rank parameter + gradient + optimizer-state bytes of the policy
 after one Muon step, built and sharded by the trainer's own code
-(:func:`cadenza.rl.train.sharding.shard`, :func:`cadenza.rl.train.build.build_optimizer`), the ratio
+(:func:`cadenza.rl.train.ranks.sharding.shard`, :func:`cadenza.rl.train.build.build_optimizer`), the ratio
 to the single-process figure; the frozen teacher's and the KL reference's parameters (sharded alike, no
 gradients or optimizer state); and rank 0's total with and without the unsharded rollout copy. The copy
 (parameters only) exists only for the ``hf`` engine or the hint-following probe; a ``vllm`` engine is synced
@@ -41,8 +41,8 @@ def _measure(rank: int, world: int) -> dict:
     from cadenza.rl.config import ModelConfig, OptimConfig, ParallelDims, TrainConfig
     from cadenza.rl.engines.policy import HFPolicy, tiny_qwen3_moe_config
     from cadenza.rl.train.build import build_optimizer
-    from cadenza.rl.train.data_parallel import DataParallel
-    from cadenza.rl.train.sharding import ShardedHFPolicy, shard
+    from cadenza.rl.train.ranks.data_parallel import DataParallel
+    from cadenza.rl.train.ranks.sharding import ShardedHFPolicy, shard
 
     torch.set_num_threads(1)
     conf = tiny_qwen3_moe_config(

@@ -73,7 +73,7 @@ def _compare(trainer, policy) -> dict:  # type: ignore[no-untyped-def]
 
 
 def main() -> None:
-    from cadenza.rl.train import sharding
+    from cadenza.rl.train.ranks import stream_sync
     from cadenza.rl.train.trainer import Trainer
 
     model, out = Path(sys.argv[1]), Path(sys.argv[2])
@@ -83,7 +83,7 @@ def main() -> None:
     try:
         for step, skip in ((1, False), (2, True)):
             if skip:  # the ranks still gather every tensor (lockstep), rank 0 feeds nothing
-                sharding._feed = lambda _t, stream, _v, _w: (stream.drain(), 0.0)[1]
+                stream_sync._feed = lambda _t, stream, _v, _w: (stream.drain(), 0.0)[1]
             trainer.step = step
             row = trainer.train_step(step)
             policy = _gathered(trainer, model)

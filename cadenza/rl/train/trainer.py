@@ -45,17 +45,17 @@ from cadenza.rl.rollout.episodes import (
     collect_episodes,
     record_pool,
     sample_step_tasks,
-    signal_rows,
 )
 from cadenza.rl.rollout.longtail import CutCounts, step_groups
 from cadenza.rl.rollout.pipeline import RolloutPipeline, WatchedEngine
 from cadenza.rl.train import checkpoint as ckpt
-from cadenza.rl.train import heldout, sharding
+from cadenza.rl.train import heldout
 from cadenza.rl.train.build import build_optimizer, build_policy, check_same_run, is_off_policy
 from cadenza.rl.train.components import Components
-from cadenza.rl.train.data_parallel import DataParallel
 from cadenza.rl.train.local_engine import build_engine
 from cadenza.rl.train.progress import progress_bar
+from cadenza.rl.train.ranks import sharding, stream_sync
+from cadenza.rl.train.ranks.data_parallel import DataParallel
 from cadenza.rl.train.ray_workers import RayWorkers
 from cadenza.rl.train.step_metrics import metrics_row
 from cadenza.rl.train.update import Learner, UpdateResult
@@ -101,7 +101,7 @@ class Trainer:
         self.rollout_policy = self.policy  # what engines sample from and sync with
         # under torchrun: the policy, teacher and reference wrapped in place on the dual mesh ([parallel])
         self.shards = sharding.shard_trainer(self) if self.dp.world > 1 or self.dp.force_sharding else None
-        self._streams = self.shards is not None and not sharding.needs_rollout_copy(cfg)
+        self._streams = self.shards is not None and not stream_sync.needs_rollout_copy(cfg)
         self._engine_version: int | None = None  # streams: the version the engine was started at
         self.optimizer = (parts.optimizer or build_optimizer)(self.model, cfg)
         self.learner = Learner(cfg=cfg, policy=self.policy, tokenizer=self.tokenizer,
@@ -335,12 +335,11 @@ class Trainer:
     def _state(self) -> dict[str, Any]:
         ahead = self.step + self.cfg.rollout.max_staleness
         pending = self.pipeline.ready() if self.pipeline is not None else {}
-        state = {
+        return {
             "episodes": self.episodes,
             "dropped_stale": self.dropped_stale,
             "pending": {s: eps for s, (eps, _) in pending.items() if self.step < s <= ahead},
         }
-        return state
 
     def _save(self) -> Path:
         state = self._state()
@@ -358,7 +357,7 @@ class Trainer:
         """Rollouts -> drop the stale -> update -> sync the engine -> record the pool -> queue ahead."""
         t0 = time.perf_counter()
         if self._streams and self._engine_version is None:  # every rank: a resumed engine syncs collectively
-            sharding.start_engine(self, step - 1)
+            stream_sync.start_engine(self, step - 1)
             self._engine_version = step - 1
         episodes, stale_row, generate_s = self.dp.share(lambda: self._take(step))
         wait_s = time.perf_counter() - t0
@@ -367,8 +366,8 @@ class Trainer:
         kl = self.learner.update_kl([e.rollout.tokens for e in episodes], upd.hinted) if measure else 0.0
         if self.shards is not None and not self._streams:  # every rank: new weights into rank 0's copy
             self.shards.refresh_rollout_copy(self.model)
-        if self._streams:  # every rank streams the shards into rank 0's engine (sharding.stream_sync)
-            sync_s = sharding.stream_sync(self, step)
+        if self._streams:  # every rank streams the shards into rank 0's engine (stream_sync.stream_sync)
+            sync_s = stream_sync.stream_sync(self, step)
             pool_row = self.dp.share(lambda: self._publish(step, synced=True))
         else:
             sync_s, pool_row = self.dp.share(lambda: self._publish(step))
@@ -386,9 +385,7 @@ class Trainer:
         episodes, stale_row = self._fresh(step, collected)
         r = self.cfg.rollout
         drawn, need = step_groups(r.tasks_per_step, r.oversample_groups, r.min_finished_groups)
-        if (
-            need < drawn
-        ):  # long-tail control on: what it cut (absent otherwise: the metrics stay as they were)
+        if need < drawn:  # long-tail control on: what it cut (absent otherwise, as before)
             stale_row.update(self._cuts.pop(step, CutCounts()).as_row())
         if not episodes and not any(e.rollout.tokens.turn_spans for e in collected):
             raise CadenzaError("no rollout produced a model turn; check rollout.max_new_tokens and the env")
@@ -398,12 +395,6 @@ class Trainer:
     def _publish(self, step: int, *, synced: bool = False) -> Any:
         """Rank 0, after the update: sync the engine, record the pool, queue the rollouts ahead."""
         sync_s = 0.0 if synced else self._sync_engine(step)
-        pool_row = self._record_pool(step, self._collected)
+        pool_row = record_pool(self.source, step, self._collected)
         self._queue(step + self.cfg.rollout.max_staleness + 1)
         return pool_row if synced else (sync_s, pool_row)
-
-    def _signal_rows(self, tokens: list[Any]) -> tuple[set[int], int]:
-        return signal_rows(tokens, self.cfg.loss.drop_zero_variance)
-
-    def _record_pool(self, step: int, episodes: list[TrainEpisode]) -> dict[str, Any]:
-        return record_pool(self.source, step, episodes)

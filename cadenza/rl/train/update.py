@@ -22,7 +22,7 @@ from cadenza.rl.learn.step import hinted_mask, rl_losses
 from cadenza.rl.learn.teacher import Teacher, build_hinted_turns
 from cadenza.rl.rollout.episodes import TrainEpisode, signal_rows
 from cadenza.rl.text.tokens import collate
-from cadenza.rl.train.data_parallel import DataParallel
+from cadenza.rl.train.ranks.data_parallel import DataParallel
 
 if TYPE_CHECKING:
     from cadenza.rl.config import TrainConfig

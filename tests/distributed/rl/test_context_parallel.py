@@ -86,7 +86,7 @@ def _ranks(rank: int, world: int) -> dict:
     from cadenza.rl.config import TeacherConfig
     from cadenza.rl.engines.policy import HFPolicy
     from cadenza.rl.learn.teacher import Teacher
-    from cadenza.rl.train.sharding import ShardedHFPolicy, ThroughRoot
+    from cadenza.rl.train.ranks.sharding import ShardedHFPolicy, ThroughRoot
 
     model = tiny_model("qwen3_moe")
     batch = _batch(model.config.vocab_size)

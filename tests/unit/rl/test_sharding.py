@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from cadenza.errors import ConfigError
-from cadenza.rl.train.sharding import check_context
+from cadenza.rl.train.ranks.sharding import check_context
 from tests.support.tiny_moe import tiny_model
 
 
@@ -25,7 +25,7 @@ def test_cp_pairs_share_their_microbatches_in_lockstep_rounds() -> None:
     """World 8 as dp_shard = 4, cp = 2: ranks 2k and 2k+1 compute microbatch k of each round of 4; with 5
     microbatches the second round has one, and the other batches run it as a ghost."""
     from cadenza.parallel import ParallelDims
-    from cadenza.rl.train.sharding import ShardedGroup
+    from cadenza.rl.train.ranks.sharding import ShardedGroup
 
     dims = ParallelDims(cp=2, ep=8).resolve(8)
     groups = [ShardedGroup(rank=r, world=8, dims=dims) for r in range(8)]

@@ -10,7 +10,7 @@ summed gradient is the single-process one up to float summation order; every ran
 the same gradient, so the replicas stay equal (checked at start and by the tests).
 
 Broadcasting whole episodes (token ids, a few KB each) costs far less than a step's forward passes.
-Sharding the weights themselves on the dual mesh (FSDP2, EP) is :mod:`cadenza.rl.train.sharding`, whose
+Sharding the weights themselves on the dual mesh (FSDP2, EP) is :mod:`cadenza.rl.train.ranks.sharding`, whose
 group refines this one.
 """
 
@@ -72,7 +72,7 @@ class DataParallel:
 
     def schedule(self, n: int) -> list[tuple[int, bool]]:
         """``(microbatch, ghost)`` pairs this rank runs; replicas never need a ghost (see
-        :class:`cadenza.rl.train.sharding.ShardedGroup`)."""
+        :class:`cadenza.rl.train.ranks.sharding.ShardedGroup`)."""
         return [(k, False) for k in self.mine(n)]
 
     @property
