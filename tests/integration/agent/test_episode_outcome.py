@@ -14,10 +14,9 @@ from cadenza.agent.replay import replay
 from cadenza.agent.toytask import OPS_SOLVED
 from cadenza.agent.trajectory import Trajectory
 from cadenza.rl.rollout.curriculum import CurriculumConfig
-from cadenza.rl.rollout.episodes import TrainEpisode
+from cadenza.rl.rollout.episodes import TrainEpisode, record_pool
 from cadenza.rl.rollout.monitor_hook import episode_outcome
 from cadenza.rl.rollout.taskset import TaskSetSource
-from cadenza.rl.train.trainer import Trainer
 from cadenza.tasks.records.pool import TaskPool
 from tests.support.sandbox_fixtures import F2P, P2P
 
@@ -83,7 +82,7 @@ def test_a_flagged_episode_is_never_recorded_as_a_pool_success(task_dir: Path, t
         0,
         "r",
     )
-    Trainer._record_pool(SimpleNamespace(source=source), 1, [episode])
+    record_pool(source, 1, [episode])
     with sqlite3.connect(source.pool.path) as db:
         rows = db.execute("SELECT success, flagged, reward FROM pool_attempts").fetchall()
     assert rows == [(0, 1, 0.0)]

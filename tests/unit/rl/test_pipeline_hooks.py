@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+from cadenza.rl.rollout.episodes import record_pool, signal_rows
 from cadenza.rl.rollout.taskset import GroupOutcome
-from cadenza.rl.train.trainer import Trainer
 
 
 def _tokens(groups: dict[str, list[float]]) -> list[SimpleNamespace]:
@@ -15,11 +15,9 @@ def _tokens(groups: dict[str, list[float]]) -> list[SimpleNamespace]:
 
 def test_zero_variance_groups_leave_the_grpo_term_unless_disabled() -> None:
     toks = _tokens({"0:a": [1.0, 1.0], "1:b": [0.0, 1.0, 0.0], "2:c": [0.0, 0.0], "3:d": [0.5]})
-    on = SimpleNamespace(cfg=SimpleNamespace(loss=SimpleNamespace(drop_zero_variance=True)))
-    rows, dropped = Trainer._signal_rows(on, toks)
+    rows, dropped = signal_rows(toks, True)
     assert rows == {2, 3, 4} and dropped == 3  # only b varies; a single-sample group carries no signal either
-    off = SimpleNamespace(cfg=SimpleNamespace(loss=SimpleNamespace(drop_zero_variance=False)))
-    rows, dropped = Trainer._signal_rows(off, toks)
+    rows, dropped = signal_rows(toks, False)
     assert rows == set(range(len(toks))) and dropped == 3
 
 
@@ -39,9 +37,9 @@ def test_record_gets_one_outcome_per_rollout_with_the_task_id() -> None:
             flags=flags,
         )
 
-    me = SimpleNamespace(source=SimpleNamespace(record=record))
+    source = SimpleNamespace(record=record)
     eps = [episode("0:pkg__f:L1", 1.0, True, 0), episode("0:pkg__f:L1", 0.0, True, 2)]
-    assert Trainer._record_pool(me, 5, eps) == {"pool_active": 7}
+    assert record_pool(source, 5, eps) == {"pool_active": 7}
     assert got == [
         (
             5,
@@ -51,4 +49,4 @@ def test_record_gets_one_outcome_per_rollout_with_the_task_id() -> None:
             ],
         )
     ]
-    assert Trainer._record_pool(SimpleNamespace(source=object()), 1, eps) == {}
+    assert record_pool(object(), 1, eps) == {}
