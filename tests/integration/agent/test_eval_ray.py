@@ -20,12 +20,15 @@ def _summary(out) -> dict[str, dict]:
     return {r["task_id"]: r for r in json.loads((out / "summary.json").read_text())["results"]}
 
 
+UNTIMED = ("seconds", "log_tail", "phases")
+
+
 def _untimed(x):
-    """``x`` without its timings (``duration_s``, ``seconds``, pytest's "in 0.2s" log: they vary run to
-    run)."""
+    """``x`` without its timings (``duration_s``, ``seconds``, grading's ``phases``, pytest's "in 0.2s" log:
+    they vary run to run)."""
     if isinstance(x, dict):
         return {
-            k: _untimed(v) for k, v in x.items() if not (k.endswith("_s") or k in ("seconds", "log_tail"))
+            k: _untimed(v) for k, v in x.items() if not (k.endswith("_s") or k in UNTIMED)
         }
     return x
 
