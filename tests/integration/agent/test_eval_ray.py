@@ -27,9 +27,7 @@ def _untimed(x):
     """``x`` without its timings (``duration_s``, ``seconds``, grading's ``phases``, pytest's "in 0.2s" log:
     they vary run to run)."""
     if isinstance(x, dict):
-        return {
-            k: _untimed(v) for k, v in x.items() if not (k.endswith("_s") or k in UNTIMED)
-        }
+        return {k: _untimed(v) for k, v in x.items() if not (k.endswith("_s") or k in UNTIMED)}
     return x
 
 
