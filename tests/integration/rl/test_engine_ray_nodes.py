@@ -33,7 +33,9 @@ from tests.support.engine_helpers import TOL, hf_logprobs, requires_vllm, train_
 from tests.support.ray_cluster import loopback_cluster
 from tests.support.rl_fixtures import config, step_units
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial, requires_vllm, pytest.mark.requires("ray")]
+# its own lane (a worker process of its own): its simulated cluster imports Ray in-process, and a later
+# private cluster in the same process then listened on every interface (seen in CI)
+pytestmark = [pytest.mark.slow, pytest.mark.serial("nodes"), requires_vllm, pytest.mark.requires("ray")]
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 GREEDY = SamplingParams(max_new_tokens=24, temperature=0.0)
