@@ -88,3 +88,17 @@ def loopback_cluster(head: dict[str, Any], *nodes: dict[str, Any]) -> Iterator[t
                 os.environ[k] = v
         time.sleep(0.5)
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def listeners() -> list[tuple[str, int, str]]:
+    """Every listening socket of this process and its descendants (Ray's processes, engine servers):
+    ``(address, port, process name)``, for the loopback-only checks."""
+    import psutil
+
+    me = psutil.Process()
+    seen = []
+    for p in [me, *me.children(recursive=True)]:
+        with contextlib.suppress(psutil.Error):
+            conns = p.net_connections("inet")
+            seen += [(c.laddr.ip, c.laddr.port, p.name()) for c in conns if c.status == psutil.CONN_LISTEN]
+    return seen

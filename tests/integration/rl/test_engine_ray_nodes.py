@@ -30,7 +30,7 @@ from cadenza.rl.train.local_engine import ray_engines
 from cadenza.rl.train.ray_workers import RayWorkers
 from cadenza.rl.train.workers import LocalWorkers
 from tests.support.engine_helpers import TOL, hf_logprobs, requires_vllm, train_step
-from tests.support.ray_cluster import loopback_cluster
+from tests.support.ray_cluster import listeners, loopback_cluster
 from tests.support.rl_fixtures import config, step_units
 
 # its own lane (a worker process of its own): its simulated cluster imports Ray in-process, and a later
@@ -48,19 +48,6 @@ def _hf_greedy(policy: HFPolicy, prompt: list[int], n: int) -> list[int]:
     for _ in range(n):
         ids.append(int(policy.model(torch.tensor([ids])).logits[0, -1].argmax()))
     return ids[len(prompt) :]
-
-
-def _listeners() -> list[tuple[str, int, str]]:
-    """Every listening socket of this process and its descendants (both raylets, the engine server)."""
-    import psutil
-
-    me = psutil.Process()
-    seen = []
-    for p in [me, *me.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):
-            conns = p.net_connections("inet")
-            seen += [(c.laddr.ip, c.laddr.port, p.name()) for c in conns if c.status == psutil.CONN_LISTEN]
-    return seen
 
 
 def _alive_children() -> list[str]:
@@ -172,7 +159,7 @@ def test_engine_actor_on_a_second_node_syncs_to_parity_and_serves_rollout_actors
                 assert _episodes(local.run(units)) == got
 
                 figures.update(_rss_mib(group))
-                seen = _listeners()
+                seen = listeners()
                 port = int(engine.base_url.rsplit(":", 1)[1])
                 assert port in {p for _, p, _ in seen}, seen  # the engine's server is among them
                 assert sum("raylet" in n for _, _, n in seen) >= 1, seen

@@ -21,6 +21,7 @@ from cadenza.rl.text.chat import load_tokenizer
 from cadenza.rl.train.ray_workers import RayWorkers
 from cadenza.rl.train.workers import LocalWorkers
 from tests.support.engine_helpers import requires_vllm
+from tests.support.ray_cluster import listeners
 from tests.support.rl_fixtures import config
 from tests.support.rl_fixtures import step_units as _units
 
@@ -108,19 +109,6 @@ def _logprobs(results) -> list[float]:
     return [x for eps in results for e in eps for x in e.rollout.tokens.behaviour_logprobs]
 
 
-def _listeners() -> list[tuple[str, int, str]]:
-    """Every listening socket of this process and its descendants (Ray's processes, the engine's)."""
-    import psutil
-
-    me = psutil.Process()
-    seen = []
-    for p in [me, *me.children(recursive=True)]:
-        with contextlib.suppress(psutil.Error):
-            conns = p.net_connections("inet")
-            seen += [(c.laddr.ip, c.laddr.port, p.name()) for c in conns if c.status == psutil.CONN_LISTEN]
-    return seen
-
-
 def test_ray_actors_on_a_served_engine_reproduce_local_workers(engine, sft_model_32, tmp_path):
     cfg = config(sft_model_32, tmp_path / "run", steps=2)
     cfg.rollout = dataclasses.replace(cfg.rollout, engine="vllm", engine_timeout_s=300)
@@ -149,7 +137,7 @@ def test_ray_actors_on_a_served_engine_reproduce_local_workers(engine, sft_model
         assert _tokens(got) == want  # same token ids, rewards and policy version, through Ray actors
         assert _logprobs(got) == pytest.approx(_logprobs(first), abs=1e-4)  # batching may move the last bits
         assert workers.counts.retried == workers.counts.lost == 0
-        seen = _listeners()
+        seen = listeners()
         names = {n for _, _, n in seen}
         assert any("raylet" in n for n in names) and any("python" in n for n in names), seen
         assert {ip for ip, _, _ in seen} <= LOOPBACK, seen
