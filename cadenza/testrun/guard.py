@@ -18,8 +18,10 @@ frame access and ``ctypes`` are themselves audited). It decides *who* caused an 
 
 **Trusted roots.** Code is trusted (stdlib or third-party) only when its code object's file is a real
 file under a read-only root fixed at start-up (the interpreter's stdlib, the ``sys.path`` directories
-outside the workspace: the environment) or a frozen stdlib module. Everything else is workspace code: a
-file in ``/tmp`` or any directory put on ``sys.path`` at run time, an unknown ``<...>`` name (code
+outside the workspace: the environment) or a frozen stdlib module; a file reached through a link in a
+root (an environment that links its packages from a shared base) counts when the link's target lies in
+no place writable during the run (workspace, channel, ``/tmp``, ``HOME``). Everything else is workspace
+code: a file in ``/tmp`` or any directory put on ``sys.path`` at run time, an unknown ``<...>`` name (code
 compiled from a string), and a *spoofed* name: a trusted file's name given to code that is not that
 file's text (``compile`` of other text, an AST, ``code.replace``, ``marshal.loads`` of bytes not read
 from a trusted ``.pyc``). So package code cannot launder a reach through a file it wrote.
@@ -61,10 +63,11 @@ FRAME_ATTRS, FRAME_EVENTS, FRAME_WRAPPERS = (
     _R.FRAME_WRAPPERS,
 )
 RENAME_EVENTS, WRITE_FLAGS = _R.RENAME_EVENTS, _R.WRITE_FLAGS
-classify_factory, code_files, trusted_roots = (
+classify_factory, code_files, trusted_roots, writable_places = (
     _R.classify_factory,
     _R.code_files,
     _R.trusted_roots,
+    _R.writable_places,
 )
 
 
@@ -87,7 +90,8 @@ def install(
     runner_files = runner_files | {RULES_FILE}
     roots = trusted_roots(workspace, protected_dirs) if trusted else None
     stdlib = os.path.dirname(os.path.realpath(os.__file__))
-    classify = classify_factory(workspace, test_paths, runner_files, stdlib, roots)
+    writable = writable_places(workspace, protected_dirs)
+    classify = classify_factory(workspace, test_paths, runner_files, stdlib, roots, writable)
     getframe, get_ident, exit_now, realpath = (
         sys._getframe,
         threading.get_ident,

@@ -107,11 +107,17 @@ def trusted_roots(workspace: str, exclude: tuple[str, ...]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(r.rstrip("/") + "/" for r in roots))
 
 
+def writable_places(workspace: str, exclude: tuple[str, ...]) -> tuple[str, ...]:
+    """The directories code may be written to during a run: the workspace, the channel (``exclude``)
+    and the scratch places (``/tmp``, ``/var/tmp``, ``/dev/shm``, ``HOME``), each real, ending in ``/``."""
+    scratch = ("/tmp", "/var/tmp", "/dev/shm", os.path.expanduser("~"))
+    return tuple(os.path.realpath(d).rstrip("/") + "/" for d in (workspace, *exclude, *scratch))
+
+
 def _root_ok(real: str, ws: str, bad: tuple[str, ...]) -> bool:
     """Not inside the workspace or the channel, and holding none of them nor a writable scratch place
     (``/tmp`` itself is never a root; a read-only environment bound below it may be)."""
-    scratch = ("/tmp", "/var/tmp", "/dev/shm", os.path.expanduser("~"))
-    held = (ws, *bad, *(os.path.realpath(d).rstrip("/") + "/" for d in scratch))
+    held = writable_places(ws, bad)
     return not real.startswith((ws, *bad)) and not any(d.startswith(real) for d in held)
 
 
@@ -121,12 +127,15 @@ def classify_factory(
     runner_files: frozenset[str],
     stdlib: str,
     roots: tuple[str, ...] | None = None,
+    writable: tuple[str, ...] = (),
 ):
     """A function ``filename -> kind`` (``runner``, ``test``, ``workspace``, ``stdlib``, ``other``) and
     the set of spoofed filenames it answers ``workspace`` for.
 
     With ``roots`` (the trusted-roots rule), code is trusted only from a real file under a root or from
-    a frozen stdlib module: a file anywhere else (``/tmp``, a directory put on ``sys.path`` at run time),
+    a frozen stdlib module (a file reached through a link in a root counts when its target lies in none
+    of the ``writable`` places: environments link their packages, e.g. a base env shared by symlinks):
+    a file anywhere else (``/tmp``, a directory put on ``sys.path`` at run time),
     an unknown ``<...>`` name (code compiled from a string) and a spoofed filename are workspace code.
     ``roots=None`` is the old rule (any file outside the workspace is harmless), kept for the mutation test.
     """
@@ -148,6 +157,12 @@ def classify_factory(
         if name == "conftest.py" or (name.startswith("test_") and name.endswith(".py")):
             return True
         return name.endswith("_test.py") or any(p in ("tests", "test") for p in parts[:-1])
+
+    def trusted_file(filename: str, real: str) -> bool:
+        if real.startswith(roots):
+            return True
+        reached = os.path.normpath(filename) if filename.startswith("/") else ""
+        return bool(reached) and reached.startswith(roots) and not real.startswith(writable)
 
     def frozen(name: str) -> bool:
         mod = name[len("<frozen ") : -1] if name.startswith("<frozen ") and name.endswith(">") else ""
@@ -172,7 +187,7 @@ def classify_factory(
                 kind = "runner"
             elif real.startswith(ws):
                 kind = "test" if is_test(real) else "workspace"
-            elif roots is not None and not (isfile(real) and real.startswith(roots)):
+            elif roots is not None and not (isfile(real) and trusted_file(filename, real)):
                 kind = "workspace"  # not a real file under a read-only trusted root
             elif real.startswith(std) and "-packages/" not in real:
                 kind = "stdlib"

@@ -172,12 +172,6 @@ def test_list_show_env_export(task_set):
 
 
 @pytest.mark.slow  # over 10 s on 2 cores: in make test, not make test-fast
-@pytest.mark.xfail(
-    reason="known regression of session 8's trusted-roots guard (branch vsec): on this fixture's light env "
-    "(a .pth that adds the workspace and the host venv's site dir) verify reports the P2P test failing "
-    "before the fix; real-package validation and grading pass. First thing to fix next session.",
-    strict=False,
-)
 def test_verify_passes_and_catches_broken_tasks(task_set, tmp_path):
     ok = cli("verify", str(task_set), "--task", "minipkg-a")
     assert ok.returncode == 0, ok.stdout + ok.stderr

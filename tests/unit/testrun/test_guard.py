@@ -143,3 +143,33 @@ json.dumps({"a": 1})
 def test_ordinary_stdlib_use_never_trips_the_guard(tmp_path: Path):
     rep = _run(tmp_path, ORDINARY)
     assert rep.tampering == [] and rep.passing == {NODE}, (rep.tampering, rep.output_tail)
+
+
+def test_a_linked_environment_is_trusted_unless_its_link_leads_to_a_writable_place(tmp_path: Path):
+    """Environments may link their packages from a shared base (a light env, uv's symlink mode): a file
+    reached through a link in a trusted root is trusted when its target is read-only during the run, and
+    workspace code when the target lies in a writable place (so a planted link launders nothing)."""
+    from cadenza.testrun.guard import classify_factory
+
+    root, base, scratch, ws = (tmp_path / n for n in ("env", "base", "scratch", "ws"))
+    for d in (root, base, scratch, ws):
+        d.mkdir()
+    (root / "own.py").write_text("A = 1\n")
+    (base / "shared.py").write_text("B = 1\n")
+    (scratch / "planted.py").write_text("C = 1\n")
+    (root / "shared.py").symlink_to(base / "shared.py")
+    (root / "planted.py").symlink_to(scratch / "planted.py")
+    (root / "pkgdir").symlink_to(base, target_is_directory=True)
+    classify = classify_factory(
+        str(ws) + "/",
+        ("tests",),
+        frozenset(),
+        "/nonexistent-stdlib",
+        roots=(f"{root}/",),
+        writable=(f"{ws}/", f"{scratch}/"),
+    )
+    kinds = {n: classify(str(root / n)) for n in ("own.py", "shared.py", "planted.py", "pkgdir/shared.py")}
+    linked = {"own.py": "other", "shared.py": "other", "pkgdir/shared.py": "other"}
+    assert kinds == {**linked, "planted.py": "workspace"}
+    assert classify(str(scratch / "planted.py")) == "workspace"  # the target itself, named directly
+    assert classify(str(root / "pkgdir" / ".." / ".." / "scratch" / "planted.py")) == "workspace"
