@@ -21,7 +21,7 @@ from typing import Any
 from cadenza.agent.env import StepResult, ToolCall
 from cadenza.agent.grading.capabilities import task_package_kinds
 from cadenza.agent.grading.diff import compare
-from cadenza.agent.grading.grade import GradeResult, grade, task_env_dir
+from cadenza.agent.grading.grade import GradeResult, grade
 from cadenza.agent.outcome import Outcome
 from cadenza.agent.prompt import initial_messages
 from cadenza.agent.tools import TOOL_NAMES, Toolbox, ToolsConfig
@@ -29,7 +29,7 @@ from cadenza.agent.trajectory import Flag, Trajectory
 from cadenza.errors import CadenzaError, ConfigError
 from cadenza.monitor import monitor as default_monitor
 from cadenza.sandbox import Sandbox, SandboxConfig, hidden_roots
-from cadenza.tasks.records.task import WORKSPACE, load_task
+from cadenza.tasks.records.task import WORKSPACE, load_task, task_python
 
 #: ``monitor(trajectory, task=..., judge=...) -> flags``; the episode's one monitor pass.
 MonitorFn = Callable[..., list[Flag]]
@@ -109,7 +109,7 @@ class Episode:
         shutil.copytree(pristine, self.workspace, symlinks=True)
         sandbox = Sandbox(
             self.workspace,
-            env_dir=task_env_dir(self.task_dir, self.task),
+            env_dir=task_python(self.task_dir, self.task).parent.parent,
             config=self.config.sandbox,
             hidden=hidden_roots(self.task_dir),
             path_map={pristine: self.workspace},

@@ -68,10 +68,6 @@ class GradeResult:
         return asdict(self)
 
 
-def task_env_dir(task_dir: Path, task: Task) -> Path:
-    return task_python(task_dir, task).parent.parent
-
-
 def grade(
     task_dir: str | os.PathLike[str],
     agent_workspace: str | os.PathLike[str],
@@ -95,7 +91,7 @@ def grade(
     agent = Path(agent_workspace)
     if not agent.is_dir():
         raise CadenzaError(f"agent workspace {agent} does not exist")
-    env = task_env_dir(task_dir, task)
+    env = task_python(task_dir, task).parent.parent  # checked: one line when the env is missing
     info = env_info(env)
     policy = GradePolicy.for_task(
         task,

@@ -32,7 +32,7 @@ from cadenza.tasks.leaks.scan_read import (
     read_file,
 )
 from cadenza.tasks.leaks.secret import Secret, derive_secret
-from cadenza.tasks.records.task import GOLD_PATCH, WORKSPACE, Task, load_task
+from cadenza.tasks.records.task import GOLD_PATCH, WORKSPACE, Task, load_task, task_env_dir
 from cadenza.tasks.sources.isolate import run_python
 
 __all__ = ["Finding", "channel_of", "read_content", "scan_paths", "scan_tasks"]
@@ -330,11 +330,6 @@ def task_secret(task_dir: Path, task: Task | None = None) -> Secret:
     task = task or load_task(task_dir)
     patch = (Path(task_dir) / GOLD_PATCH).read_text(errors="replace")
     return derive_secret(task.id, Path(task_dir) / WORKSPACE, patch)
-
-
-def task_env_dir(task_dir: Path, task: Task) -> Path:
-    env = Path(task.env)
-    return env if env.is_absolute() else Path(task_dir) / env
 
 
 def scan_tasks(task_dirs: Iterable[Path]) -> list[Finding]:

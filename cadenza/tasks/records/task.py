@@ -103,12 +103,17 @@ def save_task(task_dir: str | Path, task: Task) -> None:
     atomic_write_json(Path(task_dir) / TASK_JSON, task.to_dict())
 
 
-def task_python(task_dir: str | Path, task: Task | None = None) -> Path:
-    """The python executable of the task's environment."""
-    task = task or load_task(task_dir)
+def task_env_dir(task_dir: str | Path, task: Task) -> Path:
+    """The task's environment directory (``task.env``, relative to the task directory unless absolute);
+    it may not exist: :func:`task_python` is the checked way in."""
     env = Path(task.env)
-    if not env.is_absolute():
-        env = Path(task_dir) / env
+    return env if env.is_absolute() else Path(task_dir) / env
+
+
+def task_python(task_dir: str | Path, task: Task | None = None) -> Path:
+    """The python executable of the task's environment (one line naming the fix when it is missing)."""
+    task = task or load_task(task_dir)
+    env = task_env_dir(task_dir, task)
     python = env / "bin" / "python"
     if not python.exists():
         raise CadenzaError(

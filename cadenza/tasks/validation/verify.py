@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cadenza.sandbox import SandboxConfig
-from cadenza.tasks.leaks.scan import scan_tasks, task_env_dir
-from cadenza.tasks.records.task import GOLD_PATCH, WORKSPACE, load_task
+from cadenza.tasks.leaks.scan import scan_tasks
+from cadenza.tasks.records.task import GOLD_PATCH, WORKSPACE, load_task, task_env_dir
 
 
 @dataclass(kw_only=True)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from cadenza.agent.grading.grade import grade, task_env_dir
+from cadenza.agent.grading.grade import grade
 from cadenza.integrations.install import ecosystem_env, ecosystem_python
 from cadenza.sandbox import Sandbox, SandboxConfig, hidden_roots
-from cadenza.tasks.records.task import GOLD_PATCH, WORKSPACE, load_task
+from cadenza.tasks.records.task import GOLD_PATCH, WORKSPACE, load_task, task_env_dir
 from tests.support.run_cache import build_once
 from tests.support.tasks_helpers import shared_env_cache
 

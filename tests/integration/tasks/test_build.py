@@ -192,7 +192,7 @@ def test_factory_runner_and_grader_agree_node_by_node(built, tmp_path):
     """The factory's runs (host, as in validation and ``verify``) and grading (sandbox) are one runner: on
     every real task the two give the same outcome for every node ID, on the broken and the fixed tree."""
     from cadenza.agent.grading.grade import grade
-    from cadenza.tasks.leaks.scan import task_env_dir
+    from cadenza.tasks.records.task import task_env_dir
     from cadenza.tasks.sources.runner import run_pytest
     from cadenza.tasks.validation.verify import clone_env
 
