@@ -21,6 +21,7 @@ from pathlib import Path
 from cadenza.metrics import read_metrics
 from cadenza.rl.config import ParallelDims, TrainConfig
 from cadenza.rl.train.checkpoint import list_checkpoints
+from tests.support.ranks import start_ranks
 from tests.support.rl_fixtures import config
 
 TIMEOUT_S = 60  # run.collective_timeout_s
@@ -42,15 +43,7 @@ def _start(cfg: TrainConfig, tmp: Path, world: int = 2) -> list[subprocess.Popen
 
     toml = tmp / "train.toml"
     toml.write_text(tomli_w.dumps(cfg.to_dict()))
-    rdzv = tmp / f"rendezvous-{time.monotonic_ns()}"
-    env = {**os.environ, "WORLD_SIZE": str(world), "CADENZA_INIT_METHOD": f"file://{rdzv}"}
-    env["OMP_NUM_THREADS"] = "1"
-    cmd = [sys.executable, "-m", "cadenza", "train", str(toml)]
-    return [
-        subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
-        for r in range(world)
-    ]  # fmt: skip
+    return start_ranks([sys.executable, "-m", "cadenza", "train", str(toml)], world, tmp)
 
 
 def _kill(procs: list[subprocess.Popen]) -> None:

@@ -9,38 +9,20 @@ checks (``check_received`` on every bucketed reload, the parity probe) pass. A s
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
 from tests.support.engine_helpers import TOL, requires_vllm
+from tests.support.ranks import run_ranks
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial, requires_vllm]
 
 
 def _launch(model: Path, out: Path, tmp: Path, world: int = 2) -> list[str]:
-    rdzv = tmp / "rendezvous"
-    env = {**os.environ, "WORLD_SIZE": str(world), "CADENZA_INIT_METHOD": f"file://{rdzv}"}
-    env["OMP_NUM_THREADS"] = "1"
     cmd = [sys.executable, "-m", "tests.support.sharded_sync_script", str(model), str(out)]
-    procs = [
-        subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
-        for r in range(world)
-    ]  # fmt: skip
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=900)[0])
-    finally:
-        for p in procs:
-            p.kill()
-    for r, (p, o) in enumerate(zip(procs, outs, strict=True)):
-        assert p.returncode == 0, f"rank {r} failed:\n{o[-4000:]}"
-    return outs
+    return [o for _, o in run_ranks(cmd, world, tmp)]
 
 
 def test_sharded_policy_syncs_into_vllm_with_greedy_parity(sft_moe, tmp_path):

@@ -12,9 +12,7 @@ shared file instead of a TCP store (which would listen beyond loopback).
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +21,7 @@ import pytest
 from cadenza.metrics import read_metrics
 from cadenza.rl.config import ParallelDims, TrainConfig
 from cadenza.rl.train.checkpoint import list_checkpoints
+from tests.support.ranks import run_ranks
 from tests.support.rl_fixtures import config
 
 STEPS = 3
@@ -51,30 +50,7 @@ def _launch(cfg: TrainConfig, world: int, tmp: Path, *, check: bool = True) -> l
 
     toml = tmp / f"train-{world}.toml"
     toml.write_text(tomli_w.dumps(cfg.to_dict()))
-    rdzv = tmp / f"rendezvous-{world}"
-    rdzv.unlink(missing_ok=True)
-    env = {
-        **os.environ,
-        "WORLD_SIZE": str(world),
-        "CADENZA_INIT_METHOD": f"file://{rdzv}",
-        "OMP_NUM_THREADS": "1",
-    }
-    cmd = [sys.executable, "-m", "cadenza", "train", str(toml)]
-    procs = [
-        subprocess.Popen(cmd, env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
-        for r in range(world)
-    ]  # fmt: skip
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=900)[0])
-    finally:
-        for p in procs:
-            p.kill()
-    for r, (p, out) in enumerate(zip(procs, outs, strict=True)):
-        assert p.returncode == 0 or not check, f"rank {r} failed:\n{out[-3000:]}"
-    return [(p.returncode, out) for p, out in zip(procs, outs, strict=True)]
+    return run_ranks([sys.executable, "-m", "cadenza", "train", str(toml)], world, tmp, check=check)
 
 
 def _same(got: dict, want: dict, rel: dict[str, float] | None = None) -> float:
