@@ -14,7 +14,10 @@ in order, so its module fixtures are built once.
 
 from __future__ import annotations
 
+import json
 import os
+import resource
+import time
 from pathlib import Path
 
 import pytest
@@ -72,3 +75,23 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
         problem = registry_problem()
         if problem:
             pytest.skip(f"package registry unreachable ({problem}); this test fetches packages from it")
+
+
+def _cpu_s() -> float:
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    """With ``CADENZA_TEST_CPU_LOG=FILE``: one JSON line per test (setup, call and teardown together): its
+    wall time and the CPU time of the worker plus the children it waited for (subprocesses, engines, Ray),
+    the figure that decides the suite's length on a machine whose cores are all busy (tests/README.md)."""
+    log = os.environ.get("CADENZA_TEST_CPU_LOG")
+    t0, c0 = time.monotonic(), _cpu_s() if log else 0.0
+    yield
+    if log:
+        wall, cpu = round(time.monotonic() - t0, 2), round(_cpu_s() - c0, 2)
+        row = {"test": item.nodeid, "wall_s": wall, "cpu_s": cpu}
+        with open(log, "a") as fh:
+            fh.write(json.dumps(row) + "\n")
