@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import textwrap
 from pathlib import Path
 
@@ -159,3 +160,69 @@ def shared_env_cache(tmp_path_factory) -> Path:
     if keep:
         return Path(keep)
     return run_dir(tmp_path_factory) / "cadenza-env-cache"  # shared by the xdist workers (it locks per env)
+
+
+def bad_sources(root: Path) -> dict[str, str]:
+    """Bad sources (missing, no tests, not Python, a dependency that does not exist) -> a word their report
+    row must contain."""
+    no_tests = root / "no-tests"
+    (no_tests / "pkg").mkdir(parents=True)
+    (no_tests / "pkg" / "__init__.py").write_text("def f():\n    return 1\n")
+    not_python = root / "not-python"
+    not_python.mkdir()
+    (not_python / "index.js").write_text("module.exports = () => 1;\n")
+    (not_python / "README.md").write_text("# a JavaScript project\n")
+    broken = make_repo(
+        root / "broken-install",
+        pyproject=textwrap.dedent("""\
+        [project]
+        name = "minilib"
+        version = "1"
+        dependencies = ["cadenza-no-such-dependency-xyz==0.0.1"]
+        """),
+    )
+    return {
+        str(root / "does-not-exist"): "exist",
+        str(no_tests): "test",
+        str(not_python): "python",
+        str(broken): "cadenza-no-such-dependency-xyz",
+    }
+
+
+#: Three real PyPI packages of three layouts (src, tests inside the package, flat with a test dependency).
+REAL_SOURCES = ["pypi:cachetools==8.0.2", "pypi:toolz==1.2.0", "pypi:tinydb==4.9.0"]
+
+
+def real_taskset(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, dict[str, str]]:
+    """``cadenza tasks build`` of :data:`REAL_SOURCES` and :func:`bad_sources` in one call (2 workers, one
+    task per source, levels 1-2, seed 3), built once per test run for every worker that asks: the task
+    set, the build's completed process and the bad sources."""
+    import json
+    import os
+    import sys
+
+    from tests.support.run_cache import build_once
+
+    def build(d: Path) -> None:
+        bad = bad_sources(d / "bad")
+        # COLUMNS: the summary table keeps its columns with the longer tmp paths of an xdist worker
+        env = {**os.environ, "CADENZA_ENV_CACHE": str(shared_env_cache(tmp_path_factory)), "COLUMNS": "240"}
+        cmd = [
+            sys.executable,
+            "-m",
+            "cadenza",
+            "tasks",
+            "build",
+            *REAL_SOURCES,
+            *bad,
+            "--out",
+            str(d / "set"),
+        ]
+        cmd += ["--workers", "2", "--max-tasks", "1", "--levels", "1,2", "--seed", "3", "--quiet"]
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, env=env)
+        run = {"args": cmd, "returncode": res.returncode, "stdout": res.stdout, "stderr": res.stderr}
+        (d / "build.json").write_text(json.dumps({"run": run, "bad": bad}))
+
+    d = build_once(tmp_path_factory, "real-taskset", build)
+    rec = json.loads((d / "build.json").read_text())
+    return d / "set", subprocess.CompletedProcess(**rec["run"]), rec["bad"]

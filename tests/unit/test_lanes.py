@@ -66,7 +66,7 @@ def test_the_conftest_fails_a_ray_lane_test_when_ray_is_required_but_missing(tmp
 
 
 #: calls that reach the package registry (a base env's pip installs, an isolated pip build)
-REGISTRY_USERS = {"ensure_base_env", "shared_env_cache", "_pip"}
+REGISTRY_USERS = {"ensure_base_env", "shared_env_cache", "real_taskset", "_pip"}
 
 
 def _network_marked(node: ast.AST) -> bool:

@@ -16,28 +16,18 @@ from cadenza.agent.grading.grade import grade
 from cadenza.integrations.install import ecosystem_env, ecosystem_python
 from cadenza.sandbox import Sandbox, SandboxConfig, hidden_roots
 from cadenza.tasks.records.task import GOLD_PATCH, WORKSPACE, load_task, task_env_dir
-from tests.support.run_cache import build_once
-from tests.support.tasks_helpers import shared_env_cache
+from tests.support.tasks_helpers import REAL_SOURCES, real_taskset
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
 
-SOURCES = ["pypi:cachetools==8.0.2", "pypi:toolz==1.2.0"]
 #: SWE-bench's status words -> cadenza's runner outcomes.
 STATUS = {"PASSED": "passed", "FAILED": "failed", "ERROR": "error", "SKIPPED": "skipped", "XFAIL": "xfailed"}
 
 
-def _build(out: Path, cache: Path) -> None:
-    cmd = [sys.executable, "-m", "cadenza", "tasks", "build", *SOURCES, "--out", str(out / "set")]
-    cmd += ["--max-tasks", "1", "--levels", "1,2", "--seed", "3", "--quiet"]
-    env = {**ecosystem_env(), "CADENZA_ENV_CACHE": str(cache)}
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-
-
 @pytest.fixture(scope="module")
 def taskset(tmp_path_factory) -> Path:
-    cache = shared_env_cache(tmp_path_factory)
-    return build_once(tmp_path_factory, "swebench-taskset", lambda d: _build(d, cache)) / "set"
+    """The real task set of the task-build tests (three PyPI packages), built once per run."""
+    return real_taskset(tmp_path_factory)[0]
 
 
 def _swebench(*args: str) -> dict:
@@ -56,7 +46,10 @@ def test_exported_records_load_as_swebench_instances(taskset: Path, tmp_path: Pa
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     (tmp_path / "records.jsonl").write_text(proc.stdout)
-    assert _swebench("instances", str(tmp_path / "records.jsonl")) == {"checked": 2, "problems": {}}
+    assert _swebench("instances", str(tmp_path / "records.jsonl")) == {
+        "checked": len(REAL_SOURCES),
+        "problems": {},
+    }
     # The check can fail: SWE-bench declares the test lists as JSON strings, not lists.
     rec = json.loads(proc.stdout.splitlines()[0])
     bad = {**rec, "FAIL_TO_PASS": json.loads(rec["FAIL_TO_PASS"])}
@@ -100,7 +93,7 @@ def _pytest_log(task_dir: Path, ws: Path, node_ids: list[str]) -> str:
 @pytest.mark.parametrize("gold", [True, False], ids=["gold", "broken"])
 def test_swebench_log_parser_agrees_with_cadenzas_runner(taskset: Path, tmp_path: Path, gold: bool) -> None:
     tasks = sorted(p.parent for p in taskset.glob("*/task.json"))
-    assert len(tasks) == 2
+    assert len(tasks) == len(REAL_SOURCES)
     for n, task_dir in enumerate(tasks):
         task = load_task(task_dir)
         node_ids = [*task.fail_to_pass, *task.pass_to_pass]

@@ -8,17 +8,17 @@ import os
 import sqlite3
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 
 from cadenza.tasks.records.task import load_task
-from tests.support.tasks_helpers import make_repo, shared_env_cache
+from tests.support.tasks_helpers import REAL_SOURCES, bad_sources, real_taskset, shared_env_cache
 
 pytestmark = [pytest.mark.slow, pytest.mark.network]
 
-SOURCES = ["pypi:cachetools==8.0.2", "pypi:toolz==1.2.0", "pypi:tinydb==4.9.0"]
+SOURCES = REAL_SOURCES
+TEST_DEPS = {"pypi:tinydb==4.9.0": "yaml"}  # a dependency of the tests alone the task env must provide
 
 
 def cli(
@@ -33,32 +33,6 @@ def cli(
     )
 
 
-def bad_sources(root: Path) -> dict[str, str]:
-    """Bad sources -> a word their report row must contain."""
-    no_tests = root / "no-tests"
-    (no_tests / "pkg").mkdir(parents=True)
-    (no_tests / "pkg" / "__init__.py").write_text("def f():\n    return 1\n")
-    not_python = root / "not-python"
-    not_python.mkdir()
-    (not_python / "index.js").write_text("module.exports = () => 1;\n")
-    (not_python / "README.md").write_text("# a JavaScript project\n")
-    broken = make_repo(
-        root / "broken-install",
-        pyproject=textwrap.dedent("""\
-        [project]
-        name = "minilib"
-        version = "1"
-        dependencies = ["cadenza-no-such-dependency-xyz==0.0.1"]
-        """),
-    )
-    return {
-        str(root / "does-not-exist"): "exist",
-        str(no_tests): "test",
-        str(not_python): "python",
-        str(broken): "cadenza-no-such-dependency-xyz",
-    }
-
-
 @pytest.fixture(scope="module")
 def env(tmp_path_factory) -> dict[str, str]:
     # COLUMNS: the summary table keeps its columns with the longer tmp paths of an xdist worker.
@@ -66,28 +40,10 @@ def env(tmp_path_factory) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def built(tmp_path_factory, env):
-    tmp = tmp_path_factory.mktemp("build")
-    bad = bad_sources(tmp)
-    out = tmp / "set"
-    res = cli(
-        "build",
-        *SOURCES,
-        *bad,
-        "--out",
-        str(out),
-        "--workers",
-        "2",
-        "--max-tasks",
-        "1",
-        "--levels",
-        "1,2",
-        "--seed",
-        "3",
-        "--quiet",
-        env=env,
-    )
-    return out, res, bad
+def built(tmp_path_factory):
+    """The real task set (three PyPI layouts and the bad sources, one ``tasks build`` call), built once
+    per run and shared with the SWE-bench tests (tests/support/tasks_helpers.real_taskset)."""
+    return real_taskset(tmp_path_factory)
 
 
 def _index(out: Path, sql: str) -> list[tuple]:
@@ -127,7 +83,7 @@ def test_every_task_verifies_and_scans_clean(built, env):
 
 def test_task_dirs_are_self_contained(built, env):
     out, _, _ = built
-    for (tid,) in _index(out, "SELECT id FROM tasks"):
+    for tid, spec in _index(out, "SELECT id, spec FROM tasks"):
         task_dir = out / tid
         task = load_task(task_dir)
         ws = task_dir / "workspace"
@@ -153,6 +109,9 @@ def test_task_dirs_are_self_contained(built, env):
             [python, "-c", f"import {pkg}; print({pkg}.__file__)"], capture_output=True, text=True, cwd="/"
         )
         assert where.stdout.strip().startswith(str(ws)), where.stderr
+        if dep := TEST_DEPS.get(spec):
+            has = subprocess.run([python, "-c", f"import {dep}"], capture_output=True, text=True, cwd="/")
+            assert has.returncode == 0, has.stderr
 
 
 def test_export_swebench(built, env):

@@ -1,4 +1,5 @@
-"""Real PyPI sdists of three layouts through the whole pipeline (network: PyPI via pip)."""
+"""A real PyPI sdist through the draft pipeline in-process (network: PyPI via pip): layout, gold patch,
+deps-only base env, cost per source. A fourth package beside test_build.py's three."""
 
 from __future__ import annotations
 
@@ -15,10 +16,10 @@ from tests.support.tasks_helpers import shared_env_cache
 pytestmark = [pytest.mark.slow, pytest.mark.network]
 
 CASES = [
-    # spec, levels, expected layout, a test dependency the env must provide (None: none needed)
-    ("pypi:cachetools==8.0.2", (1,), "src", None),
+    # spec, levels, expected layout, a test dependency the env must provide (None: none needed). The
+    # other two layouts (cachetools: src, tinydb: flat, with yaml) are built end to end by test_build.py,
+    # whose tasks are also verified, scanned and checked for their test dependency.
     ("pypi:voluptuous==0.16.0", (2, 3), "tests-inside-package", None),
-    ("pypi:tinydb==4.9.0", (1, 2), "flat", "yaml"),
 ]
 
 
