@@ -5,8 +5,8 @@ the second node has no CPU and one ``engine`` resource, so the engine actor (``e
 ``engine_resources = {engine = 1}``) can only land there. Through the same :class:`RayWorkers` wiring the
 trainer uses, the driver syncs it (safetensors bytes through Ray) and then scores like the trainer within
 1e-4 and decodes greedily token for token as HF does; a rollout actor on the head samples from it through
-its router, token-exact with the driver's own router; every listener is on loopback; closing leaves no
-engine process, no ``/dev/shm`` segment of the engine and no process of the cluster.
+its router, token-exact with the driver's own router; every listener is on loopback; killing the engine
+actor ends its server and frees its ``/dev/shm``; closing leaves no process of the cluster.
 """
 
 from __future__ import annotations
@@ -164,7 +164,22 @@ def test_engine_actor_on_a_second_node_syncs_to_parity_and_serves_rollout_actors
                 assert port in {p for _, p, _ in seen}, seen  # the engine's server is among them
                 assert sum("raylet" in n for _, _, n in seen) >= 1, seen
                 assert {ip for ip, _, _ in seen} <= LOOPBACK, seen
+
+                # ``ray.kill`` of the engine actor without ``close()``: Ray SIGKILLs the actor and its direct
+                # children (the server's supervisor, which so gets no chance to stop the server); the server
+                # follows its supervisor's death (``PR_SET_PDEATHSIG``) and stops cleanly. Before, it was
+                # left serving, an orphan of init, with its engine core (found by this test). close() then
+                # still ends everything else.
+                ray.kill(engine.actor, no_restart=True)
+                deadline = time.monotonic() + 60
+                while _group_pids(server) and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                assert not _group_pids(server), "the engine's server outlived its actor"
+                assert not [f for f in shm if os.path.exists(f)], f"/dev/shm segments left: {shm}"
             finally:
+                if server is not None and _group_pids(server):  # a failed check must not leave it running
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(server, signal.SIGKILL)
                 workers.close()
             assert server is not None and not _group_pids(server), "the engine's server outlived close()"
             assert not [f for f in shm if os.path.exists(f)], f"/dev/shm segments left: {shm}"
@@ -206,37 +221,3 @@ def test_cadenza_train_with_the_engine_on_the_second_node_trains_and_leaves_noth
     while _alive_children() and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not _alive_children(), f"processes left behind: {_alive_children()}"
-
-
-def test_killing_the_engine_actor_leaves_no_server_and_no_shared_memory(sft_model_32):
-    """``ray.kill`` of the engine actor without ``close()``: Ray SIGKILLs the actor and its direct
-    children (the server's supervisor, which so gets no chance to stop the server); the server follows
-    its supervisor's death (``PR_SET_PDEATHSIG``) and stops cleanly. Before, it was left serving, an
-    orphan of init, with its engine core (found by this test)."""
-    import ray
-
-    from cadenza.rl.engines.ray_engine import RayEnginePlacement, start_ray_engines
-
-    with loopback_cluster({"num_cpus": 1}, {"num_cpus": 0, "resources": {"engine": 1}}) as (cluster, ids):
-        ray.init(address=cluster.address, log_to_driver=False, configure_logging=False)
-        server = None
-        try:
-            options = {"model": str(sft_model_32), "max_model_len": 512, "kv_cache_gib": 1}
-            placement = RayEnginePlacement(resources={"engine": 1}, call_timeout_s=120, startup_timeout_s=900)
-            (engine,) = start_ray_engines([{**options, "startup_timeout_s": 900}], placement)
-            assert engine.node_id == ids[1]
-            server = engine.info["server_pid"]
-            shm = shm_mapped(_group_pids(server))
-            assert _group_pids(server), "the engine's server is not running"
-            print(json.dumps({"engine_shm_segments": len(shm)}))
-            ray.kill(engine.actor, no_restart=True)  # no close(): the actor process just dies
-            deadline = time.monotonic() + 60
-            while _group_pids(server) and time.monotonic() < deadline:
-                time.sleep(0.5)
-            assert not _group_pids(server), "the engine's server outlived its actor"
-            assert not [f for f in shm if os.path.exists(f)], f"/dev/shm segments left: {shm}"
-        finally:
-            if server is not None and _group_pids(server):  # a failed check must not leave it running
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(server, signal.SIGKILL)
-            ray.shutdown()

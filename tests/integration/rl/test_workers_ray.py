@@ -48,7 +48,7 @@ def test_ray_actors_reproduce_local_units_and_survive_a_killed_actor(sft_model, 
     with torch.no_grad():  # a version the actors could not have loaded from disk
         for w in weights.values():
             w.mul_(1.01)
-    units = _units(cfg)
+    units = _units(cfg, steps=(1,))  # one step's units (each sampled four times below)
     local = LocalWorkers(cfg)
     local.sync(weights.items(), version=5)
     want = _fingerprint(local.run(units))
