@@ -85,8 +85,8 @@ def _cpu_s() -> float:
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem):
     """With ``CADENZA_TEST_CPU_LOG=FILE``: one JSON line per test (setup, call and teardown together): its
-    wall time and the CPU time of the worker plus the children it waited for (subprocesses, engines, Ray),
-    the figure that decides the suite's length on a machine whose cores are all busy (tests/README.md)."""
+    wall time and the CPU time of the worker plus the children it waited for (a floor: daemons nobody
+    waits for, such as Ray's, are missing; tests/README.md)."""
     log = os.environ.get("CADENZA_TEST_CPU_LOG")
     t0, c0 = time.monotonic(), _cpu_s() if log else 0.0
     yield
