@@ -71,7 +71,7 @@ def _cfg(sft_model, tmp_path, **rollout):
     return cfg
 
 
-@pytest.mark.parametrize("actors", [4, 8])
+@pytest.mark.parametrize("actors", [8])  # the issue's case; 4 added nothing 8 does not check
 def test_units_of_one_step_spread_over_both_engines(sft_model, tmp_path, actors):
     """N actors, N units, two engines: each engine gets N / 2 units' sessions in the same step (one
     router per actor sent them all to engine 0), and a group's episodes stay on one engine."""
