@@ -23,10 +23,11 @@ def register(app: typer.Typer) -> None:
 
         preflight.check_train_extra()  # the config holds torch-side sections (parallel dims, Muon)
         from cadenza.pretrain.config import load_config
+
+        cfg = load_config(config)  # torch-free: a bad file is one line before torch is imported
+        preflight.for_pretrain(Path(cfg.output.dir))
         from cadenza.pretrain.loop import run
 
-        cfg = load_config(config)
-        preflight.for_pretrain(Path(cfg.output.dir))
         summary = run(cfg)
         if int(os.environ.get("RANK", "0")) == 0:
             typer.echo(json.dumps(summary))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from cadenza.config_io import from_dict, read_toml
 from cadenza.errors import need
-from cadenza.optim.build import OPTIMIZERS, MuonConfig
+from cadenza.optim.config import OPTIMIZERS, MuonConfig
 from cadenza.parallel.dims import ParallelDims
 
 

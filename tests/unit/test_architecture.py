@@ -30,7 +30,7 @@ AGENT_SIDE = ("tasks", "sandbox", "agent", "monitor", "feedback", "rl", "pretrai
 #: ``agent.trajectory`` and ``agent.llm`` are the formats the monitor reads, below the monitor that the
 #: agent's episode runs.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "jsonio", "pathrel"),
+    ("errors", "jsonio", "lazy", "pathrel"),
     ("", "config_io", "metrics", "checkpoint", "scale", "testing"),
     ("optim", "parallel", "sandbox", "executor"),
     ("testrun", "preflight"),

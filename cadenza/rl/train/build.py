@@ -109,8 +109,8 @@ def check_same_run(path: Path, cfg: TrainConfig) -> None:
 def build_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """``[optim]`` through the shared builder: AdamW, or Muon (``muon_lr``) with AdamW (``lr``) for the
     rest."""
-    from cadenza.optim.build import MuonConfig
     from cadenza.optim.build import build_optimizer as build
+    from cadenza.optim.config import MuonConfig
 
     o = cfg.optim
     if o.name == "muon":  # Muon's AdamW groups keep the builder's betas (0.9, 0.95), as they always had
