@@ -207,17 +207,8 @@ def real_taskset(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess, d
         bad = bad_sources(d / "bad")
         # COLUMNS: the summary table keeps its columns with the longer tmp paths of an xdist worker
         env = {**os.environ, "CADENZA_ENV_CACHE": str(shared_env_cache(tmp_path_factory)), "COLUMNS": "240"}
-        cmd = [
-            sys.executable,
-            "-m",
-            "cadenza",
-            "tasks",
-            "build",
-            *REAL_SOURCES,
-            *bad,
-            "--out",
-            str(d / "set"),
-        ]
+        build_cli = [sys.executable, "-m", "cadenza", "tasks", "build"]
+        cmd = [*build_cli, *REAL_SOURCES, *bad, "--out", str(d / "set")]
         cmd += ["--workers", "2", "--max-tasks", "1", "--levels", "1,2", "--seed", "3", "--quiet"]
         res = subprocess.run(cmd, capture_output=True, text=True, timeout=1500, env=env)
         run = {"args": cmd, "returncode": res.returncode, "stdout": res.stdout, "stderr": res.stderr}
