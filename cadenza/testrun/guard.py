@@ -20,7 +20,8 @@ frame access and ``ctypes`` are themselves audited). It decides *who* caused an 
 file under a read-only root fixed at start-up (the interpreter's stdlib, the ``sys.path`` directories
 outside the workspace: the environment) or a frozen stdlib module; a file reached through a link in a
 root (an environment that links its packages from a shared base) counts when the link's target lies in
-no place writable during the run (workspace, channel, ``/tmp``, ``HOME``). Everything else is workspace
+no place writable during the run (workspace, channel, ``/tmp``, ``HOME``) or is read-only there (a
+venv bound read-only below ``/tmp``). Everything else is workspace
 code: a file in ``/tmp`` or any directory put on ``sys.path`` at run time, an unknown ``<...>`` name (code
 compiled from a string), and a *spoofed* name: a trusted file's name given to code that is not that
 file's text (``compile`` of other text, an AST, ``code.replace``, ``marshal.loads`` of bytes not read

@@ -147,6 +147,7 @@ def classify_factory(
     cache: dict[str, str] = {}
     spoofed: set[str] = set()
     isfile, realpath = os.path.isfile, os.path.realpath
+    access, dirname, W_OK = os.access, os.path.dirname, os.W_OK
 
     def is_test(real: str) -> bool:
         rel = real[len(ws) :]
@@ -162,7 +163,11 @@ def classify_factory(
         if real.startswith(roots):
             return True
         reached = os.path.normpath(filename) if filename.startswith("/") else ""
-        return bool(reached) and reached.startswith(roots) and not real.startswith(writable)
+        if not reached or not reached.startswith(roots):
+            return False
+        # a target under a writable place counts only if it really is read-only here (the sandbox binds
+        # environments read-only, also below /tmp: access() then fails with EROFS)
+        return not real.startswith(writable) or not (access(real, W_OK) or access(dirname(real), W_OK))
 
     def frozen(name: str) -> bool:
         mod = name[len("<frozen ") : -1] if name.startswith("<frozen ") and name.endswith(">") else ""
