@@ -134,7 +134,8 @@ def classify_factory(
 
     With ``roots`` (the trusted-roots rule), code is trusted only from a real file under a root or from
     a frozen stdlib module (a file reached through a link in a root counts when its target lies in none
-    of the ``writable`` places: environments link their packages, e.g. a base env shared by symlinks):
+    of the ``writable`` places or is read-only there: environments link their packages, e.g. a base env
+    shared by symlinks, and the sandbox binds them read-only):
     a file anywhere else (``/tmp``, a directory put on ``sys.path`` at run time),
     an unknown ``<...>`` name (code compiled from a string) and a spoofed filename are workspace code.
     ``roots=None`` is the old rule (any file outside the workspace is harmless), kept for the mutation test.
