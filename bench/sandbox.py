@@ -30,11 +30,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from cadenza.agent.grading.grade import grade, task_env_dir
+from cadenza.agent.grading.grade import grade
 from cadenza.agent.grading.policy import Defences
 from cadenza.agent.toytask import make_task
 from cadenza.sandbox import Sandbox, SandboxConfig
-from cadenza.tasks.records.task import WORKSPACE, load_task, task_python
+from cadenza.tasks.records.task import WORKSPACE, load_task, task_env_dir, task_python
 
 CALLS = 60
 GRADES = 7
