@@ -128,16 +128,24 @@ def test_interrupted_run_resumes_to_the_uninterrupted_result(tmp_path, monkeypat
     assert whole["budget"] == {"steps": 2, "source": "--budget-steps", "episodes": 16}
 
 
+# The pipeline smoke test runs the arms whose checks below need them: the control (which sets the budget),
+# plain GRPO, GRPO + SD (frozen teacher) and the live teacher. The other arms differ from these only in
+# settings that tests/unit/experiments/test_study2.py and tests/unit/rl/test_teacher.py check; all eight
+# would cost twice the time (each arm is a 6-step run with held-out scoring).
+SMOKE_ARMS = ("supervised", "grpo", "grpo_sd", "sd_live")
+
+
 @pytest.mark.slow
 def test_quick_experiment_outputs(tmp_path):
+    assert ExperimentConfig.quick().arms == list(STUDY1_ARMS)  # the first study's arms, by default
     out = tmp_path / "exp"
-    proc = _cli("--out", str(out), "--quick", timeout=1500)
+    proc = _cli("--out", str(out), "--quick", "--arms", ",".join(SMOKE_ARMS), timeout=1500)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "smoke test" in proc.stdout
     results = json.loads((out / "results.json").read_text())
     pre = results["pre_rl"]
     assert pre["valid_with_hint"] > 0.8 and 0.15 < pre["valid_without_hint"] < 0.6
-    assert list(results["arms"]) == list(STUDY1_ARMS)  # the first study's arms, by default
+    assert list(results["arms"]) == list(SMOKE_ARMS)
     budget = results["budget"]
     assert budget["source"] == "supervised control" and 1 <= budget["steps"] <= 6
     per_step = results["config"]["tasks_per_step"] * results["config"]["group_size"]
