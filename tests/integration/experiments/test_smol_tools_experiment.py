@@ -10,6 +10,7 @@ import sys
 import pytest
 
 from cadenza.errors import CadenzaError
+from cadenza.experiments.smol_tools import SmolConfig
 from tests.support.lanes import engines_required
 
 
@@ -28,15 +29,19 @@ def _smollm2():
 @pytest.mark.timeout(2400)  # a few CPU-minutes; far more wall time on a loaded shared machine
 def test_quick_smol_tools_outputs(tmp_path):
     _smollm2()
+    assert SmolConfig.quick().arms == ["grpo", "grpo_sd", "placebo"]  # the pre-registered arms, by default
     out = tmp_path / "smol"
+    # two of the three arms (each costs a model load and a step on SmolLM2): plain GRPO differs from
+    # GRPO + SD only in lambda_sd, which tests/unit/experiments/test_smol_tools.py checks
     cmd = [sys.executable, "-m", "cadenza", "experiment", "smol-tools", "--out", str(out), "--quick"]
+    cmd += ["--arms", "grpo_sd,placebo"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=1200)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "smoke test" in proc.stdout
     res = json.loads((out / "results.json").read_text())
     pre = res["pre_rl"]
     assert 0 <= pre["valid_without_hint"] <= 1 and 0 <= pre["valid_with_hint"] <= 1
-    assert list(res["arms"]) == ["grpo", "grpo_sd", "placebo"]
+    assert list(res["arms"]) == ["grpo_sd", "placebo"]
     step0 = json.loads((out / "step0.json").read_text())
     for arm, (run,) in res["arms"].items():
         assert run["seed"] == 0 and run["steps"] == 1, arm
@@ -48,8 +53,8 @@ def test_quick_smol_tools_outputs(tmp_path):
     # frozen teacher: its diagnostic is the initial model's, equal across SD arms
     sd, pl = res["arms"]["grpo_sd"][0]["probe_curve"], res["arms"]["placebo"][0]["probe_curve"]
     assert sd[0][1] == pl[0][1]
-    # grpo and grpo_sd start from the same rollouts: identical first training batch
-    assert res["arms"]["grpo"][0]["curve"][0] == res["arms"]["grpo_sd"][0]["curve"][0]
+    # both arms start from the same rollouts: identical first training batch
+    assert res["arms"]["placebo"][0]["curve"][0] == res["arms"]["grpo_sd"][0]["curve"][0]
     cfg = json.loads((out / "runs" / "grpo_sd-seed0" / "config.json").read_text())
     assert cfg["model"]["trainable_layers"] == 4 and cfg["rollout"]["response_prefix"].startswith(
         "<tool_call>"
