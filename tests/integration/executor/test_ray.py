@@ -80,7 +80,8 @@ def _sources(root: Path) -> list[Path]:
 def test_ray_build_equals_local_build_and_survives_a_killed_worker(tmp_path, env):
     """One local build is the reference; the Ray build of the same sources has one of its workers killed
     as soon as the first task is published, and still publishes exactly the local tasks, reporting the
-    retry. (A clean Ray run reports 0 retries: test_ray_reaper's rerun checks that.)"""
+    retry; its private cluster listens on loopback only (seen mid-build) and writes no ``~/.ray``. (A clean
+    Ray run reports 0 retries: test_ray_reaper's rerun checks that.)"""
     srcs = _sources(tmp_path)
     _build(srcs, tmp_path / "local", env, "--workers", "2")
     local = _tasks(tmp_path / "local")
@@ -91,11 +92,13 @@ def test_ray_build_equals_local_build_and_survives_a_killed_worker(tmp_path, env
     cmd = _cmd(srcs, out, "--workers", "2", "--executor", "ray")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killed = None
+    seen: list[tuple[str, int, str]] = []  # the private cluster's listeners, mid-build
     try:
         deadline = time.monotonic() + 600
         while killed is None and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.5)
             if (out / "index.sqlite").exists() and _count(out) >= 1:
+                seen = _listeners(proc.pid)
                 killed = _kill_unit_worker(proc.pid)
         stdout, stderr = proc.communicate(timeout=900)
     finally:
@@ -105,6 +108,10 @@ def test_ray_build_equals_local_build_and_survives_a_killed_worker(tmp_path, env
     assert proc.returncode == 0, stdout[-2000:] + stderr[-2000:]
     assert _tasks(out) == local  # nothing lost, nothing twice, same ids and F2P/P2P as the local build
     assert "executor ray: 1 unit(s) retried after a worker died, 0 lost" in stdout, stdout
+    # The private cluster listened on loopback only and wrote nothing to ~/.ray.
+    names = {n for _, _, n in seen}
+    assert any("gcs_server" in n for n in names) and any("raylet" in n for n in names), seen
+    assert {ip for ip, _, _ in seen} <= LOOPBACK, seen
     assert not (Path(env["HOME"]) / ".ray").exists()
 
 
@@ -129,34 +136,25 @@ def _kill_unit_worker(root: int) -> int | None:
     return None
 
 
-LISTENERS = textwrap.dedent("""
-    import json, os, psutil
-    from cadenza.executor import ExecutorConfig, make_executor
-    ex = make_executor(ExecutorConfig(kind="ray", workers=1))
-    assert ex.submit(os.getpid).result(timeout=120) != os.getpid()
-    me = psutil.Process()
+def _listeners(root: int) -> list[tuple[str, int, str]]:
+    """Every listening socket of ``root`` and its descendants: ``(address, port, process name)``."""
+    import psutil
+
     seen = []
-    for p in [me, *me.children(recursive=True)]:
+    try:
+        procs = [psutil.Process(root), *psutil.Process(root).children(recursive=True)]
+    except psutil.Error:
+        return seen
+    for p in procs:
         try:
-            seen += [[c.laddr.ip, c.laddr.port, p.name()] for c in p.net_connections("inet")
-                     if c.status == psutil.CONN_LISTEN]
+            seen += [
+                (c.laddr.ip, c.laddr.port, p.name())
+                for c in p.net_connections("inet")
+                if c.status == psutil.CONN_LISTEN
+            ]
         except psutil.Error:
-            pass
-    ex.close()
-    print(json.dumps(seen))
-""")
-
-
-def test_private_cluster_listens_on_loopback_only_and_writes_no_home_files(tmp_path, env):
-    res = subprocess.run(
-        [sys.executable, "-c", LISTENERS], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path
-    )
-    assert res.returncode == 0, res.stderr[-3000:]
-    seen = json.loads(res.stdout.strip().splitlines()[-1])
-    names = {n for _, _, n in seen}
-    assert any("gcs_server" in n for n in names) and any("raylet" in n for n in names), seen
-    assert {ip for ip, _, _ in seen} <= LOOPBACK, seen
-    assert not (Path(env["HOME"]) / ".ray").exists()
+            continue
+    return seen
 
 
 def _free_port() -> int:
