@@ -5,7 +5,8 @@
 ``swebench.types.SWEbenchInstance`` (every declared key, with its declared type; ``FAIL_TO_PASS`` and
 ``PASS_TO_PASS`` are JSON-encoded lists, as in SWE-bench's datasets). ``parse LOG``: the per-test
 statuses ``swebench.harness.log_parsers.python.parse_log_pytest`` reads from a ``pytest -rA`` log.
-Each prints one JSON object.
+Each prints one JSON object per file it is given, one per line (several files: one interpreter start,
+which imports SWE-bench once).
 """
 
 from __future__ import annotations
@@ -54,13 +55,15 @@ def parse_pytest_log(log: str) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="what", required=True)
-    sub.add_parser("instances").add_argument("records", type=Path)
-    sub.add_parser("parse").add_argument("log", type=Path)
+    sub.add_parser("instances").add_argument("records", type=Path, nargs="+")
+    sub.add_parser("parse").add_argument("log", type=Path, nargs="+")
     args = ap.parse_args(argv)
     if args.what == "instances":
-        print(json.dumps(check_instances(args.records)))
+        for path in args.records:
+            print(json.dumps(check_instances(path)))
     else:
-        print(json.dumps(parse_pytest_log(args.log.read_text(errors="replace"))))
+        for path in args.log:
+            print(json.dumps(parse_pytest_log(path.read_text(errors="replace"))))
 
 
 if __name__ == "__main__":

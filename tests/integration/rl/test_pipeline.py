@@ -1,7 +1,8 @@
 """The whole pipeline at its smallest: toy task set -> warm-started tiny policy -> RL over the task pool.
 
 Real sandboxed episodes, grading, monitor, feedback, GRPO + SD and the SQLite pool; the escalation test
-asks the real task factory for harder tasks from a real PyPI package.
+asks the real task factory for harder tasks from a real project (a local one: the factory's PyPI sources
+are tests/integration/tasks/test_build.py's).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from cadenza.rl.train.demo import DemoConfig, report_table, run_demo
 from cadenza.tasks.records.pool import AttemptResult, TaskPool
 from cadenza.tasks.records.store import TaskStore
 from cadenza.tasks.records.task import load_task, save_task
-from tests.support.tasks_helpers import shared_env_cache
+from tests.support.tasks_helpers import make_repo, shared_env_cache
 
 
 def toy_task_set(root: Path, env: Path, names: list[str]) -> Path:
@@ -159,9 +160,9 @@ def test_training_stops_with_a_clear_message_when_the_pool_is_exhausted(demo_run
 def test_escalation_through_the_real_factory_adds_harder_tasks(
     tmp_path: Path, tmp_path_factory, monkeypatch
 ) -> None:
-    """A pool whose cachetools tasks have gone easy asks the real factory for level 2 from the same source."""
+    """A pool whose minilib tasks have gone easy asks the real factory for level 2 from the same source."""
     monkeypatch.setenv("CADENZA_ENV_CACHE", str(shared_env_cache(tmp_path_factory)))
-    source = "pypi:cachetools==8.0.2"
+    source = str(make_repo(tmp_path / "minilib"))
     root = tmp_path / "set"
     TaskStore(root, create=True)
     with TaskPool(root) as pool:

@@ -1,5 +1,7 @@
 """Rollout units through Ray actors equal the same units run locally, exactly (hf engine, same seeds);
-an actor killed mid-run costs a retry of its unit, not the unit, and the retry is counted."""
+an actor killed mid-run costs a retry of its unit, not the unit, and the retry is counted. Both tests join
+one loopback cluster started for the module (the trainer's private cluster: test_data_parallel_trainer's
+CLI test)."""
 
 from __future__ import annotations
 
@@ -15,10 +17,18 @@ from cadenza.executor import ExecutorConfig
 from cadenza.rl.engines.policy import HFPolicy
 from cadenza.rl.train.ray_workers import RayWorkers
 from cadenza.rl.train.workers import LocalWorkers
+from tests.support.ray_cluster import loopback_cluster
 from tests.support.rl_fixtures import config
 from tests.support.rl_fixtures import step_units as _units
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial("ray")]
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    """One loopback cluster for the module's tests (a cluster start is seconds to tens of seconds)."""
+    with loopback_cluster({"num_cpus": 2}) as (cluster, _):
+        yield cluster.address
 
 
 def _fingerprint(results):
@@ -42,7 +52,9 @@ def one_thread():
     torch.set_num_threads(n)
 
 
-def test_ray_actors_reproduce_local_units_and_survive_a_killed_actor(sft_model, tmp_path, one_thread):
+def test_ray_actors_reproduce_local_units_and_survive_a_killed_actor(
+    sft_model, tmp_path, one_thread, ray_address
+):
     cfg = config(sft_model, tmp_path / "run", steps=2)
     weights = dict(HFPolicy.from_pretrained(sft_model).model.named_parameters())
     with torch.no_grad():  # a version the actors could not have loaded from disk
@@ -55,7 +67,8 @@ def test_ray_actors_reproduce_local_units_and_survive_a_killed_actor(sft_model, 
     assert len(want) == len(units) * cfg.rollout.group_size
     assert {f[4] for f in want} == {5}
 
-    workers = RayWorkers(cfg, 2, ExecutorConfig(kind="ray", workers=2, max_retries=2), timeout_s=300)
+    ex = ExecutorConfig(kind="ray", workers=2, max_retries=2, ray_address=ray_address)
+    workers = RayWorkers(cfg, 2, ex, timeout_s=300)
     try:
         workers.sync(weights.items(), version=5)
         assert _fingerprint(workers.run(units)) == want
@@ -79,7 +92,7 @@ def test_ray_actors_reproduce_local_units_and_survive_a_killed_actor(sft_model, 
         workers.close()
 
 
-def test_trainer_on_ray_actors_trains_exactly_like_units_in_process(sft_model, tmp_path):
+def test_trainer_on_ray_actors_trains_exactly_like_units_in_process(sft_model, tmp_path, ray_address):
     """Two steps of GRPO + SD with rollouts in two Ray actors (weights pushed after every update) give the
     same metrics, bit for bit, as the same units rolled out in the trainer's process."""
     import dataclasses
@@ -104,7 +117,7 @@ def test_trainer_on_ray_actors_trains_exactly_like_units_in_process(sft_model, t
     local_cfg = config(sft_model, tmp_path / "local", steps=2, lambda_sd=1.0)
     UnitTrainer(local_cfg).train()
     ray_cfg = config(sft_model, tmp_path / "ray", steps=2, lambda_sd=1.0)
-    ray_cfg.rollout = dataclasses.replace(ray_cfg.rollout, executor="ray", workers=2)
+    ray_cfg.rollout = dataclasses.replace(ray_cfg.rollout, executor="ray", workers=2, ray_address=ray_address)
     Trainer(ray_cfg).train()
 
     def rows(path):

@@ -3,7 +3,7 @@
 An endpoint nobody answers is one line before any unit runs (every actor health-checks its endpoints at
 start); an engine that goes away after the start fails each unit's engine calls, the unit is re-run up
 to ``max_retries`` times (counted), then the run stops with one line naming the unit, and no episode of
-a failed unit is returned.
+a failed unit is returned. Both tests join one loopback cluster started for the module.
 """
 
 from __future__ import annotations
@@ -22,10 +22,18 @@ from cadenza.executor import ExecutorConfig
 from cadenza.rl.train.ray_workers import RayWorkers
 from cadenza.rl.train.workers import LocalWorkers
 from tests.support.chat_server import closed_port_url
+from tests.support.ray_cluster import loopback_cluster
 from tests.support.rl_fixtures import config
 from tests.support.rl_fixtures import step_units as _units
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial("ray")]
+
+
+@pytest.fixture(scope="module")
+def ray_address():
+    """One loopback cluster for the module's tests (a cluster start is seconds to tens of seconds)."""
+    with loopback_cluster({"num_cpus": 2}) as (cluster, _):
+        yield cluster.address
 
 
 class _Models(BaseHTTPRequestHandler):
@@ -54,14 +62,15 @@ def _cfg(sft_model, tmp_path):
     return cfg
 
 
-def test_unreachable_engine_is_one_line_before_any_work(sft_model, tmp_path):
+def test_unreachable_engine_is_one_line_before_any_work(sft_model, tmp_path, ray_address):
     cfg = _cfg(sft_model, tmp_path)
     url = closed_port_url().removesuffix("/v1")
     with pytest.raises(CadenzaError) as local:
         LocalWorkers(cfg, engines=[_engine(url)])
     t0 = time.monotonic()
     with pytest.raises(CadenzaError) as ray_err:
-        RayWorkers(cfg, 2, ExecutorConfig(kind="ray", workers=2), timeout_s=120, engines=[_engine(url)])
+        ex = ExecutorConfig(kind="ray", workers=2, ray_address=ray_address)
+        RayWorkers(cfg, 2, ex, timeout_s=120, engines=[_engine(url)])
     assert time.monotonic() - t0 < 120
     for err in (local, ray_err):
         msg = str(err.value)
@@ -69,13 +78,17 @@ def test_unreachable_engine_is_one_line_before_any_work(sft_model, tmp_path):
         assert len(msg.splitlines()) == 1 and "Traceback" not in msg
 
 
-def test_engine_gone_after_start_retries_the_unit_then_stops_with_one_line(sft_model, tmp_path):
+def test_engine_gone_after_start_retries_the_unit_then_stops_with_one_line(sft_model, tmp_path, ray_address):
     cfg = _cfg(sft_model, tmp_path)
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Models)
     threading.Thread(target=httpd.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True).start()
     url = f"http://127.0.0.1:{httpd.server_address[1]}"
     workers = RayWorkers(
-        cfg, 2, ExecutorConfig(kind="ray", workers=2, max_retries=2), timeout_s=120, engines=[_engine(url)]
+        cfg,
+        2,
+        ExecutorConfig(kind="ray", workers=2, max_retries=2, ray_address=ray_address),
+        timeout_s=120,
+        engines=[_engine(url)],
     )
     try:
         httpd.shutdown()  # the engine goes away after every actor's health check passed
