@@ -52,15 +52,15 @@ def _check_run(rows: list[dict], k: int, out: Path, port: int) -> None:
 def k0_run(sft_model_32, tmp_path_factory):
     """``cadenza train`` at K = 0 for 3 steps (the parity probe after every sync); step 1's episodes, its
     update's result and the weights right after it are kept for the comparison with the hf engine."""
-    port = _free_port()
     out = tmp_path_factory.mktemp("k0") / "run"
-    trainer = Trainer(_cfg(sft_model_32, out, steps=STEPS, port=port))
+    trainer = Trainer(_cfg(sft_model_32, out, steps=STEPS))  # port 0: the resume test restarts the engine
     step1: dict = {"off_policy": trainer.learner.off_policy}
     update = trainer.learner.update
 
     def spy(episodes, *, step):  # type: ignore[no-untyped-def]
         if step == 1:
             step1["episodes"] = copy.deepcopy(episodes)
+            step1["port"] = trainer._engine.engine.server.port  # the port the server picked
         result = update(episodes, step=step)
         if step == 1:
             step1["update"] = result
@@ -69,7 +69,7 @@ def k0_run(sft_model_32, tmp_path_factory):
 
     trainer.learner.update = spy
     rows = trainer.train()
-    return rows, out, port, step1
+    return rows, out, step1["port"], step1
 
 
 def test_train_with_the_vllm_engine_k0(k0_run):
@@ -108,9 +108,9 @@ def test_resume_syncs_the_checkpoint_weights_before_the_first_rollout(k0_run, sf
     resume sampled from the initial policy while reporting staleness 0. The runtime parity probe
     (``rollout.sync_probe_tol``) runs after every sync of both runs and stops a run whose engine does not
     hold the trainer's weights."""
-    rows, out, port, _ = k0_run  # checkpoint at step 3
+    rows, out, _, _ = k0_run  # checkpoint at step 3
     assert rows[-1]["step"] == STEPS and not rows[-1]["skipped_update"]
-    trainer = Trainer(_cfg(sft_model_32, out, steps=STEPS + 1, port=port))  # the run's config, resumed
+    trainer = Trainer(_cfg(sft_model_32, out, steps=STEPS + 1))
     try:
         assert trainer.step == STEPS
         engine = trainer._engine_at(STEPS)  # what the next step's rollouts will sample from (the probe ran)
