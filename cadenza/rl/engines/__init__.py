@@ -7,10 +7,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cadenza.errors import ConfigError
-from cadenza.rl.engines.engine import ENGINES, RolloutEngine
+
+# no torch at import (engine.py imports it): the vLLM server's supervisor, ``python -m
+# cadenza.rl.engines.vllm_server``, loads this package and starts 3-7 s sooner without it
+if TYPE_CHECKING:
+    from cadenza.rl.engines.engine import RolloutEngine
 
 
 def make_engine(name: str, **options: Any) -> RolloutEngine:
@@ -48,6 +52,8 @@ def make_engine(name: str, **options: Any) -> RolloutEngine:
         from cadenza.rl.engines.openai import OpenAIEngine, OpenAIEngineConfig
 
         return OpenAIEngine(OpenAIEngineConfig(**options))
+    from cadenza.rl.engines.engine import ENGINES
+
     raise ConfigError(f"unknown engine {name!r}; choose one of {', '.join(ENGINES)}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 
 import pytest
@@ -147,6 +148,14 @@ def test_vllm_errors_before_any_process_starts(tmp_path):
     if not vs._probe(sys.executable):  # (unless vLLM was installed here with --same-env)
         with pytest.raises(CadenzaError, match=r"not installed for .*; install it with: python -m cadenza"):
             make_engine("vllm", model=str(tmp_path), python=sys.executable)
+
+
+def test_the_server_supervisor_starts_without_torch():
+    """``python -m cadenza.rl.engines.vllm_server`` runs before every vLLM start: importing torch there
+    cost 3-7 s per engine start (and its memory for the server's lifetime)."""
+    code = "import sys, cadenza.rl.engines.vllm_server; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
 
 
 def _reply(choice: dict) -> tuple[int, bytes]:

@@ -1,10 +1,16 @@
-"""``rollout.engines = 2`` with two real vLLM CPU servers behind the router (the trainer's own start-up
-path, ``served_engines``).
+"""Two real vLLM CPU servers (the trainer's own start-up path, ``served_engines``), one pair for the module.
 
-Episodes spread over both engines and each episode's turns stay on the engine that took its first
-turn; one weight sync (one pass over the tensors) reaches both, each then scores like the trainer's new
-weights, and every sample after it is tagged with the new version; the router draws each prompt's seed
-before it splits a batch, so two engines give the same token ids as one engine for the same seeds.
+``rollout.engines = 2`` behind the router: episodes spread over both engines and each episode's turns
+stay on the engine that took its first turn; one weight sync (one pass over the tensors) reaches both,
+each then scores like the trainer's new weights, and every sample after it is tagged with the new
+version; the router draws each prompt's seed before it splits a batch, so two engines give the same
+token ids as one engine for the same seeds.
+
+Ray rollout actors against a served engine (one of the pair): the actors hold no weights; the driver
+syncs the engine in place and tells them the version; each actor samples through its own router. The
+same units give the same trajectories (token ids) through Ray actors as through local workers against
+the same engine, tagged with the synced version, and every listener of the run (Ray's and the
+engine's) is on 127.0.0.1.
 """
 
 from __future__ import annotations
@@ -14,15 +20,20 @@ import dataclasses
 import pytest
 import torch
 
+from cadenza.executor import ExecutorConfig
 from cadenza.rl.engines.policy import HFPolicy
 from cadenza.rl.text.chat import load_tokenizer
 from cadenza.rl.train.local_engine import served_engines
+from cadenza.rl.train.ray_workers import RayWorkers
 from cadenza.rl.train.workers import LocalWorkers
 from tests.support.engine_helpers import TOL, engine_processes, hf_logprobs, requires_vllm
+from tests.support.ray_cluster import listeners
 from tests.support.rl_fixtures import config
 from tests.support.rl_fixtures import step_units as _units
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial, requires_vllm]
+
+LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 
 
 @pytest.fixture(scope="module")
@@ -114,3 +125,59 @@ def test_two_engines_spread_keep_sessions_sync_together_and_match_one_engine(two
     ref = one.run(units)
     assert _tokens(got) == _tokens(ref)  # same seeds: the same token ids from two engines as from one
     assert len({tuple(ids) for _, ids, _ in _tokens(ref)}) > 1  # real samples, not one repeated sequence
+
+
+def _results(results) -> list[tuple]:
+    out = []
+    for eps in results:
+        assert eps is not None
+        for e in eps:
+            t = e.rollout.tokens
+            out.append((t.group_id, list(t.input_ids), t.reward, e.policy_version))
+    return out
+
+
+def _logprobs(results) -> list[float]:
+    return [x for eps in results for e in eps for x in e.rollout.tokens.behaviour_logprobs]
+
+
+def test_ray_actors_on_a_served_engine_reproduce_local_workers(two, sft_model_32, tmp_path):
+    engine = two[1][0]  # one of the pair (the test above may have synced it: any version goes)
+    cfg = config(sft_model_32, tmp_path / "run", steps=2)
+    cfg.rollout = dataclasses.replace(cfg.rollout, engine="vllm", engine_timeout_s=300)
+    tok = load_tokenizer(str(sft_model_32))
+    weights = dict(HFPolicy.from_pretrained(sft_model_32).model.named_parameters())
+    with torch.no_grad():  # a version the engine could not have loaded from disk
+        for w in weights.values():
+            w.mul_(0.99)  # (not the pair test's 1.01: either test may run first)
+    units = _units(cfg)
+    local = LocalWorkers(cfg, engines=[engine], tokenizer=tok)
+    local.sync(weights.items(), version=5)
+    assert engine.version == 5
+    first = local.run(units)
+    want = _results(first)
+    assert len(want) == len(units) * cfg.rollout.group_size
+    assert {v for *_, v in want} == {5}
+    assert len({tuple(ids) for _, ids, _, _ in want}) > 1  # real samples, not one repeated sequence
+
+    workers = RayWorkers(
+        cfg, 2, ExecutorConfig(kind="ray", workers=2), timeout_s=300, engines=[engine], own_engines=False,
+        tokenizer=tok,
+    )  # fmt: skip
+    try:
+        assert workers.version == 5
+        got = workers.run(units)
+        assert _results(got) == want  # same token ids, rewards and policy version, through Ray actors
+        assert _logprobs(got) == pytest.approx(_logprobs(first), abs=1e-4)  # batching may move the last bits
+        assert workers.counts.retried == workers.counts.lost == 0
+        seen = listeners()
+        names = {n for _, _, n in seen}
+        assert any("raylet" in n for n in names) and any("python" in n for n in names), seen
+        assert {ip for ip, _, _ in seen} <= LOOPBACK, seen
+
+        workers.sync(weights.items(), version=6)  # the trainer's next update: engine synced, actors told
+        assert engine.version == 6 and workers.version == 6
+        assert {v for *_, v in _results(workers.run(units[:1]))} == {6}
+    finally:
+        workers.close()
+    assert engine.server.alive()  # not owned by the workers: still serving
