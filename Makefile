@@ -4,6 +4,7 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install -q --disable-pip-version-check --no-warn-script-location
+INSTALL := $(BIN)/python -m cadenza.installer --python $(BIN)/python --
 
 .PHONY: demo test test-fast lint docs bench prereqs clean-venv
 
@@ -12,11 +13,13 @@ prereqs:
 
 $(BIN)/.ready: pyproject.toml
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
-	@echo "installing cadenza into $(VENV) (first run only, about a minute with a warm pip cache) ..."
+	@echo "installing cadenza into $(VENV) (first run only, about a minute) ..."
 	@$(PIP) --upgrade pip
+	@# uv installs the three venvs about 10x faster than pip (cadenza/installer.py falls back to pip).
+	@$(PIP) uv || echo "uv is not installable here; installing with pip"
 	@# The CPU wheel first, so that no dependency pulls a multi-GB CUDA build of torch.
-	@$(BIN)/python -c "import torch" 2>/dev/null || $(PIP) torch==2.13.0
-	@$(PIP) -e '.[train,dev]'
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(INSTALL) torch==2.13.0
+	@$(INSTALL) -e '.[train,dev]'
 	@$(BIN)/python -c "import cadenza.cli" || { echo "error: the install into $(VENV) failed; rerun with: $(BIN)/python -m pip install -e '.[train,dev]'" >&2; exit 1; }
 	@touch $@
 

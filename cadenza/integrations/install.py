@@ -23,6 +23,7 @@ import tomllib
 from pathlib import Path
 
 import cadenza
+from cadenza import installer
 from cadenza.errors import CadenzaError
 
 #: Supported ranges (the adapter checks them at run time: the Environment/Agent API of 2.x).
@@ -82,10 +83,7 @@ def install(venv: Path | None = None) -> str:
         return python
     if not Path(python).exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=600)
-    cmd = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", "packaging"]
-    cmd += [MINISWE, SWEBENCH, *core_dependencies()]
-    print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True, timeout=1800)
+    installer.install(python, ["packaging", MINISWE, SWEBENCH, *core_dependencies()], timeout=1800)
     if not _works(python):
         raise SystemExit(f"mini-swe-agent/swebench were installed but do not import in {python}")
     return python

