@@ -17,7 +17,7 @@ from tests.support.torchless import run_torchless
 CADENZA = Path(__file__).resolve().parents[2] / "cadenza"
 TORCH_FREE = ("tasks", "sandbox", "agent", "monitor", "feedback", "integrations")
 TORCH_SIDE = ("torch", "transformers", "tokenizers", "safetensors")
-TORCH_FREE_MODULES = ("cli", "errors", "jsonio", "config_io", "preflight")
+TORCH_FREE_MODULES = ("cli", "errors", "jsonio", "config_io", "preflight", "installer")
 TRAINING_SIDE = ("rl", "optim", "parallel", "pretrain", "experiments")
 AGENT_SIDE = ("tasks", "sandbox", "agent", "monitor", "feedback", "rl", "pretrain", "experiments", "commands")
 
@@ -30,7 +30,7 @@ AGENT_SIDE = ("tasks", "sandbox", "agent", "monitor", "feedback", "rl", "pretrai
 #: ``agent.trajectory`` and ``agent.llm`` are the formats the monitor reads, below the monitor that the
 #: agent's episode runs.
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("errors", "jsonio", "lazy", "pathrel"),
+    ("errors", "jsonio", "lazy", "pathrel", "installer"),
     ("", "config_io", "metrics", "checkpoint", "scale", "testing"),
     ("optim", "parallel", "sandbox", "executor"),
     ("testrun", "preflight"),
