@@ -1,7 +1,7 @@
 """Rollout units through Ray actors equal the same units run locally, exactly (hf engine, same seeds);
 an actor killed mid-run costs a retry of its unit, not the unit, and the retry is counted. Both tests join
-one loopback cluster started for the module (the trainer's private cluster: test_data_parallel_trainer's
-CLI test)."""
+the loopback cluster the rollout-worker modules share (``ray_address``: tests/integration/rl/conftest.py;
+the trainer's private cluster is test_data_parallel_trainer's CLI test's)."""
 
 from __future__ import annotations
 
@@ -17,18 +17,10 @@ from cadenza.executor import ExecutorConfig
 from cadenza.rl.engines.policy import HFPolicy
 from cadenza.rl.train.ray_workers import RayWorkers
 from cadenza.rl.train.workers import LocalWorkers
-from tests.support.ray_cluster import loopback_cluster
 from tests.support.rl_fixtures import config
 from tests.support.rl_fixtures import step_units as _units
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial("ray")]
-
-
-@pytest.fixture(scope="module")
-def ray_address():
-    """One loopback cluster for the module's tests (a cluster start is seconds to tens of seconds)."""
-    with loopback_cluster({"num_cpus": 2}) as (cluster, _):
-        yield cluster.address
 
 
 def _fingerprint(results):
