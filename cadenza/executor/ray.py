@@ -168,10 +168,8 @@ class RayExecutor:
                 ) from None
         else:
             self._start_private(ray)
-        from ray.util.queue import Queue
-
-        self._queue = Queue(actor_options={"num_cpus": 0})
-        self._events = _Events(self._queue, self)
+        self._queue: Any = None  # the progress channel's actor: started on first use (see _channel)
+        self._events: _Events | None = None
 
     def _private_env(self) -> None:
         env = {
@@ -219,6 +217,16 @@ class RayExecutor:
             signal.signal(signal.SIGTERM, self._old_sigterm)
             self._old_sigterm = None
 
+    def _channel(self) -> _Events:
+        """The progress channel, an actor of its own: started only for units (``submit``) or a reader
+        (``events``), never for callers that only run actors (the rollout workers, the engines)."""
+        if self._events is None:
+            from ray.util.queue import Queue
+
+            self._queue = Queue(actor_options={"num_cpus": 0})
+            self._events = _Events(self._queue, self)
+        return self._events
+
     # ------------------------------------------------------------------ the seam
 
     def submit(self, fn: Callable[..., Any], *args: Any, num_cpus: int = 1) -> Future[Any]:
@@ -228,6 +236,7 @@ class RayExecutor:
         remote = ray.remote(_call).options(
             num_cpus=num_cpus, max_retries=self.cfg.max_retries, retry_exceptions=False
         )
+        self._channel()
         return remote.remote(self._queue, unit, fn, *args).future()
 
     def actor(self, cls: type, *args: Any, num_cpus: int = 1) -> Any:
@@ -238,7 +247,7 @@ class RayExecutor:
         return ray.remote(cls).options(num_cpus=num_cpus, max_restarts=0).remote(*args)
 
     def events(self) -> EventQueue:
-        return self._events
+        return self._channel()
 
     def retries(self) -> int:
         """Units re-run after their worker died (as far as their start messages arrived)."""
@@ -267,8 +276,9 @@ class RayExecutor:
         import ray
 
         if ray.is_initialized():
-            with contextlib.suppress(Exception):
-                ray.kill(self._queue.actor)
+            if self._queue is not None:
+                with contextlib.suppress(Exception):
+                    ray.kill(self._queue.actor)
             ray.shutdown()
         self._stop_reaper()
         if self._started and self._tmp is not None:  # session files of a private cluster

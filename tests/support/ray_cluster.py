@@ -90,6 +90,35 @@ def loopback_cluster(head: dict[str, Any], *nodes: dict[str, Any]) -> Iterator[t
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+SHARED_CPUS = 4  # the shared cluster's CPUs: the most actors one of its tests runs at once
+
+
+class _Shared:
+    """The loopback cluster consecutive tests share (one start and stop instead of one per module)."""
+
+    stack: contextlib.ExitStack | None = None
+    address: str = ""
+
+
+def shared_address() -> str:
+    """The address of the shared single-node loopback cluster, started on first use. It is stopped by
+    :func:`release_shared` as soon as the next test does not ask for it (a test that kills or stops a
+    cluster, or needs several nodes, starts its own with :func:`loopback_cluster`)."""
+    if _Shared.stack is None:
+        stack = contextlib.ExitStack()
+        cluster, _ = stack.enter_context(loopback_cluster({"num_cpus": SHARED_CPUS}))
+        _Shared.stack, _Shared.address = stack, cluster.address
+    return _Shared.address
+
+
+def release_shared(next_fixtures: list[str] | None, name: str) -> None:
+    """Stop the shared cluster unless the next test (its fixture names; ``None``: no next test) uses the
+    fixture ``name`` that hands it out."""
+    if _Shared.stack is not None and (next_fixtures is None or name not in next_fixtures):
+        stack, _Shared.stack, _Shared.address = _Shared.stack, None, ""
+        stack.close()
+
+
 def listeners() -> list[tuple[str, int, str]]:
     """Every listening socket of this process and its descendants (Ray's processes, engine servers):
     ``(address, port, process name)``, for the loopback-only checks."""

@@ -31,6 +31,7 @@ class _Slot:
     busy: Any = None  # (ref, position, tries) while a unit runs
     since: float = 0.0  # when its unit started (the unit's own deadline counts from here)
     engine: int | None = None  # the served engine its unit's sessions go to
+    dead: bool = False  # its actor was killed and is replaced only when the workers are used again
 
 
 def least_loaded(load: Sequence[int], turn: int) -> int:
@@ -131,13 +132,23 @@ class RayWorkers:
         raise CadenzaError("Ray rollout workers sample inside their actors; call run(units)")
 
     def pids(self) -> list[int]:
+        self._revive()
         return self._get([s.actor.pid.remote() for s in self.slots], "pid query")
+
+    def _revive(self) -> None:
+        """Replace the actors killed by a run that then stopped (not before: a stopping run would wait
+        for an actor start it never uses)."""
+        for i, slot in enumerate(self.slots):
+            if slot.dead:
+                self.counts.restarts += 1
+                self.slots[i] = self._new_slot()
 
     def sync(self, named: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Served engines: sync them in place, then tell the actors the version. Otherwise put the
         weights in the object store once; every actor loads them (one copy per node)."""
         import ray
 
+        self._revive()
         if self.served is not None:
             self.served.sync(named, version)
             self._get([s.actor.at_version.remote(version) for s in self.slots], f"version {version} notice")
@@ -156,6 +167,7 @@ class RayWorkers:
         run stops with one line naming the unit. Nothing of a failed unit is returned."""
         import ray
 
+        self._revive()
         results: list[list[TrainEpisode] | None] = [None] * len(units)
         todo = [(pos, 0) for pos in range(len(units))]  # (position, tries so far)
         self.counts.units += len(units)
@@ -225,15 +237,16 @@ class RayWorkers:
             _, pos, tries = slot.busy
             slot.busy = None
             ray.kill(slot.actor, no_restart=True)
-            self.counts.restarts += 1
-            self.slots[i] = self._new_slot()
             u = units[pos]
-            if tries >= self.max_retries:
+            if tries >= self.max_retries:  # the run stops: its replacement waits for the next use
+                slot.dead = True
                 raise CadenzaError(
                     f"rollout unit (step {u.step}, task {u.index}) did not finish within "
                     f"{self.unit_timeout_s:g} s (rollout.unit_timeout_s) on {tries + 1} attempt(s); "
                     "its actor was killed"
                 )
+            self.counts.restarts += 1
+            self.slots[i] = self._new_slot()
             self.counts.retried += 1
             todo.insert(0, (pos, tries + 1))
 

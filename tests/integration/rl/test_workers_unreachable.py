@@ -3,7 +3,8 @@
 An endpoint nobody answers is one line before any unit runs (every actor health-checks its endpoints at
 start); an engine that goes away after the start fails each unit's engine calls, the unit is re-run up
 to ``max_retries`` times (counted), then the run stops with one line naming the unit, and no episode of
-a failed unit is returned. Both tests join one loopback cluster started for the module.
+a failed unit is returned. Both tests join the loopback cluster the
+rollout-worker modules share (``ray_address``: tests/integration/rl/conftest.py).
 """
 
 from __future__ import annotations
@@ -22,18 +23,10 @@ from cadenza.executor import ExecutorConfig
 from cadenza.rl.train.ray_workers import RayWorkers
 from cadenza.rl.train.workers import LocalWorkers
 from tests.support.chat_server import closed_port_url
-from tests.support.ray_cluster import loopback_cluster
 from tests.support.rl_fixtures import config
 from tests.support.rl_fixtures import step_units as _units
 
 pytestmark = [pytest.mark.slow, pytest.mark.serial("ray")]
-
-
-@pytest.fixture(scope="module")
-def ray_address():
-    """One loopback cluster for the module's tests (a cluster start is seconds to tens of seconds)."""
-    with loopback_cluster({"num_cpus": 2}) as (cluster, _):
-        yield cluster.address
 
 
 class _Models(BaseHTTPRequestHandler):
