@@ -7,6 +7,7 @@ one-line error within the timeout, and a killed parent leaves no engine process 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -131,6 +132,18 @@ def test_weight_sync_parity_file_then_bytes(setup):
     assert not left, f"staged bytes left in shared memory: {left}"
 
 
+def test_engine_core_is_forked_not_spawned(setup):
+    """vLLM's CPU platform spawns its engine core, which then imports vLLM and torch a second time;
+    cadenza's launcher forks it (one import per start): no process of the group is a spawned child."""
+    engine = setup[2]
+    cmdlines = []
+    for pid in _group_pids(engine.server.proc.pid):
+        with contextlib.suppress(OSError):
+            cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode())
+    assert len(cmdlines) >= 3, cmdlines  # supervisor, API server, engine core
+    assert not [c for c in cmdlines if "spawn_main" in c], cmdlines
+
+
 def test_sync_that_runs_out_of_time_is_one_line_error(setup):
     _, policy, engine, _ = setup
     engine.config.sync_timeout_s = 1e-6
@@ -189,16 +202,17 @@ def test_kill_mid_call_is_one_line_error(setup):
 
 
 CHILD = """
-import sys, time
-from cadenza.rl.engines import make_engine
-from cadenza.rl.engines.vllm_server import _group_pids, _shm_mapped
-from cadenza.rl.engines.policy import SampleRequest, SamplingParams
+import json, sys, urllib.request
+from cadenza.rl.engines.vllm_server import VLLMServer, VLLMServerConfig, _group_pids, _shm_mapped
 if __name__ == "__main__":
-    eng = make_engine("vllm", model=sys.argv[1], max_model_len=1024)
-    pgid = eng.server.proc.pid
+    server = VLLMServer(VLLMServerConfig(model=sys.argv[1], max_model_len=1024))
+    server.start()  # what make_engine("vllm") starts, without importing torch here
+    pgid = server.proc.pid
     print("READY", pgid, *sorted(_shm_mapped(_group_pids(pgid))), flush=True)
+    url, head = f"{server.base_url}/v1/completions", {"Content-Type": "application/json"}
+    body = json.dumps({"model": "cadenza", "prompt": [[5, 6, 7]] * 4, "max_tokens": 200}).encode()
     while True:
-        eng.sample(SampleRequest([[5, 6, 7]] * 4, SamplingParams(max_new_tokens=200)))
+        urllib.request.urlopen(urllib.request.Request(url, body, head), timeout=120).read()
 """
 
 
