@@ -182,9 +182,11 @@ class VLLMServer:
     def command(self) -> list[str]:
         c = self.config
         cpu = vllm_is_cpu_build(c.python)
+        # the CPU build goes through cadenza's launcher, which forks the engine core (see vllm_launch)
+        launcher = ["-m", "cadenza.rl.engines.vllm_launch"] if cpu else ["-m"]
         return [
             engine_python(c.python),
-            "-m",
+            *launcher,
             "vllm.entrypoints.openai.api_server",
             "--model",
             c.model,
@@ -279,7 +281,7 @@ class VLLMServer:
             ):
                 if r.status == 200:
                     return
-            time.sleep(0.5)
+            time.sleep(0.1)  # a refused connect costs nothing; /health answers as soon as it is up
         self.stop()
         raise CadenzaError(
             f"engine 'vllm' did not become healthy within {timeout_s:.0f} s; log: {self.log_path}"

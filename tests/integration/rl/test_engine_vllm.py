@@ -7,6 +7,7 @@ one-line error within the timeout, and a killed parent leaves no engine process 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -131,6 +132,25 @@ def test_weight_sync_parity_file_then_bytes(setup):
     assert not left, f"staged bytes left in shared memory: {left}"
 
 
+def test_engine_core_is_forked_not_spawned(setup):
+    """vLLM's CPU platform spawns its engine core, which then imports vLLM and torch a second time;
+    cadenza's launcher forks it (one import per start). A forked child maps torch where its parent
+    does; a spawned one is a new exec, placed elsewhere by ASLR (vLLM renames the process, so its
+    command line cannot tell)."""
+    if Path("/proc/sys/kernel/randomize_va_space").read_text().strip() == "0":
+        pytest.skip("ASLR is off: a spawned process maps torch at the same address as a forked one")
+    engine = setup[2]
+    bases = {}
+    for pid in _group_pids(engine.server.proc.pid):
+        with contextlib.suppress(OSError):
+            maps = Path(f"/proc/{pid}/maps").read_text().splitlines()
+            hits = [m.split("-")[0] for m in maps if m.endswith("/libtorch_cpu.so")]
+            if hits:
+                bases[pid] = hits[0]
+    assert len(bases) == 2, bases  # the API server and the engine core load torch (the supervisor does not)
+    assert len(set(bases.values())) == 1, f"the engine core was spawned, not forked: {bases}"
+
+
 def test_sync_that_runs_out_of_time_is_one_line_error(setup):
     _, policy, engine, _ = setup
     engine.config.sync_timeout_s = 1e-6
@@ -189,16 +209,17 @@ def test_kill_mid_call_is_one_line_error(setup):
 
 
 CHILD = """
-import sys, time
-from cadenza.rl.engines import make_engine
-from cadenza.rl.engines.vllm_server import _group_pids, _shm_mapped
-from cadenza.rl.engines.policy import SampleRequest, SamplingParams
+import json, sys, urllib.request
+from cadenza.rl.engines.vllm_server import VLLMServer, VLLMServerConfig, _group_pids, _shm_mapped
 if __name__ == "__main__":
-    eng = make_engine("vllm", model=sys.argv[1], max_model_len=1024)
-    pgid = eng.server.proc.pid
+    server = VLLMServer(VLLMServerConfig(model=sys.argv[1], max_model_len=1024))
+    server.start()  # what make_engine("vllm") starts, without importing torch here
+    pgid = server.proc.pid
     print("READY", pgid, *sorted(_shm_mapped(_group_pids(pgid))), flush=True)
+    url, head = f"{server.base_url}/v1/completions", {"Content-Type": "application/json"}
+    body = json.dumps({"model": "cadenza", "prompt": [[5, 6, 7]] * 4, "max_tokens": 200}).encode()
     while True:
-        eng.sample(SampleRequest([[5, 6, 7]] * 4, SamplingParams(max_new_tokens=200)))
+        urllib.request.urlopen(urllib.request.Request(url, body, head), timeout=120).read()
 """
 
 
