@@ -84,7 +84,7 @@ def register(app: typer.Typer) -> None:
 
         from cadenza.experiments import demo as tw
         from cadenza.rl.config import RolloutConfig, engine_checks
-        from cadenza.rl.train.demo import DemoConfig, report_table, run_demo
+        from cadenza.rl.train.demo import DemoConfig, check_policy, report_table, run_demo
         from cadenza.tasks.records.pool import TaskPool
         from cadenza.tasks.records.pool_report import stats_table
 
@@ -107,6 +107,7 @@ def register(app: typer.Typer) -> None:
             **({"max_tasks": max_tasks} if max_tasks else {}),
         )
         preflight.run_checks(engine_checks(RolloutConfig(engine=engine)))  # e.g. --engine vllm, not installed
+        check_policy(cfg)  # a bad --device or --model: one line before the toolworld warm-up starts
         warm_up = None
         if tw_cfg is not None:  # its warm-up runs beside the real-task phase (a stale directory fails now)
             warm_up = tw.start_warm_up(out / "toolworld", tw_cfg)

@@ -150,6 +150,18 @@ def _arm_job(
     return res
 
 
+def _run_arms(workers: int, jobs: list[tuple[Any, ...]]) -> list[dict[str, Any]]:
+    """``_arm_job`` over ``jobs``; a finished (arm, seed) is read from its ``result.json`` here, so a rerun
+    starts no worker process (each costs an interpreter and a torch import) just to read a file."""
+    results: list[dict[str, Any] | None] = []
+    for _, out, arm, seed, *_ in jobs:
+        done = out / "runs" / f"{arm}-seed{seed}" / "result.json"
+        results.append(json.loads(done.read_text()) if done.exists() else None)
+    todo = [j for j, r in zip(jobs, results, strict=True) if r is None]
+    fresh = iter(_map(workers, _arm_job, todo))
+    return [r if r is not None else next(fresh) for r in results]
+
+
 def _corpus(exp: ExperimentConfig, tok: Any = None) -> list[list[dict[str, Any]]]:
     """The warm-up transcripts; with ``tok`` their placebo reminders have the hint's token length."""
     from cadenza.experiments.corpus import corpus
@@ -201,7 +213,10 @@ def warm_up(out: Path, exp: ExperimentConfig, *, workers: int = 1) -> dict[int, 
 
     if not (out / "tokenizer" / "tokenizer_config.json").exists():
         build_tokenizer(exp, _corpus(exp), out / "tokenizer")
-    return dict(zip(exp.seeds, _map(workers, _sft_job, [(exp, out, s) for s in exp.seeds]), strict=True))
+    gaps = {s: out / f"sft-seed{s}" / "gap.json" for s in exp.seeds}  # a finished seed: read here
+    todo = [s for s in exp.seeds if not gaps[s].exists()]
+    fresh = dict(zip(todo, _map(workers, _sft_job, [(exp, out, s) for s in todo]), strict=True))
+    return {s: fresh[s] if s in fresh else json.loads(gaps[s].read_text()) for s in exp.seeds}
 
 
 def run_experiment(
@@ -235,9 +250,7 @@ def run_experiment(
     if exp.budget_steps:
         budget = {"steps": exp.budget_steps, "source": "--budget-steps"}
     else:
-        control = _map(
-            workers, _arm_job, [(exp, out, "supervised", s, exp.max_steps, True) for s in exp.seeds]
-        )
+        control = _run_arms(workers, [(exp, out, "supervised", s, exp.max_steps, True) for s in exp.seeds])
         runs["supervised"] = control
         steps = [r["steps_to_95"] for r in control]
         budget = {
@@ -252,7 +265,7 @@ def run_experiment(
     todo = [a for a in exp.arms if a not in runs]
     stops = exp.control_stops_at_target
     jobs = [(exp, out, a, s, budget["steps"], stops and a == "supervised") for a in todo for s in exp.seeds]
-    for (_, _, a, _, _, _), res in zip(jobs, _map(workers, _arm_job, jobs), strict=True):
+    for (_, _, a, _, _, _), res in zip(jobs, _run_arms(workers, jobs), strict=True):
         runs.setdefault(a, []).append(res)
     digest = settings_digest(dataclasses.asdict(exp))
     check_results(runs, digest, budget["steps"], exp.control_stops_at_target)

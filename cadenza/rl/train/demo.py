@@ -267,6 +267,22 @@ def check_device(device: str) -> None:
         )
 
 
+def check_policy(cfg: DemoConfig) -> Path | None:
+    """``--device`` and ``--model``, checked (and SmolLM2 converted) before any long work: the task build,
+    the toolworld phase's warm-up. The model's directory, or None for the tiny policy trained here."""
+    check_device(cfg.device)
+    if not cfg.model:
+        return None
+    from cadenza.rl.models import resolve_model
+
+    model_dir = Path(resolve_model(cfg.model)).expanduser().resolve()
+    if not model_dir.is_dir():
+        raise CadenzaError(
+            f"--model {cfg.model!r} is not a directory; point it at a local HF checkpoint or use smollm2"
+        )
+    return model_dir
+
+
 def run_demo(cfg: DemoConfig, console: Any = None, log: Any = print) -> DemoResult:
     """Tasks -> policy -> RL with curriculum -> metrics, checkpoints and a pass-rate PNG under ``cfg.out``."""
     from cadenza.rl.train.trainer import Trainer
@@ -274,19 +290,10 @@ def run_demo(cfg: DemoConfig, console: Any = None, log: Any = print) -> DemoResu
     from cadenza.tasks.records.pool_report import plot_pass_rates
     from cadenza.tasks.records.store import TaskStore
 
-    check_device(cfg.device)
+    model_dir = check_policy(cfg)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # the demo shows its own progress; shard bars are noise here
-    model_dir = None
-    if cfg.model:  # checked (and SmolLM2 converted) before the task build, not after it
-        from cadenza.rl.models import resolve_model
-
-        model_dir = Path(resolve_model(cfg.model)).expanduser().resolve()
-        if not model_dir.is_dir():
-            raise CadenzaError(
-                f"--model {cfg.model!r} is not a directory; point it at a local HF checkpoint or use smollm2"
-            )
     task_set = prepare_tasks(cfg, console)
     if model_dir is None:
         model_dir = build_tiny_policy(TaskStore(task_set).task_dirs(), cfg.out / "policy", cfg, log)

@@ -198,7 +198,10 @@ def test_engine_failure_mid_step_is_one_line_and_leaves_nothing(sft_model, tmp_p
         )
 
     monkeypatch.setattr(trainer_mod, "build_engine", build)
-    cfg = run_config(sft_model, tmp_path / "run", steps=6, k=1, engine_timeout_s=1.0)
+    # only the hang needs a short timeout: under load one real generation of the crash and sync runs
+    # can take over 1 s, and they would stop on the timeout instead of the failure they check
+    timeout = 1.0 if mode == "hang" else 120.0
+    cfg = run_config(sft_model, tmp_path / "run", steps=6, k=1, engine_timeout_s=timeout)
     cfg.run = dataclasses.replace(cfg.run, checkpoint_every=1)
     t0 = time.monotonic()
     with pytest.raises(EngineError) as err:

@@ -217,6 +217,7 @@ def test_demo_bad_input_is_one_line(demo_run, tmp_path: Path, args: list[str], n
         timeout=120,
     )
     assert out.returncode == 2 and needle in out.stderr and "Traceback" not in out.stderr, out.stderr
+    assert not (tmp_path / "toolworld").exists()  # refused before the toolworld phase's warm-up started
 
 
 def test_train_cli_over_a_task_set(demo_run, tmp_path: Path) -> None:
