@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import logging
 import os
 import secrets
 import shutil
@@ -38,6 +39,9 @@ LOST_ERRORS = ("WorkerCrashedError", "NodeDiedError", "ActorDiedError", "OwnerDi
 
 
 _MAX_CLUSTER_DIR = 38  # bytes of a private cluster's directory path (see cluster_dir)
+PRIVATE_STARTS = 2  # tries to start the private cluster when the node misses Ray's start-up window
+_SLOW_START = "timed out during startup"  # Ray's words for that (ray._private.node)
+log = logging.getLogger(__name__)
 _TOKEN: list[str] = []
 
 
@@ -186,24 +190,35 @@ class RayExecutor:
                 _enable_token_auth()
 
     def _start_private(self, ray: Any) -> None:
-        tmp = cluster_dir(self.cfg.run_dir)
-        self._tmp = tmp
-        self._reaper = reaper.spawn(os.getpid(), tmp)  # before the first Ray process exists
-        if threading.current_thread() is threading.main_thread():
-            self._old_sigterm = signal.signal(signal.SIGTERM, _on_sigterm) or signal.SIG_DFL
-        try:
-            ray.init(
-                num_cpus=self.cfg.workers,
-                include_dashboard=False,
-                _node_ip_address="127.0.0.1",
-                _temp_dir=str(tmp),
-                log_to_driver=False,
-                configure_logging=False,
-            )
-        except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            self._stop_reaper(keep=True)
-            raise CadenzaError(f"cannot start a local Ray cluster ({first}); its logs are in {tmp}") from None
+        """Start this run's own cluster; a node that misses Ray's fixed 30 s registration window (raylet to
+        GCS, hard-coded in ``ray._private.node``; seen on 2 cores at load 14) is reaped and started again
+        in a fresh directory, up to :data:`PRIVATE_STARTS` times, before the one-line error."""
+        for attempt in range(1, PRIVATE_STARTS + 1):
+            tmp = cluster_dir(self.cfg.run_dir)
+            self._tmp = tmp
+            self._reaper = reaper.spawn(os.getpid(), tmp)  # before the first Ray process exists
+            if threading.current_thread() is threading.main_thread():
+                self._old_sigterm = signal.signal(signal.SIGTERM, _on_sigterm) or signal.SIG_DFL
+            try:
+                ray.init(
+                    num_cpus=self.cfg.workers,
+                    include_dashboard=False,
+                    _node_ip_address="127.0.0.1",
+                    _temp_dir=str(tmp),
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
+                break
+            except Exception as exc:
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                with contextlib.suppress(Exception):
+                    ray.shutdown()
+                self._stop_reaper(keep=True)  # reaps the half-started node's processes, keeps its logs
+                if attempt < PRIVATE_STARTS and _SLOW_START in first:
+                    log.warning("the local Ray node missed its start-up window (%s); starting again", first)
+                    continue
+                msg = f"cannot start a local Ray cluster ({first}); its logs are in {tmp}"
+                raise CadenzaError(msg) from None
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, _on_sigterm)  # ray.init installed its own: ours unwinds the same
         self._started = True
