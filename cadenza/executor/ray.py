@@ -6,6 +6,12 @@ and no listener leaves loopback. It never outlives the driver: a supervisor
 (:mod:`cadenza.executor.reaper`) stops every process of it when the driver dies, even by ``SIGKILL``,
 and ``SIGTERM`` on the driver is a clean shutdown (``SystemExit``, so ``close()`` runs).
 
+Ray lowers every worker process to niceness 15 (``RAY_worker_niceness``) so that its own daemons stay
+responsive; cadenza's workers do the run's real work (rollouts, engines, grading), and beside a trainer or
+any other busy process at niceness 0 a worker at 15 gets 1/28 of its share of a core: on a loaded 2-core
+machine four actors did not finish importing torch in 400 s (33 s at 0). Both a private cluster and a
+joined one therefore run this job's workers at the driver's own niceness (:data:`WORKER_ENV`).
+
 A unit whose worker process or node dies is re-run by Ray up to ``max_retries`` times; every start
 is reported to the driver, so retries and losses are counted rather than guessed.
 """
@@ -41,6 +47,7 @@ LOST_ERRORS = ("WorkerCrashedError", "NodeDiedError", "ActorDiedError", "OwnerDi
 _MAX_CLUSTER_DIR = 38  # bytes of a private cluster's directory path (see cluster_dir)
 PRIVATE_STARTS = 2  # tries to start the private cluster when the node misses Ray's start-up window
 _SLOW_START = "timed out during startup"  # Ray's words for that (ray._private.node)
+WORKER_ENV = {"RAY_worker_niceness": "0"}  # Ray's default 15 starves workers beside busy processes
 log = logging.getLogger(__name__)
 _TOKEN: list[str] = []
 
@@ -164,7 +171,12 @@ class RayExecutor:
             if cfg.ray_address != "auto":
                 _check_answers(cfg.ray_address, cfg.connect_timeout_s)
             try:
-                ray.init(address=cfg.ray_address, log_to_driver=False, configure_logging=False)
+                ray.init(
+                    address=cfg.ray_address,
+                    runtime_env={"env_vars": WORKER_ENV},  # this job's workers only, not the cluster's
+                    log_to_driver=False,
+                    configure_logging=False,
+                )
             except Exception as exc:
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise CadenzaError(
@@ -180,6 +192,7 @@ class RayExecutor:
             "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
             "RAY_AUTH_MODE": "token",  # a token in the environment: nothing is written to ~/.ray
             "RAY_AUTH_TOKEN": _process_token(),
+            **WORKER_ENV,  # the raylet inherits it, and every worker from the raylet
         }
         self._saved_env = {k: os.environ.get(k) for k in env}
         os.environ.update(env)

@@ -91,7 +91,7 @@ def test_ray_build_equals_local_build_and_survives_a_killed_worker(tmp_path, env
     out = tmp_path / "ray"
     cmd = _cmd(srcs, out, "--workers", "2", "--executor", "ray")
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killed = None
+    killed = niceness = None
     seen: list[tuple[str, int, str]] = []  # the private cluster's listeners, mid-build
     try:
         deadline = time.monotonic() + 600
@@ -99,7 +99,7 @@ def test_ray_build_equals_local_build_and_survives_a_killed_worker(tmp_path, env
             time.sleep(0.5)
             if (out / "index.sqlite").exists() and _count(out) >= 1:
                 seen = _listeners(proc.pid)
-                killed = _kill_unit_worker(proc.pid)
+                killed, niceness = _kill_unit_worker(proc.pid)
         stdout, stderr = proc.communicate(timeout=900)
     finally:
         if proc.poll() is None:
@@ -113,6 +113,7 @@ def test_ray_build_equals_local_build_and_survives_a_killed_worker(tmp_path, env
     assert any("gcs_server" in n for n in names) and any("raylet" in n for n in names), seen
     assert {ip for ip, _, _ in seen} <= LOOPBACK, seen
     assert not (Path(env["HOME"]) / ".ray").exists()
+    assert niceness == os.nice(0)  # the unit ran at the driver's niceness, not Ray's default 15
 
 
 def _count(out: Path) -> int:
@@ -123,17 +124,19 @@ def _count(out: Path) -> int:
         return 0
 
 
-def _kill_unit_worker(root: int) -> int | None:
+def _kill_unit_worker(root: int) -> tuple[int | None, int | None]:
+    """``(pid, niceness)`` of the unit worker killed, or ``(None, None)`` when none runs yet."""
     import psutil
 
     for p in psutil.Process(root).children(recursive=True):
         try:
             if p.name().startswith("ray::_call") or " ".join(p.cmdline()).startswith("ray::_call"):
+                niceness = p.nice()
                 os.kill(p.pid, signal.SIGKILL)
-                return p.pid
+                return p.pid, niceness
         except psutil.Error:
             continue
-    return None
+    return None, None
 
 
 def _listeners(root: int) -> list[tuple[str, int, str]]:

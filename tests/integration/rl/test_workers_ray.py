@@ -12,6 +12,7 @@ import signal
 import threading
 import time
 
+import psutil
 import pytest
 import torch
 
@@ -139,6 +140,9 @@ def test_ray_actors_reproduce_local_units_and_survive_a_killed_actor(trained, on
     assert _fingerprint(workers.run(units)) == want
     assert workers.counts.retried == workers.counts.lost == 0
 
+    # The actors run at this process's niceness on the joined cluster (Ray's default, 15, starved them
+    # beside busy processes: 4 actors took over 400 s to import torch on a loaded 2-core machine)
+    assert {psutil.Process(p).nice() for p in workers.pids()} == {os.nice(0)}
     victim = workers.pids()[0]
     box: dict = {}
     runner = threading.Thread(target=lambda: box.update(res=workers.run(units * 2)))
