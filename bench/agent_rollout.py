@@ -12,6 +12,8 @@ rollout, independent of whether a 135M model writes useful calls.
     python bench/agent_rollout.py --engine hf          # the in-process engine
     python bench/agent_rollout.py --tool-latency-ms 2000   # + 2 s per tool call (a remote sandbox)
     python bench/agent_rollout.py --device cuda        # on a GPU machine
+    python bench/agent_rollout.py --task DIR           # a task built from a real package
+                                                       # (`cadenza tasks build`): its own suite runs
 
 Episodes have mixed lengths: each one ends after a seeded number of tool calls in [1, --turns] (the
 env says done), as real episodes do. The JSON reports, beside the observed speedup, what it is made
@@ -99,6 +101,7 @@ def main() -> None:
     )
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--tool-latency-ms", type=float, default=0.0, help="added to every tool call")
+    ap.add_argument("--task", type=Path, help="a built task directory (default: the embedded toy task)")
     ap.add_argument("--seed", type=int, default=0, help="seeds each episode's number of tool calls")
     ap.add_argument("--out", default=str(Path(__file__).with_name("results") / "agent_rollout.json"))
     args = ap.parse_args()
@@ -112,7 +115,9 @@ def main() -> None:
     from tests.support.taskfixture import make_task
 
     work = Path(tempfile.mkdtemp(prefix="agent-rollout-"))
-    task_dir = make_task(work)
+    if args.task is not None and not (args.task / "task.json").is_file():
+        raise SystemExit(f"error: {args.task} is not a built task (no task.json); pass a task directory")
+    task_dir = args.task or make_task(work)
     path = ensure_smollm2()
     tok = AutoTokenizer.from_pretrained(str(path))
     if args.engine == "hf":
@@ -137,11 +142,12 @@ def main() -> None:
 
     made = iter(range(10**6))
 
-    tasks = [RolloutTask(task_id=f"minipkg-{i}", make_env=make) for i in range(2)]
+    tasks = [RolloutTask(task_id=f"{task_dir.name}-{i}", make_env=make) for i in range(2)]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     res: dict = {"engine": args.engine, "device": args.device, "episodes": args.episodes,
                  "turns": args.turns, "calls_per_episode": lengths, "tokens_per_turn": args.tokens,
                  "tool_workers": args.tool_workers, "tool_latency_ms": args.tool_latency_ms,
+                 "task": task_dir.name if args.task else "toy",
                  "staleness": 0, "commit": commit.stdout.strip(),
                  "load_average_start": list(os.getloadavg())}  # fmt: skip
     try:
