@@ -35,11 +35,11 @@ from cadenza.agent.grading.policy import Defences
 from cadenza.agent.toytask import make_task
 from cadenza.sandbox import Sandbox, SandboxConfig
 from cadenza.tasks.records.task import WORKSPACE, load_task, task_env_dir, task_python
+from tests.support import cpuacct
 
 CALLS = 60
 GRADES = 7
 TARGET_MS = 10.0
-CPUACCT = Path("/sys/fs/cgroup/cpuacct")
 
 
 def main() -> None:
@@ -48,7 +48,8 @@ def main() -> None:
     ap.add_argument("--grades", type=int, default=GRADES)
     ap.add_argument("--calls", type=int, default=CALLS)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory(prefix="cadenza-bench-") as tmp, _cpu_meter() as cpu:
+    meter = cpuacct.meter(f"cadenza-bench-{os.getpid()}")
+    with tempfile.TemporaryDirectory(prefix="cadenza-bench-") as tmp, meter as cpu:
         task_dir = (
             args.task.absolute()
             if args.task
@@ -174,34 +175,10 @@ def _mode(bare: list[float], boxed: list[float]) -> dict[str, float | bool]:
 @contextlib.contextmanager
 def _timed(into: list[tuple[float, float | None]], cpu: Path | None) -> Iterator[None]:
     """Append (wall seconds, CPU seconds of this process tree or None) of the block to ``into``."""
-    c0, t0 = _usage(cpu), time.perf_counter()
+    c0, t0 = cpuacct.usage(cpu), time.perf_counter()
     yield
-    wall, c1 = time.perf_counter() - t0, _usage(cpu)
+    wall, c1 = time.perf_counter() - t0, cpuacct.usage(cpu)
     into.append((wall, None if c0 is None or c1 is None else c1 - c0))
-
-
-def _usage(cpu: Path | None) -> float | None:
-    return int((cpu / "cpuacct.usage").read_text()) / 1e9 if cpu else None
-
-
-@contextlib.contextmanager
-def _cpu_meter() -> Iterator[Path | None]:
-    """A cpuacct cgroup holding this process (its descendants are born in it), or None."""
-    group = CPUACCT / f"cadenza-bench-{os.getpid()}"
-    try:
-        group.mkdir()
-        (group / "cgroup.procs").write_text(str(os.getpid()))
-    except OSError:
-        with contextlib.suppress(OSError):
-            group.rmdir()
-        yield None
-        return
-    try:
-        yield group
-    finally:
-        with contextlib.suppress(OSError):
-            (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
-            group.rmdir()
 
 
 def _r(x: float | None) -> float | None:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import cpuacct
 from tests.support.lanes import decide, engines_required, installed
 from tests.support.registry import registry_problem
 
@@ -82,16 +83,33 @@ def _cpu_s() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
+_TREE: list[Path | None] = []  # this worker's cpuacct group (tests/support/cpuacct.py), made on first use
+
+
+def _tree_cpu_s() -> float | None:
+    if not _TREE:
+        _TREE.append(cpuacct.enter(f"cadenza-test-{os.getpid()}"))
+    return cpuacct.usage(_TREE[0])
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem):
     """With ``CADENZA_TEST_CPU_LOG=FILE``: one JSON line per test (setup, call and teardown together): its
-    wall time and the CPU time of the worker plus the children it waited for (a floor: daemons nobody
-    waits for, such as Ray's, are missing; tests/README.md)."""
+    wall time, the CPU time of the worker plus the children it waited for (``cpu_s``), and of every
+    process the worker ever started (``tree_cpu_s``: Ray's and vLLM's processes included; a process a test
+    leaves running, such as a module's shared cluster, counts toward the tests that run while it lives;
+    ``null`` where the cgroup hierarchy is not writable). tests/README.md, "Where the time goes"."""
     log = os.environ.get("CADENZA_TEST_CPU_LOG")
-    t0, c0 = time.monotonic(), _cpu_s() if log else 0.0
+    t0, c0, g0 = time.monotonic(), _cpu_s() if log else 0.0, _tree_cpu_s() if log else None
     yield
     if log:
-        wall, cpu = round(time.monotonic() - t0, 2), round(_cpu_s() - c0, 2)
-        row = {"test": item.nodeid, "wall_s": wall, "cpu_s": cpu}
+        wall, cpu, g1 = round(time.monotonic() - t0, 2), round(_cpu_s() - c0, 2), _tree_cpu_s()
+        tree = None if g0 is None or g1 is None else round(g1 - g0, 2)
+        row = {"test": item.nodeid, "wall_s": wall, "cpu_s": cpu, "tree_cpu_s": tree}
         with open(log, "a") as fh:
             fh.write(json.dumps(row) + "\n")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _TREE:
+        cpuacct.leave(_TREE[0])
