@@ -7,11 +7,17 @@ tasks/minute (wall clock from the first unit submitted: a private cluster's star
 checks are reported apart, as ``startup_seconds``), whether every build published the same task ids,
 and what :mod:`cadenza.scale` predicts: a 2-worker build from the same executor's 1-worker build
 (each source's own work, fetch + base env + baseline, stays serial; its candidates split: Amdahl),
-the 1-worker Ray build from the local one. Episodes: 2 actors twice one actor, one actor the local
-worker. Predictions are capped at the machine's cores; ``loadavg`` is reported (other load makes
-every figure lower). Prints ONE JSON object.
+the 1-worker Ray build from the local one.
 
-    python bench/scale.py [--packages pypi:a,pypi:b] [--max-tasks 3]
+Then episodes on the tasks just built: real multi-turn episodes (sandboxed tool calls, real grading)
+of the demo's warm-started tiny policy, run by the local worker and by 1 and 2 Ray actors, with the
+machine's busy CPU seconds per episode. The model: one actor runs as fast as the local worker, and 2
+actors run twice one actor's rate up to what the cores can serve at that CPU cost per episode
+(:func:`cadenza.scale.scale_measured_episodes`). Predictions are capped at the machine's cores;
+``loadavg`` is reported (other load makes every figure lower). Prints ONE JSON object.
+
+    python bench/scale.py [--packages pypi:a,pypi:b] [--max-tasks 3] [--units 8] [--turns 3]
+    python bench/scale.py --task-set DIR        # only the episodes, on a built task set
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ import json
 import os
 import resource
 import sqlite3
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,6 +36,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 PACKAGES = ["pypi:cachetools==8.0.2", "pypi:toolz==1.2.0"]
+
+
+def busy_cpu_seconds() -> float:
+    """CPU seconds the whole machine has spent busy (``/proc/stat``: all but idle and iowait): on an idle
+    machine, what a run costs including every process it started (Ray's workers, sandboxes, pytest)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    busy = sum(fields) - fields[3] - fields[4]  # user nice system idle iowait irq softirq steal ...
+    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds() -> float:
@@ -63,54 +78,62 @@ def build(sources: list[str], out: Path, executor: str, workers: int, max_tasks:
     }
 
 
-def bench_episodes(root: Path, n_units: int) -> dict:
-    """Episodes/minute of the same rollout units run locally and by 1 and 2 Ray actors."""
+def bench_episodes(root: Path, task_set: Path, n_units: int, max_turns: int) -> dict:
+    """Episodes/minute of the same rollout units run locally and by 1 and 2 Ray actors.
+
+    Real multi-turn episodes: each is a sandboxed :class:`cadenza.agent.episode.Episode` on a task just
+    built (``[env] name = "taskset"``), played by the demo's warm-started tiny policy, whose turns are
+    tool calls (view, edit, run the tests in bubblewrap) and whose end is the real grading (the task's
+    tests, the fail-to-pass rerun, the monitor)."""
     import torch
 
     from cadenza.executor import ExecutorConfig
-    from cadenza.rl.config import EnvConfig, ModelConfig, RolloutConfig, RunConfig, TrainConfig
-    from cadenza.rl.rollout.envs import load_source
-    from cadenza.rl.rollout.episodes import sample_step_tasks
-    from cadenza.rl.text.chat import CHAT_TEMPLATE, train_tokenizer
+    from cadenza.rl.rollout.taskset import TaskRef
     from cadenza.rl.train.build import build_policy
+    from cadenza.rl.train.demo import DemoConfig, build_tiny_policy, train_config
     from cadenza.rl.train.ray_workers import RayWorkers
     from cadenza.rl.train.workers import LocalWorkers, Unit
+    from cadenza.tasks.records.store import TaskStore
 
     torch.set_num_threads(1)
-    tok = train_tokenizer(["view create ls rm path name arguments " * 20] * 50, vocab_size=300)
-    tok.chat_template = CHAT_TEMPLATE
-    tok.save_pretrained(str(root / "tok"))
-    cfg = TrainConfig(
-        run=RunConfig(out_dir=str(root / "run"), seed=0, progress=False, threads=1),
-        model=ModelConfig(tokenizer=str(root / "tok"), hidden_size=64, num_heads=4, num_kv_heads=2),
-        env=EnvConfig(name="toolworld", options={"min_steps": 2, "max_steps": 2}),
-        rollout=RolloutConfig(group_size=4, tasks_per_step=n_units, max_new_tokens=48, max_turns=3),
-    )
+    refs = [TaskRef(r["id"], task_set / r["id"]) for r in TaskStore(task_set).rows()]
+    if not refs:
+        raise SystemExit(f"error: the build in {task_set} published no task to run episodes on")
+    demo = DemoConfig(out=root, task_set=task_set, max_turns=max_turns, escalate=False, transcripts=120)
+    model_dir = build_tiny_policy([r.dir for r in refs], root / "policy", demo, log=lambda m: None)
+    cfg = train_config(demo, task_set, model_dir)
+    cfg.run.out_dir, cfg.run.progress, cfg.run.threads = str(root / "run"), False, 1
     _, policy = build_policy(cfg)
     weights = dict(policy.model.named_parameters())
-    source = load_source(cfg.env.name, cfg.env.options)
-    units = [Unit(step=1, index=i, task=t) for i, t in enumerate(sample_step_tasks(source, cfg, 1))]
-    episodes = len(units) * cfg.rollout.group_size
+    # every task of the set, round robin: each unit is one GRPO group of its own seed
+    units = [Unit(step=1, index=i, task=refs[i % len(refs)]) for i in range(n_units)]
+    episodes = n_units * cfg.rollout.group_size
     out: dict = {}
-    for name, make in (
-        ("local_1", lambda: LocalWorkers(cfg)),
-        ("ray_1", lambda: RayWorkers(cfg, 1, ExecutorConfig(kind="ray", workers=1))),
-        ("ray_2", lambda: RayWorkers(cfg, 2, ExecutorConfig(kind="ray", workers=2))),
+    for name, n, make in (
+        ("local_1", 1, lambda: LocalWorkers(cfg)),
+        ("ray_1", 1, lambda: RayWorkers(cfg, 1, ExecutorConfig(kind="ray", workers=1))),
+        ("ray_2", 2, lambda: RayWorkers(cfg, 2, ExecutorConfig(kind="ray", workers=2))),
     ):
         workers = make()
         try:
             workers.sync(weights.items(), 0)
-            workers.run(units[:1])  # warm: first forward, imports
-            t0 = time.monotonic()
-            workers.run(units)
-            wall = time.monotonic() - t0
+            workers.run(units[:n])  # warm every worker: first forward, imports, the sandbox's first start
+            busy0, t0 = busy_cpu_seconds(), time.monotonic()
+            results = workers.run(units)
+            wall, busy = time.monotonic() - t0, busy_cpu_seconds() - busy0
         finally:
             workers.close()
+        eps = [e for group in results for e in group]
+        turns = [len(e.trajectory.turns) for e in eps]
         out[name] = {
             "loadavg": round(os.getloadavg()[0], 2),
-            "episodes": episodes,
+            "episodes": len(eps),
+            "mean_turns": round(sum(turns) / len(turns), 2),
+            "multi_turn_share": round(sum(t > 1 for t in turns) / len(turns), 2),
             "wall_seconds": round(wall, 2),
             "episodes_per_min": round(episodes / wall * 60, 1),
+            # the whole machine's busy CPU time over the run (idle machine: this run's), per episode
+            "cpu_seconds_per_episode": round(busy / episodes, 3),
         }
     return out
 
@@ -136,6 +159,35 @@ def predict_builds(runs: dict[str, dict], cores: int) -> dict[str, float]:
     }
 
 
+def _commit() -> str:
+    root = Path(__file__).resolve().parent.parent
+    git = ["git", "-C", str(root), "rev-parse", "--short", "HEAD"]
+    return subprocess.run(git, capture_output=True, text=True, timeout=30).stdout.strip()
+
+
+def _episode_figures(episodes: dict[str, dict]) -> dict:
+    """Observed episodes/minute and the capacity model's: episodes are independent units, so n workers
+    run n times as many, up to the cores; Ray's first actor is predicted to run as fast as the local
+    worker (its overhead is the gap)."""
+    from cadenza.scale import scale_measured_episodes
+
+    ep = {k: v["episodes_per_min"] for k, v in episodes.items()}
+    cores = os.cpu_count() or 1
+    core_s = episodes["ray_1"]["cpu_seconds_per_episode"]
+    # ... and no more than the cores can serve: one worker's episode may already keep more than one busy
+    ray_2 = scale_measured_episodes(ep["ray_1"], 2, core_s, cores)
+    return {
+        "episodes_per_min": ep,
+        "predicted_episodes_per_min": {
+            "local_1": ep["local_1"],
+            "ray_1": ep["local_1"],
+            "ray_2": round(ray_2, 1),
+        },
+        "ray_2_vs_model": round(ep["ray_2"] / ray_2, 3),  # issue 25: within 20% on an idle machine
+        "cores_busy_one_worker": round(ep["ray_1"] * core_s / 60, 2),  # cores one Ray worker keeps busy
+    }
+
+
 def main() -> None:
     from cadenza.tasks.sources.fetch import fetch_source
     from cadenza.tasks.sources.venv import ensure_base_env
@@ -146,7 +198,22 @@ def main() -> None:
     ap.add_argument(
         "--units", type=int, default=8, help="rollout units (groups of 4 episodes) per measurement"
     )
+    ap.add_argument("--turns", type=int, default=3, help="tool calls per episode at most (env max_turns)")
+    ap.add_argument("--task-set", type=Path, help="only the episodes, on this built task set (no builds)")
     args = ap.parse_args()
+    if args.task_set is not None:
+        if not (args.task_set / "index.sqlite").is_file():
+            raise SystemExit(
+                f"error: {args.task_set} is not a task set (no index.sqlite); see `cadenza tasks build`"
+            )
+        with tempfile.TemporaryDirectory(prefix="cadenza-scale-") as tmp:
+            episodes = bench_episodes(Path(tmp), args.task_set.resolve(), args.units, args.turns)
+        print(
+            json.dumps(
+                {"episode_runs": episodes, **_episode_figures(episodes), "task_set": str(args.task_set)}
+            )
+        )
+        return
     sources = args.packages.split(",")
     runs: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="cadenza-scale-") as tmp:
@@ -157,20 +224,12 @@ def main() -> None:
                 sources, Path(tmp) / f"{executor}{workers}", executor, workers, args.max_tasks
             )
             print(f"{executor}_{workers}: {runs[f'{executor}_{workers}']}", file=sys.stderr, flush=True)
+        episodes = bench_episodes(Path(tmp) / "episodes", Path(tmp) / "local1", args.units, args.turns)
+        print(f"episodes: {episodes}", file=sys.stderr, flush=True)
     cores = os.cpu_count() or 1
     load = os.getloadavg()[0]
     predicted = predict_builds(runs, cores)
     ids = {k: v.pop("ids") for k, v in runs.items()}
-    with tempfile.TemporaryDirectory(prefix="cadenza-scale-ep-") as tmp:
-        episodes = bench_episodes(Path(tmp), args.units)
-    # episodes are independent units: n workers run n times as many, up to the cores; Ray's first
-    # actor is predicted to run as fast as the local worker (its overhead is the gap)
-    ep = {k: v["episodes_per_min"] for k, v in episodes.items()}
-    ep_pred = {
-        "local_1": ep["local_1"],
-        "ray_1": ep["local_1"],
-        "ray_2": round(ep["ray_1"] * min(2, cores), 1),
-    }
     print(
         json.dumps(
             {
@@ -178,13 +237,13 @@ def main() -> None:
                 "predicted_tasks_per_min": predicted,
                 "same_task_ids": all(v == ids["local_1"] for v in ids.values()),
                 "runs": runs,
-                "episodes_per_min": {k: v["episodes_per_min"] for k, v in episodes.items()},
-                "predicted_episodes_per_min": ep_pred,
+                **_episode_figures(episodes),
                 "episode_runs": episodes,
                 "cores": cores,
                 "loadavg": round(load, 2),  # 1-minute load average when the builds ended
                 "loadavg_end": [round(x, 2) for x in os.getloadavg()],  # 1, 5, 15 min, at the very end
                 "sources": sources,
+                "commit": _commit(),
             }
         )
     )

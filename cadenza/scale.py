@@ -100,6 +100,22 @@ def predict_episodes_per_min(costs: UnitCosts, workers: int, engine_s_per_episod
     return min(worker, engine)
 
 
+def scale_measured_episodes(
+    one_worker_per_min: float, workers: int, core_s_per_episode: float, cores: int
+) -> float:
+    """Episodes/minute of ``workers`` workers from one worker's measured rate: ``workers`` times it, but
+    never more than ``cores`` can serve at ``core_s_per_episode`` (all the CPU an episode costs: the
+    model, the sandboxed tool calls, the grading). One worker's episode may keep more than one core
+    busy (a sandboxed pytest run beside the model, the fail-to-pass rerun beside the main run), so on a
+    small machine the cores, not the workers, set the ceiling (measured: bench/scale.py)."""
+    if workers < 1 or cores < 1 or one_worker_per_min < 0 or core_s_per_episode <= 0:
+        raise ValueError(
+            f"need workers, cores >= 1, a rate >= 0 and core seconds > 0; got {workers}, {cores}, "
+            f"{one_worker_per_min}, {core_s_per_episode}"
+        )
+    return min(workers * one_worker_per_min, cores * 60 / core_s_per_episode)
+
+
 def _add(parser: argparse.ArgumentParser, cls: type) -> None:
     for f in fields(cls):
         parser.add_argument("--" + f.name.replace("_", "-"), type=type(f.default), default=f.default)

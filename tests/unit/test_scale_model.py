@@ -16,6 +16,7 @@ from cadenza.scale import (
     predict_build_seconds,
     predict_episodes_per_min,
     predict_tasks_per_min,
+    scale_measured_episodes,
 )
 
 
@@ -78,3 +79,16 @@ def test_bad_input_and_cli():
         timeout=60,
     )
     assert res.returncode == 2 and "trainer_gpus must be positive" in res.stderr
+
+
+def test_measured_episode_rate_scales_with_workers_until_the_cores_are_busy():
+    # an episode of 1.5 core-s on 4 cores: at most 160/min, whatever the workers
+    assert scale_measured_episodes(30.0, 2, 1.5, 4) == pytest.approx(60.0)  # room left: linear
+    assert scale_measured_episodes(30.0, 8, 1.5, 4) == pytest.approx(160.0)  # the cores cap it
+    # one worker whose episodes already keep 1.8 of 2 cores busy gains at most 1/0.9 from a second
+    one = 45.0
+    core_s = 1.8 * 60 / one
+    assert scale_measured_episodes(one, 2, core_s, 2) == pytest.approx(one / 0.9)
+    for bad in ((30.0, 0, 1.5, 4), (30.0, 2, 0.0, 4), (30.0, 2, 1.5, 0), (-1.0, 2, 1.5, 4)):
+        with pytest.raises(ValueError):
+            scale_measured_episodes(*bad)
