@@ -240,7 +240,7 @@ def main() -> None:
                 **_episode_figures(episodes),
                 "episode_runs": episodes,
                 "cores": cores,
-                "loadavg": round(load, 2),  # 1-minute load average when the builds ended
+                "loadavg": round(load, 2),  # 1-minute load average at the end of the episodes
                 "loadavg_end": [round(x, 2) for x in os.getloadavg()],  # 1, 5, 15 min, at the very end
                 "sources": sources,
                 "commit": _commit(),
