@@ -9,8 +9,10 @@ start is reported separately). Calls are interleaved (bare, per-call, persistent
 load hits all sides alike; so are bare test runs and grades.
 
 Wall time depends on free cores (grading's F2P-alone rerun runs beside the main run): the CPU time of
-each side is reported too, measured with a cgroup v1 ``cpuacct`` group around this process and all its
-descendants (sandboxed ones included) where that hierarchy is writable (``null`` elsewhere).
+each side is reported too, with a bare run of the F2P tests alone (the least any second look at them
+costs, so ``rerun_floor_cpu_ratio`` is the CPU ratio no grading with the rerun can beat), measured
+with a cgroup v1 ``cpuacct`` group around this process and all its descendants (sandboxed ones
+included) where that hierarchy is writable (``null`` elsewhere).
 """
 
 from __future__ import annotations
@@ -63,7 +65,12 @@ def main() -> None:
         calls = _calls(solved, env, task_dir, args.calls)
         bare_argv = [str(task_python(task_dir, task)), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
         bare_argv += [*task.fail_to_pass, *task.pass_to_pass]
-        runs: dict[str, list[tuple[float, float | None]]] = {"bare": [], "grade": [], "no_rerun": []}
+        runs: dict[str, list[tuple[float, float | None]]] = {
+            "bare": [],
+            "bare_f2p": [],
+            "grade": [],
+            "no_rerun": [],
+        }
         phases: list[dict[str, float]] = []
         for _ in range(args.grades):
             with tempfile.TemporaryDirectory() as run_dir:
@@ -77,6 +84,17 @@ def main() -> None:
                     out = subprocess.run(
                         bare_argv, cwd=ws, env=env, capture_output=True, stdin=subprocess.DEVNULL, timeout=900
                     )
+                assert out.returncode == 0, out.stdout[-2000:]
+            with tempfile.TemporaryDirectory() as run_dir:  # the least a second look at F2P can cost
+                ws = Path(run_dir) / "ws"
+                shutil.copytree(solved, ws, symlinks=True)
+                path = os.pathsep.join(str(p) for p in (ws / "src", ws) if p.is_dir())
+                env = {**os.environ, "PYTHONPATH": path}
+                with _timed(runs["bare_f2p"], cpu):
+                    out = subprocess.run(
+                        bare_argv[: bare_argv.index("no:cacheprovider") + 1] + list(task.fail_to_pass),
+                        cwd=ws, env=env, capture_output=True, stdin=subprocess.DEVNULL, timeout=900,
+                    )  # fmt: skip
                 assert out.returncode == 0, out.stdout[-2000:]
             with _timed(runs["grade"], cpu):
                 result = grade(task_dir, solved, task=task)
@@ -111,6 +129,13 @@ def main() -> None:
                 "grade_no_rerun_cpu_s": _r(cpus["no_rerun"]),
                 "grade_cpu_ratio": _r(cpus["grade"] / cpus["bare"]) if cpu else None,
                 "grade_cpu_ratio_no_rerun": _r(cpus["no_rerun"] / cpus["bare"]) if cpu else None,
+                # a bare run of the F2P tests alone, and the CPU ratio grading cannot go under while it
+                # reruns them: its no-rerun cost plus that bare F2P run (grading's rerun is this run in
+                # a sandbox, under the guard)
+                "bare_f2p_cpu_s": _r(cpus["bare_f2p"]),
+                "rerun_floor_cpu_ratio": _r((cpus["no_rerun"] + cpus["bare_f2p"]) / cpus["bare"])
+                if cpu
+                else None,
                 "loadavg_1m": round(os.getloadavg()[0], 2),
                 "cpus": os.cpu_count(),
                 "commit": _commit(),
