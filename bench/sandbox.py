@@ -63,8 +63,8 @@ def main() -> None:
         shutil.copytree(task_dir / WORKSPACE, solved, symlinks=True)
         subprocess.run(["git", "apply", str(task_dir / "gold.patch")], cwd=solved, check=True, timeout=60)
         calls = _calls(solved, env, task_dir, args.calls)
-        bare_argv = [str(task_python(task_dir, task)), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-        bare_argv += [*task.fail_to_pass, *task.pass_to_pass]
+        pytest_argv = [str(task_python(task_dir, task)), "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        bare_argv = [*pytest_argv, *task.fail_to_pass, *task.pass_to_pass]
         runs: dict[str, list[tuple[float, float | None]]] = {
             "bare": [],
             "bare_f2p": [],
@@ -73,29 +73,9 @@ def main() -> None:
         }
         phases: list[dict[str, float]] = []
         for _ in range(args.grades):
-            with tempfile.TemporaryDirectory() as run_dir:
-                ws = Path(run_dir) / "ws"
-                shutil.copytree(solved, ws, symlinks=True)
-                # the copy's code first, as an editable install of it gives (a built task's env points
-                # at the pristine workspace)
-                path = os.pathsep.join(str(p) for p in (ws / "src", ws) if p.is_dir())
-                env = {**os.environ, "PYTHONPATH": path}
-                with _timed(runs["bare"], cpu):
-                    out = subprocess.run(
-                        bare_argv, cwd=ws, env=env, capture_output=True, stdin=subprocess.DEVNULL, timeout=900
-                    )
-                assert out.returncode == 0, out.stdout[-2000:]
-            with tempfile.TemporaryDirectory() as run_dir:  # the least a second look at F2P can cost
-                ws = Path(run_dir) / "ws"
-                shutil.copytree(solved, ws, symlinks=True)
-                path = os.pathsep.join(str(p) for p in (ws / "src", ws) if p.is_dir())
-                env = {**os.environ, "PYTHONPATH": path}
-                with _timed(runs["bare_f2p"], cpu):
-                    out = subprocess.run(
-                        bare_argv[: bare_argv.index("no:cacheprovider") + 1] + list(task.fail_to_pass),
-                        cwd=ws, env=env, capture_output=True, stdin=subprocess.DEVNULL, timeout=900,
-                    )  # fmt: skip
-                assert out.returncode == 0, out.stdout[-2000:]
+            _bare(solved, bare_argv, runs["bare"], cpu)
+            # the least a second look at the F2P tests can cost: them alone, bare
+            _bare(solved, pytest_argv + list(task.fail_to_pass), runs["bare_f2p"], cpu)
             with _timed(runs["grade"], cpu):
                 result = grade(task_dir, solved, task=task)
             assert result.resolved and not result.tampering, result
@@ -142,6 +122,21 @@ def main() -> None:
             }
         )
     )
+
+
+def _bare(solved: Path, argv: list[str], into: list[tuple[float, float | None]], cpu: Path | None) -> None:
+    """``argv`` (pytest, no sandbox) timed into ``into``, over a fresh copy of ``solved`` whose code comes
+    first on the path, as an editable install of it gives (a built task's env points at the pristine
+    workspace)."""
+    with tempfile.TemporaryDirectory() as run_dir:
+        ws = Path(run_dir) / "ws"
+        shutil.copytree(solved, ws, symlinks=True)
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(str(p) for p in (ws / "src", ws) if p.is_dir())}
+        with _timed(into, cpu):
+            out = subprocess.run(
+                argv, cwd=ws, env=env, capture_output=True, stdin=subprocess.DEVNULL, timeout=900
+            )
+        assert out.returncode == 0, out.stdout[-2000:]
 
 
 def _calls(solved: Path, env: Path, task_dir: Path, n: int) -> dict:
