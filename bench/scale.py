@@ -11,10 +11,12 @@ the 1-worker Ray build from the local one.
 
 Then episodes on the tasks just built: real multi-turn episodes (sandboxed tool calls, real grading)
 of the demo's warm-started tiny policy, run by the local worker and by 1 and 2 Ray actors, with the
-machine's busy CPU seconds per episode. The model: one actor runs as fast as the local worker, and 2
-actors run twice one actor's rate up to what the cores can serve at that CPU cost per episode
-(:func:`cadenza.scale.scale_measured_episodes`). Predictions are capped at the machine's cores;
-``loadavg`` is reported (other load makes every figure lower). Prints ONE JSON object.
+CPU seconds per episode of every process the run started (a cgroup v1 ``cpuacct`` group around the
+bench; ``null`` where that hierarchy is not writable, and then the model is the workers alone).
+The model: one actor runs as fast as the local worker, and 2 actors run twice one actor's rate up to
+what the cores can serve at that CPU cost per episode (:func:`cadenza.scale.scale_measured_episodes`).
+Predictions are capped at the machine's cores; ``loadavg`` is reported (other load makes every figure
+lower). Prints ONE JSON object.
 
     python bench/scale.py [--packages pypi:a,pypi:b] [--max-tasks 3] [--units 8] [--turns 3]
     python bench/scale.py --task-set DIR        # only the episodes, on a built task set
@@ -27,7 +29,6 @@ import json
 import os
 import resource
 import sqlite3
-import subprocess
 import sys
 import tempfile
 import time
@@ -35,15 +36,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cadenza.experiments.provenance import code_version
+from tests.support import cpuacct
+
 PACKAGES = ["pypi:cachetools==8.0.2", "pypi:toolz==1.2.0"]
-
-
-def busy_cpu_seconds() -> float:
-    """CPU seconds the whole machine has spent busy (``/proc/stat``: all but idle and iowait): on an idle
-    machine, what a run costs including every process it started (Ray's workers, sandboxes, pytest)."""
-    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    busy = sum(fields) - fields[3] - fields[4]  # user nice system idle iowait irq softirq steal ...
-    return busy / os.sysconf("SC_CLK_TCK")
 
 
 def cpu_seconds() -> float:
@@ -78,13 +74,14 @@ def build(sources: list[str], out: Path, executor: str, workers: int, max_tasks:
     }
 
 
-def bench_episodes(root: Path, task_set: Path, n_units: int, max_turns: int) -> dict:
+def bench_episodes(root: Path, task_set: Path, n_units: int, max_turns: int, cpu: Path | None) -> dict:
     """Episodes/minute of the same rollout units run locally and by 1 and 2 Ray actors.
 
     Real multi-turn episodes: each is a sandboxed :class:`cadenza.agent.episode.Episode` on a task just
     built (``[env] name = "taskset"``), played by the demo's warm-started tiny policy, whose turns are
     tool calls (view, edit, run the tests in bubblewrap) and whose end is the real grading (the task's
-    tests, the fail-to-pass rerun, the monitor)."""
+    tests, the fail-to-pass rerun, the monitor). ``cpu``: the cpuacct group this process and everything
+    it starts (Ray's processes, the sandboxes) run in, or None where cgroup v1 is not writable."""
     import torch
 
     from cadenza.executor import ExecutorConfig
@@ -107,7 +104,6 @@ def bench_episodes(root: Path, task_set: Path, n_units: int, max_turns: int) -> 
     weights = dict(policy.model.named_parameters())
     # every task of the set, round robin: each unit is one GRPO group of its own seed
     units = [Unit(step=1, index=i, task=refs[i % len(refs)]) for i in range(n_units)]
-    episodes = n_units * cfg.rollout.group_size
     out: dict = {}
     for name, n, make in (
         ("local_1", 1, lambda: LocalWorkers(cfg)),
@@ -118,9 +114,9 @@ def bench_episodes(root: Path, task_set: Path, n_units: int, max_turns: int) -> 
         try:
             workers.sync(weights.items(), 0)
             workers.run(units[:n])  # warm every worker: first forward, imports, the sandbox's first start
-            busy0, t0 = busy_cpu_seconds(), time.monotonic()
+            cpu0, t0 = cpuacct.usage(cpu), time.monotonic()
             results = workers.run(units)
-            wall, busy = time.monotonic() - t0, busy_cpu_seconds() - busy0
+            wall, cpu1 = time.monotonic() - t0, cpuacct.usage(cpu)
         finally:
             workers.close()
         eps = [e for group in results for e in group]
@@ -131,9 +127,11 @@ def bench_episodes(root: Path, task_set: Path, n_units: int, max_turns: int) -> 
             "mean_turns": round(sum(turns) / len(turns), 2),
             "multi_turn_share": round(sum(t > 1 for t in turns) / len(turns), 2),
             "wall_seconds": round(wall, 2),
-            "episodes_per_min": round(episodes / wall * 60, 1),
-            # the whole machine's busy CPU time over the run (idle machine: this run's), per episode
-            "cpu_seconds_per_episode": round(busy / episodes, 3),
+            "episodes_per_min": round(len(eps) / wall * 60, 1),
+            # every process of the run (this one, Ray's, the sandboxes'), per episode
+            "cpu_seconds_per_episode": None
+            if cpu0 is None or cpu1 is None
+            else round((cpu1 - cpu0) / len(eps), 3),
         }
     return out
 
@@ -159,12 +157,6 @@ def predict_builds(runs: dict[str, dict], cores: int) -> dict[str, float]:
     }
 
 
-def _commit() -> str:
-    root = Path(__file__).resolve().parent.parent
-    git = ["git", "-C", str(root), "rev-parse", "--short", "HEAD"]
-    return subprocess.run(git, capture_output=True, text=True, timeout=30).stdout.strip()
-
-
 def _episode_figures(episodes: dict[str, dict]) -> dict:
     """Observed episodes/minute and the capacity model's: episodes are independent units, so n workers
     run n times as many, up to the cores; Ray's first actor is predicted to run as fast as the local
@@ -175,7 +167,8 @@ def _episode_figures(episodes: dict[str, dict]) -> dict:
     cores = os.cpu_count() or 1
     core_s = episodes["ray_1"]["cpu_seconds_per_episode"]
     # ... and no more than the cores can serve: one worker's episode may already keep more than one busy
-    ray_2 = scale_measured_episodes(ep["ray_1"], 2, core_s, cores)
+    # (unmeasured CPU: the workers alone)
+    ray_2 = scale_measured_episodes(ep["ray_1"], 2, core_s, cores) if core_s else ep["ray_1"] * min(2, cores)
     return {
         "episodes_per_min": ep,
         "predicted_episodes_per_min": {
@@ -184,7 +177,7 @@ def _episode_figures(episodes: dict[str, dict]) -> dict:
             "ray_2": round(ray_2, 1),
         },
         "ray_2_vs_model": round(ep["ray_2"] / ray_2, 3),  # issue 25: within 20% on an idle machine
-        "cores_busy_one_worker": round(ep["ray_1"] * core_s / 60, 2),  # cores one Ray worker keeps busy
+        "cores_busy_one_worker": round(ep["ray_1"] * core_s / 60, 2) if core_s else None,  # by one Ray worker
     }
 
 
@@ -206,13 +199,13 @@ def main() -> None:
             raise SystemExit(
                 f"error: {args.task_set} is not a task set (no index.sqlite); see `cadenza tasks build`"
             )
-        with tempfile.TemporaryDirectory(prefix="cadenza-scale-") as tmp:
-            episodes = bench_episodes(Path(tmp), args.task_set.resolve(), args.units, args.turns)
-        print(
-            json.dumps(
-                {"episode_runs": episodes, **_episode_figures(episodes), "task_set": str(args.task_set)}
-            )
-        )
+        with (
+            tempfile.TemporaryDirectory(prefix="cadenza-scale-") as tmp,
+            cpuacct.meter(f"cadenza-bench-scale-{os.getpid()}") as cpu,
+        ):
+            episodes = bench_episodes(Path(tmp), args.task_set.resolve(), args.units, args.turns, cpu)
+        figures = {"episode_runs": episodes, **_episode_figures(episodes), "task_set": str(args.task_set)}
+        print(json.dumps({**figures, **code_version()}))
         return
     sources = args.packages.split(",")
     runs: dict[str, dict] = {}
@@ -224,7 +217,10 @@ def main() -> None:
                 sources, Path(tmp) / f"{executor}{workers}", executor, workers, args.max_tasks
             )
             print(f"{executor}_{workers}: {runs[f'{executor}_{workers}']}", file=sys.stderr, flush=True)
-        episodes = bench_episodes(Path(tmp) / "episodes", Path(tmp) / "local1", args.units, args.turns)
+        with cpuacct.meter(f"cadenza-bench-scale-{os.getpid()}") as cpu:
+            episodes = bench_episodes(
+                Path(tmp) / "episodes", Path(tmp) / "local1", args.units, args.turns, cpu
+            )
         print(f"episodes: {episodes}", file=sys.stderr, flush=True)
     cores = os.cpu_count() or 1
     load = os.getloadavg()[0]
@@ -243,7 +239,7 @@ def main() -> None:
                 "loadavg": round(load, 2),  # 1-minute load average at the end of the episodes
                 "loadavg_end": [round(x, 2) for x in os.getloadavg()],  # 1, 5, 15 min, at the very end
                 "sources": sources,
-                "commit": _commit(),
+                **code_version(),  # commit and whether the tree was dirty
             }
         )
     )
